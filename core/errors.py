@@ -1,0 +1,68 @@
+"""The exception hierarchy of tidekv: one root, a few meaningful children.
+
+Native code raises these too (the bindings map each native error kind to a class here), so a
+caller catches the same types whichever layer failed. Neighbours: every module raises from here.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+
+class TidekvError(Exception):
+    """Root of every error tidekv raises on purpose."""
+
+
+class ConfigError(TidekvError, ValueError):
+    """A setting or argument is invalid; the message names it, its value and what is allowed."""
+
+
+class EngineClosedError(TidekvError):
+    """The engine (or store) was closed; create a new one."""
+
+
+class ProtocolVersionError(TidekvError):
+    """A peer speaks another protocol version; the message names both versions."""
+
+
+class AuthenticationError(TidekvError):
+    """A peer refused our shared secret, or asked for one we do not have."""
+
+
+class TransferError(TidekvError):
+    """A transfer request failed.
+
+    Attributes:
+        peer: name ("host:port") of the peer the request went to, when known.
+        op: "READ" or "WRITE", when known.
+        remote_addr, length: the byte range at the peer, when known.
+        failures: for a failed batch, every failed request as (index, TransferError).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        peer: str | None = None,
+        op: str | None = None,
+        remote_addr: int | None = None,
+        length: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.peer = peer
+        self.op = op
+        self.remote_addr = remote_addr
+        self.length = length
+        self.failures: list[tuple[int, TransferError]] = []
+
+
+class SegmentNotRegisteredError(TransferError):
+    """An address range is not inside a registered region (locally, or at the peer)."""
+
+
+class PeerUnavailableError(TransferError):
+    """The peer cannot be reached, closed the connection, or died mid-transfer."""
+
+
+class TransferTimeoutError(TransferError, builtins.TimeoutError):
+    """A transfer (or a wait on one) ran past its deadline."""

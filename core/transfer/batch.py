@@ -1,0 +1,149 @@
+"""Transfer requests and the handle of a submitted batch.
+
+One spelling: build a list of ``TransferRequest``, ``engine.transfer(requests)`` returns a
+``TransferHandle``; ``handle.wait()`` makes it synchronous, ``handle.done()`` polls.
+Neighbours: ``engine.TransferEngine`` submits; the native Batch does the work.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+from tidekv import errors
+
+if TYPE_CHECKING:
+    from tidekv import _native
+
+
+class TransferOp(enum.IntEnum):
+    """Direction of a request, seen from the initiator."""
+
+    READ = 0  #: remote -> local
+    WRITE = 1  #: local -> remote
+
+
+class TransferState(enum.Enum):
+    """State of one request of a batch."""
+
+    PENDING = 0
+    DONE = 1
+    FAILED = 2
+
+
+class TransferRequest(NamedTuple):
+    """One one-sided copy between local registered memory and a peer's registered memory.
+
+    Attributes:
+        op: READ (peer -> local) or WRITE (local -> peer).
+        local_addr: address in a region registered on this engine.
+        length: bytes to move (> 0).
+        peer: the peer engine's name, "host:port".
+        remote_addr: address in a region registered on the peer.
+    """
+
+    op: TransferOp
+    local_addr: int
+    length: int
+    peer: str
+    remote_addr: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStatus:
+    """Outcome of one request; ``error`` is set when state is FAILED."""
+
+    state: TransferState
+    error: errors.TransferError | None = None
+
+
+_KIND_TO_ERROR: dict[int, type[errors.TransferError]] = {}
+
+
+def _error_for(kind: int) -> type[errors.TransferError]:
+    if not _KIND_TO_ERROR:
+        from tidekv import _native
+
+        k = _native.ERROR_KINDS
+        _KIND_TO_ERROR.update(
+            {
+                k["not_registered"]: errors.SegmentNotRegisteredError,
+                k["peer_unavailable"]: errors.PeerUnavailableError,
+                k["timeout"]: errors.TransferTimeoutError,
+                k["closed"]: errors.PeerUnavailableError,
+            }
+        )
+    return _KIND_TO_ERROR.get(kind, errors.TransferError)
+
+
+class TransferHandle:
+    """A submitted batch. Thread-safe; the requests' memory must stay registered until it is done.
+
+    ``wait()`` also runs the batch's own queued work on the calling thread, so a synchronous
+    transfer does not pay for a thread hand-off.
+    """
+
+    __slots__ = ("_batch", "_requests")
+
+    def __init__(self, batch: _native.Batch, requests: list[TransferRequest]) -> None:
+        self._batch = batch
+        self._requests = requests
+
+    def done(self) -> bool:
+        """True when every request finished (successfully or not)."""
+        return self._batch.done()
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Blocks until every request finished.
+
+        Args:
+            timeout_s: give up after this many seconds (None: no limit). The batch keeps running.
+
+        Raises:
+            TransferTimeoutError: not finished within timeout_s.
+            TransferError (or a subclass): a request failed; ``failures`` lists all of them.
+        """
+        if not self._batch.wait(-1.0 if timeout_s is None else timeout_s):
+            raise errors.TransferTimeoutError(
+                f"batch of {len(self._requests)} requests not finished after {timeout_s} s"
+            )
+        if self._batch_failed():
+            raise self._first_failure()
+
+    def statuses(self) -> list[RequestStatus]:
+        """Per-request state, in the order the requests were given."""
+        out = []
+        for i, (state, kind, message) in enumerate(self._batch.results()):
+            err = self._make_error(i, kind, message) if state == TransferState.FAILED.value else None
+            out.append(RequestStatus(TransferState(state), err))
+        return out
+
+    @property
+    def bytes_done(self) -> int:
+        """Bytes moved so far."""
+        return self._batch.bytes_done()
+
+    def _batch_failed(self) -> bool:
+        return any(state == TransferState.FAILED.value for state, _, _ in self._batch.results())
+
+    def _make_error(self, index: int, kind: int, message: str) -> errors.TransferError:
+        r = self._requests[index]
+        op = TransferOp(r.op).name
+        cls = _error_for(kind)
+        return cls(
+            f"request {index} ({op} {r.length} bytes at peer {r.peer} addr {r.remote_addr:#x}) failed: {message}",
+            peer=r.peer,
+            op=op,
+            remote_addr=r.remote_addr,
+            length=r.length,
+        )
+
+    def _first_failure(self) -> errors.TransferError:
+        failures = [(i, s.error) for i, s in enumerate(self.statuses()) if s.error is not None]
+        first = failures[0][1]
+        assert first is not None
+        first.failures = [(i, e) for i, e in failures if e is not None]
+        if len(failures) > 1:
+            first.args = (f"{first.args[0]} (and {len(failures) - 1} more failed requests)",)
+        return first

@@ -1,0 +1,241 @@
+"""TransferEngine: one-sided batch READ/WRITE between registered memory of processes and hosts.
+
+This class owns the native engine (``tidekv._native.Engine``): its listener, its registered
+regions, its peers and transports (tcp, same-host shm), and its worker threads. Neighbours:
+``region`` (what can be registered), ``batch`` (requests and handles), ``directory`` (how peer
+names become descriptors), ``tidekv.config.TransferConfig`` (settings).
+
+Thread-safety: every method may be called from any thread. Ownership: registered memory stays
+the caller's; it must outlive its registration and every batch that touches it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from tidekv import _native
+from tidekv.config import TransferConfig, TransportKind
+from tidekv.errors import ConfigError, EngineClosedError
+from tidekv.transfer.batch import TransferHandle, TransferRequest
+from tidekv.transfer.directory import DirectDirectory, PeerDirectory
+from tidekv.transfer.region import Region, buffer_address
+
+logger = logging.getLogger(__name__)
+
+_TRANSPORT_CODES = {TransportKind.AUTO: 0, TransportKind.TCP: 1, TransportKind.SHM: 2}
+
+
+def _native_options(host: str, port: int, config: TransferConfig) -> _native.EngineOptions:
+    o = _native.EngineOptions()
+    o.host = host
+    o.port = port
+    o.transport = _TRANSPORT_CODES[config.transport]
+    o.connections_per_peer = config.connections_per_peer
+    o.worker_threads = config.worker_threads
+    o.slice_bytes = config.slice_size_bytes
+    o.io_timeout_ms = int(config.io_timeout_s * 1000)
+    o.socket_buffer_bytes = config.socket_buffer_bytes
+    o.secret = config.secret or ""
+    o.max_regions = config.max_regions
+    o.unregister_timeout_ms = int(config.unregister_timeout_s * 1000)
+    o.inline_bytes = config.inline_bytes
+    o.shm_parallelism = config.shm_parallelism
+    o.enable_cross_memory_attach = config.enable_cross_memory_attach
+    return o
+
+
+def _pump_native_log(native_ref: weakref.ref[Any], stop: threading.Event) -> None:
+    while not stop.is_set():
+        native = native_ref()
+        if native is None:
+            return
+        records = native.drain_log(200)
+        del native
+        for level, message in records:
+            logger.log(level, "%s", message)
+
+
+class TransferEngine:
+    """A transfer engine bound to ``host:port``; its ``name`` is how peers address it.
+
+    Example::
+
+        engine = TransferEngine()                      # 127.0.0.1, any free port
+        buf = engine.allocate(1 << 20)                 # shared memory, same-host peers map it
+        engine.transfer([TransferRequest(TransferOp.READ, buf.address, 4096,
+                                         "127.0.0.1:50051", peer_addr)]).wait()
+
+    Args:
+        host: address to listen on and to advertise (default 127.0.0.1).
+        port: port to listen on; 0 picks a free one.
+        config: settings; default ``TransferConfig.from_env()``.
+        directory: how peer names become descriptors; default: ask the peer directly.
+
+    Raises:
+        ConfigError: the host/port cannot be bound or a setting is invalid.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        config: TransferConfig | None = None,
+        directory: PeerDirectory | None = None,
+    ) -> None:
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"port={port} is out of range; allowed 0..65535")
+        self.config = config if config is not None else TransferConfig.from_env()
+        self._native = _native.Engine(_native_options(host, port, self.config))
+        self._lock = threading.Lock()
+        self._regions: dict[int, Region] = {}
+        self._closed = False
+        self._directory: PeerDirectory = directory if directory is not None else DirectDirectory(self._native)
+        self._directory.publish(self.name, self._native.descriptor())
+        self._log_stop = threading.Event()
+        self._log_thread = threading.Thread(
+            target=_pump_native_log,
+            args=(weakref.ref(self._native), self._log_stop),
+            name=f"tidekv-log-{self.name}",
+            daemon=True,
+        )
+        self._log_thread.start()
+        logger.info("transfer engine %s started (transport=%s)", self.name, self.config.transport.value)
+
+    @property
+    def name(self) -> str:
+        """This engine's address as peers use it: "host:port"."""
+        return self._native.name
+
+    @property
+    def descriptor(self) -> bytes:
+        """Opaque descriptor peers need to reach this engine (what a PeerDirectory stores)."""
+        return self._native.descriptor()
+
+    @property
+    def protocol_version(self) -> int:
+        """Version of the wire protocol; peers must speak the same one."""
+        return self._native.protocol_version
+
+    def register(self, obj: Any, location: str = "cpu") -> Region:
+        """Registers memory that peers may read and write.
+
+        Args:
+            obj: a writable buffer-protocol object (bytearray, numpy array, mmap), a torch CPU
+                tensor, or an explicit ``(address, length)`` pair.
+            location: device tag; only "cpu" in this build.
+
+        Returns:
+            The Region (the engine keeps ``obj`` alive while it is registered).
+
+        Raises:
+            ConfigError: the object cannot be registered or overlaps a registered region.
+        """
+        self._check_open()
+        if isinstance(obj, tuple) and len(obj) == 2 and all(isinstance(v, int) for v in obj):
+            address, length = obj
+            owner: Any = None
+            if address <= 0 or length <= 0:
+                raise ConfigError(f"(address, length)=({address:#x}, {length}) must both be > 0")
+        else:
+            address, length, owner = buffer_address(obj)
+        self._native.register(address, length, location)
+        region = Region(address, length, location, False, owner)
+        with self._lock:
+            self._regions[address] = region
+        logger.debug("engine %s registered %#x +%d (%s)", self.name, address, length, location)
+        return region
+
+    def allocate(self, size: int) -> Region:
+        """Allocates ``size`` bytes of engine-owned shared memory, registered.
+
+        Same-host peers map it and copy with plain memcpy (the fastest path). Free it with
+        ``unregister``; ``close`` frees whatever is left.
+
+        Raises:
+            ConfigError: size is not positive or the memory cannot be had.
+        """
+        self._check_open()
+        if size <= 0:
+            raise ConfigError(f"allocate(size={size}) needs size > 0")
+        address = self._native.allocate(size)
+        region = Region(address, size, "cpu", True, None)
+        with self._lock:
+            self._regions[address] = region
+        return region
+
+    def unregister(self, region: Region) -> None:
+        """Unregisters a region; peers are refused from then on (frees it if allocated here).
+
+        Waits for copies into the region already in flight (see TransferConfig.unregister_timeout_s).
+
+        Raises:
+            SegmentNotRegisteredError: the region is not registered on this engine.
+        """
+        self._check_open()
+        self._native.unregister(region.address)
+        with self._lock:
+            self._regions.pop(region.address, None)
+
+    def transfer(self, requests: Sequence[TransferRequest]) -> TransferHandle:
+        """Submits a batch of requests; returns at once with a handle (``wait()`` to block).
+
+        Peers named for the first time are looked up through the directory (a handshake).
+
+        Raises:
+            SegmentNotRegisteredError: a local range is not registered on this engine.
+            ConfigError: a request is malformed (length 0, bad op, bad peer name).
+            PeerUnavailableError, ProtocolVersionError, AuthenticationError: a new peer could
+                not be reached or refused us.
+        """
+        self._check_open()
+        reqs = requests if isinstance(requests, list) else list(requests)
+        for _ in range(8):
+            try:
+                return TransferHandle(self._native.submit(reqs), reqs)
+            except KeyError as missing:
+                self.connect(str(missing.args[0]))
+        raise EngineClosedError("peer table keeps changing under transfer(); is the engine closing?")
+
+    def connect(self, peer: str) -> str:
+        """Looks up ``peer`` now (instead of on first transfer); returns the transport it takes.
+
+        Raises:
+            PeerUnavailableError, ProtocolVersionError, AuthenticationError: as for transfer().
+        """
+        self._check_open()
+        descriptor = self._directory.lookup(peer)
+        self._native.add_peer(peer, descriptor)
+        transport = self._native.peer_transport(peer)
+        logger.info("engine %s connected to peer %s via %s", self.name, peer, transport)
+        return transport
+
+    def stats(self) -> dict[str, int]:
+        """Counters of this engine: bytes moved, batches, connections, refused frames."""
+        return dict(self._native.stats())
+
+    def close(self) -> None:
+        """Stops the listener and workers and frees allocated memory. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._native.close()
+        self._log_stop.set()
+        self._log_thread.join(timeout=2)
+        for level, message in self._native.drain_log(0):
+            logger.log(level, "%s", message)
+        logger.info("transfer engine %s closed", self.name)
+
+    def __enter__(self) -> TransferEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosedError(f"transfer engine {self.name} is closed")

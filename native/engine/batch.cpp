@@ -1,0 +1,76 @@
+#include "engine/batch.h"
+
+#include <chrono>
+#include <thread>
+
+namespace tidekv {
+
+Batch::Batch(std::vector<Request> requests)
+    : requests_(std::move(requests)),
+      slices_left_(new std::atomic<uint32_t>[requests_.size()]),
+      results_(requests_.size(), RequestResult{RequestState::kPending, ErrorKind::kTransfer, {}}),
+      requests_left_(requests_.size()) {
+  for (size_t i = 0; i < requests_.size(); ++i) slices_left_[i].store(0);
+}
+
+void Batch::seal() {
+  for (size_t i = 0; i < requests_.size(); ++i)
+    if (slices_left_[i].load() == 0) finish_request(i);
+}
+
+void Batch::complete_slice(size_t request, uint64_t bytes) {
+  bytes_done_.fetch_add(bytes, std::memory_order_relaxed);
+  if (slices_left_[request].fetch_sub(1, std::memory_order_acq_rel) == 1) finish_request(request);
+}
+
+void Batch::fail_slice(size_t request, ErrorKind kind, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RequestResult& r = results_[request];
+    if (r.message.empty()) {  // the first failure explains the request best
+      r.kind = kind;
+      r.message = message;
+    }
+  }
+  if (slices_left_[request].load() == 0) {  // failed while planning: no slices were expected
+    return;
+  }
+  if (slices_left_[request].fetch_sub(1, std::memory_order_acq_rel) == 1) finish_request(request);
+}
+
+void Batch::finish_request(size_t request) {
+  bool last = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RequestResult& r = results_[request];
+    r.state = r.message.empty() ? RequestState::kDone : RequestState::kFailed;
+    last = requests_left_.fetch_sub(1, std::memory_order_acq_rel) == 1;
+    if (last) guards_.clear();
+  }
+  if (last) cv_.notify_all();
+}
+
+bool Batch::wait(double timeout_s) {
+  for (const auto& task : tasks_) task->try_run();
+  if (is_done()) return true;
+  // A short spin catches completions that arrive within microseconds; a futex sleep and
+  // wake-up costs far more than that on a loaded or virtualised core.
+  auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(30);
+  while (std::chrono::steady_clock::now() < spin_until) {
+    if (is_done()) return true;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  auto done = [&] { return requests_left_.load(std::memory_order_acquire) == 0; };
+  if (timeout_s < 0) {
+    cv_.wait(lock, done);
+    return true;
+  }
+  return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), done);
+}
+
+std::vector<RequestResult> Batch::results() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return results_;
+}
+
+}  // namespace tidekv

@@ -1,0 +1,90 @@
+// A submitted batch: its requests, their per-request state, and the tasks that carry them out.
+// Tasks are claimed exactly once, either by a worker thread or by a thread waiting on the batch
+// (so a waiter never sleeps while its own work sits in the queue).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "common/wire.h"
+#include "regions/region_table.h"
+
+namespace tidekv {
+
+struct Request {
+  wire::Op op;
+  uint64_t local_addr;
+  uint64_t length;
+  uint32_t peer;
+  uint64_t remote_addr;
+};
+
+enum class RequestState : uint8_t { kPending = 0, kDone = 1, kFailed = 2 };
+
+struct RequestResult {
+  RequestState state;
+  ErrorKind kind;
+  std::string message;
+};
+
+class Task {
+ public:
+  explicit Task(std::function<void()> body) : body_(std::move(body)) {}
+  // Runs the body if nobody claimed it yet; drops the body afterwards (it holds the batch).
+  bool try_run() {
+    if (claimed_.exchange(true, std::memory_order_acq_rel)) return false;
+    body_();
+    body_ = nullptr;
+    return true;
+  }
+
+ private:
+  std::atomic<bool> claimed_{false};
+  std::function<void()> body_;
+};
+
+class Batch {
+ public:
+  explicit Batch(std::vector<Request> requests);
+
+  const std::vector<Request>& requests() const { return requests_; }
+  // Planning (before the batch is visible to any other thread).
+  void expect_slices(size_t request, uint32_t count) { slices_left_[request] += count; }
+  void hold(RegionTable::Guard guard) { guards_.push_back(std::move(guard)); }
+  void add_task(std::shared_ptr<Task> task) { tasks_.push_back(std::move(task)); }
+  const std::vector<std::shared_ptr<Task>>& tasks() const { return tasks_; }
+  // Seals planning: requests with no slices (failed during planning) count as finished.
+  void seal();
+
+  // Execution (any thread).
+  void complete_slice(size_t request, uint64_t bytes);
+  void fail_slice(size_t request, ErrorKind kind, const std::string& message);
+
+  bool is_done() const { return requests_left_.load(std::memory_order_acquire) == 0; }
+  // Helps with unclaimed tasks, then waits; false on timeout (timeout_s < 0: no limit).
+  bool wait(double timeout_s);
+  std::vector<RequestResult> results();
+  uint64_t bytes_done() const { return bytes_done_.load(); }
+
+ private:
+  void finish_request(size_t request);
+
+  std::vector<Request> requests_;
+  std::unique_ptr<std::atomic<uint32_t>[]> slices_left_;
+  std::vector<RequestResult> results_;  // guarded by mu_
+  std::atomic<size_t> requests_left_;
+  std::atomic<uint64_t> bytes_done_{0};
+  std::vector<RegionTable::Guard> guards_;  // local regions pinned until the batch ends
+  std::vector<std::shared_ptr<Task>> tasks_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+}  // namespace tidekv

@@ -1,0 +1,38 @@
+// What every part of one engine shares: its settings, counters and log queue.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/counters.h"
+#include "engine/log_sink.h"
+
+namespace tidekv {
+
+enum class TransportChoice : int { kAuto = 0, kTcp = 1, kShm = 2 };
+
+// Mirrors tidekv.config.TransferConfig (validated there).
+struct EngineOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  TransportChoice transport = TransportChoice::kAuto;
+  int connections_per_peer = 4;
+  int worker_threads = 4;
+  uint64_t slice_bytes = 1 << 20;
+  int io_timeout_ms = 30000;
+  int socket_buffer_bytes = 4 << 20;
+  std::string secret;
+  uint32_t max_regions = 4096;
+  int unregister_timeout_ms = 5000;
+  uint64_t inline_bytes = 64 << 10;
+  int shm_parallelism = 2;
+  bool enable_cross_memory_attach = true;
+};
+
+struct EngineContext {
+  EngineOptions options;
+  Counters counters;
+  LogSink log;
+};
+
+}  // namespace tidekv

@@ -1,0 +1,21 @@
+// Plain counters of the data path; read as one snapshot by TransferEngine.stats().
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace tidekv {
+
+struct Counters {
+  std::atomic<uint64_t> batches{0};
+  std::atomic<uint64_t> bytes_read{0};        // pulled from peers (initiator side)
+  std::atomic<uint64_t> bytes_written{0};     // pushed to peers (initiator side)
+  std::atomic<uint64_t> shm_bytes{0};         // of which moved by the same-host path
+  std::atomic<uint64_t> served_bytes{0};      // moved for peers by this engine's tcp server
+  std::atomic<uint64_t> frames_refused{0};    // peer frames outside registered memory
+  std::atomic<uint64_t> connections_accepted{0};
+  std::atomic<uint64_t> connections_refused{0};  // bad handshake, version, secret, frame
+  std::atomic<uint64_t> connections_opened{0};   // outgoing data connections
+};
+
+}  // namespace tidekv

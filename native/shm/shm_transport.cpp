@@ -1,0 +1,189 @@
+#include "shm/shm_transport.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+
+#include "common/errors.h"
+
+namespace tidekv {
+namespace {
+
+constexpr uint64_t kShmSliceBytes = 16ULL << 20;
+
+std::string local_boot_id() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(f, id);
+  return id;
+}
+
+int pidfd_open(int pid) { return int(syscall(SYS_pidfd_open, pid, 0)); }
+
+}  // namespace
+
+std::unique_ptr<ShmTransport> ShmTransport::open(EngineContext& ctx, const std::string& peer_name,
+                                                 const wire::Descriptor& d) {
+  std::string boot(d.boot_id, strnlen(d.boot_id, sizeof(d.boot_id)));
+  if (boot.empty() || boot != local_boot_id()) return nullptr;
+  auto table = RegionTable::attach(d.pid, d.table_fd, d.token);
+  if (!table) {
+    ctx.log.emit_once("shm-attach:" + peer_name, LogLevel::kInfo,
+                      "peer " + peer_name + " shares this host's boot id but its region table (pid " +
+                          std::to_string(d.pid) + ") cannot be opened; using tcp for it");
+    return nullptr;
+  }
+  int pidfd = pidfd_open(d.pid);
+  if (pidfd < 0) return nullptr;
+  bool cma_ok = false;
+  if (ctx.options.enable_cross_memory_attach) {
+    uint8_t probe[16] = {0};
+    iovec local{probe, sizeof(probe)};
+    iovec remote{reinterpret_cast<void*>(d.token_addr), sizeof(probe)};
+    ssize_t n = process_vm_readv(d.pid, &local, 1, &remote, 1, 0);
+    cma_ok = n == ssize_t(sizeof(probe)) && std::memcmp(probe, d.token, sizeof(probe)) == 0;
+    if (!cma_ok)
+      ctx.log.emit_once("cma-refused", LogLevel::kWarning,
+                        "cross-memory attach to peer " + peer_name + " (pid " + std::to_string(d.pid) +
+                            ") refused by the kernel (" + (n < 0 ? std::string(strerror(errno)) : "token mismatch") +
+                            "; see /proc/sys/kernel/yama/ptrace_scope): same-host transfers into memory not "
+                            "obtained from allocate() fall back to tcp");
+  }
+  auto t = std::unique_ptr<ShmTransport>(new ShmTransport(ctx, peer_name, d.pid, pidfd, std::move(*table), cma_ok));
+  std::memcpy(t->token_, d.token, sizeof(t->token_));
+  return t;
+}
+
+ShmTransport::ShmTransport(EngineContext& ctx, std::string peer_name, int pid, int pidfd, RegionTable table,
+                           bool cma_ok)
+    : ctx_(ctx), peer_name_(std::move(peer_name)), pid_(pid), pidfd_(pidfd), table_(std::move(table)),
+      cma_ok_(cma_ok) {}
+
+ShmTransport::~ShmTransport() {
+  for (auto& [slot, m] : mappings_) munmap(m.base, m.length);
+  if (pidfd_ >= 0) ::close(pidfd_);
+}
+
+bool ShmTransport::is_peer_alive() const {
+  pollfd p{pidfd_, POLLIN, 0};
+  return poll(&p, 1, 0) == 0;  // the pidfd turns readable when the process exits
+}
+
+bool ShmTransport::can_serve(uint64_t remote, uint64_t length) const {
+  auto view = table_.find(remote, length);
+  if (!view) return cma_ok_;  // unregistered: the copy path reports it the same way tcp would
+  return view->memfd >= 0 || cma_ok_;
+}
+
+void ShmTransport::plan(const std::shared_ptr<Batch>& batch, const std::vector<uint32_t>& requests) {
+  std::vector<Slice> slices;
+  for (uint32_t r : requests) {
+    const Request& q = batch->requests()[r];
+    uint32_t n = 0;
+    for (uint64_t off = 0; off < q.length; off += kShmSliceBytes, ++n)
+      slices.push_back(Slice{r, q.op, q.local_addr + off, q.remote_addr + off, std::min(kShmSliceBytes, q.length - off)});
+    batch->expect_slices(r, n);
+  }
+  // Split by bytes into at most shm_parallelism tasks: memory bandwidth, not latency, is the limit.
+  uint64_t total = 0;
+  for (const auto& s : slices) total += s.length;
+  size_t tasks = std::min<size_t>(slices.size(), size_t(std::max(1, ctx_.options.shm_parallelism)));
+  if (total < (4ULL << 20)) tasks = 1;
+  uint64_t per_task = (total + tasks - 1) / tasks;
+  Batch* raw = batch.get();
+  std::vector<Slice> part;
+  uint64_t part_bytes = 0;
+  auto emit = [&] {
+    if (part.empty()) return;
+    auto keep = batch;
+    batch->add_task(std::make_shared<Task>([this, raw, keep, part = std::move(part)]() { run(*raw, part); }));
+    part.clear();
+    part_bytes = 0;
+  };
+  for (const auto& s : slices) {
+    part.push_back(s);
+    part_bytes += s.length;
+    if (part_bytes >= per_task) emit();
+  }
+  emit();
+}
+
+void ShmTransport::run(Batch& batch, const std::vector<Slice>& slices) {
+  for (const Slice& s : slices) {
+    const char* op = s.op == wire::Op::kRead ? "READ" : "WRITE";
+    try {
+      if (closed_.load()) TIDEKV_THROW(kPeerUnavailable, "engine closed");
+      copy(s);
+      if (!is_peer_alive())
+        TIDEKV_THROW(kPeerUnavailable, "peer " + peer_name_ + " (pid " + std::to_string(pid_) + ") exited");
+      ctx_.counters.shm_bytes.fetch_add(s.length, std::memory_order_relaxed);
+      (s.op == wire::Op::kRead ? ctx_.counters.bytes_read : ctx_.counters.bytes_written)
+          .fetch_add(s.length, std::memory_order_relaxed);
+      batch.complete_slice(s.request, s.length);
+    } catch (const Error& e) {
+      char range[64];
+      snprintf(range, sizeof(range), " [0x%llx, +%llu)", (unsigned long long)s.remote, (unsigned long long)s.length);
+      batch.fail_slice(s.request, e.kind(), std::string(e.what()) + " during " + op + range);
+    }
+  }
+}
+
+void* ShmTransport::map_region(const RegionView& view) {
+  std::lock_guard<std::mutex> lock(map_mu_);
+  auto it = mappings_.find(view.slot);
+  if (it != mappings_.end()) {
+    if (it->second.generation == view.generation) return it->second.base;
+    munmap(it->second.base, it->second.length);
+    mappings_.erase(it);
+  }
+  std::string path = "/proc/" + std::to_string(pid_) + "/fd/" + std::to_string(view.memfd);
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) TIDEKV_THROW(kPeerUnavailable, "cannot open shared memory of peer " + peer_name_ + ": " + strerror(errno));
+  void* base = mmap(nullptr, view.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (base == MAP_FAILED) TIDEKV_THROW(kTransfer, "cannot map shared memory of peer " + peer_name_ + ": " + strerror(errno));
+  mappings_[view.slot] = Mapping{view.generation, base, view.length};
+  return base;
+}
+
+void ShmTransport::copy(const Slice& s) {
+  auto guard = table_.acquire(s.remote, s.length, /*is_local=*/false);
+  if (!guard)
+    TIDEKV_THROW(kNotRegistered, "peer " + peer_name_ + " has no registered region holding the range");
+  const RegionView& view = guard->view();
+  if (view.memfd >= 0) {
+    auto* base = static_cast<uint8_t*>(map_region(view));
+    uint8_t* remote = base + (s.remote - view.addr);
+    auto* local = reinterpret_cast<uint8_t*>(s.local);
+    if (s.op == wire::Op::kRead)
+      std::memcpy(local, remote, s.length);
+    else
+      std::memcpy(remote, local, s.length);
+    return;
+  }
+  if (!cma_ok_) TIDEKV_THROW(kTransfer, "cross-memory attach to peer " + peer_name_ + " is not permitted");
+  uint64_t done = 0;
+  while (done < s.length) {
+    iovec local{reinterpret_cast<void*>(s.local + done), s.length - done};
+    iovec remote{reinterpret_cast<void*>(s.remote + done), s.length - done};
+    ssize_t n = s.op == wire::Op::kRead ? process_vm_readv(pid_, &local, 1, &remote, 1, 0)
+                                        : process_vm_writev(pid_, &local, 1, &remote, 1, 0);
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == ESRCH)
+        TIDEKV_THROW(kPeerUnavailable, "peer " + peer_name_ + " (pid " + std::to_string(pid_) + ") exited");
+      TIDEKV_THROW(kTransfer, "cross-memory copy with peer " + peer_name_ + " failed: " +
+                                  (n < 0 ? std::string(strerror(errno)) : "no progress"));
+    }
+    done += uint64_t(n);
+  }
+}
+
+}  // namespace tidekv

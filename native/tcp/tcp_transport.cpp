@@ -1,0 +1,218 @@
+#include "tcp/tcp_transport.h"
+
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/errors.h"
+#include "engine/handshake.h"
+
+namespace tidekv {
+namespace {
+
+constexpr size_t kRoundSlices = 256;      // replies of one round must fit in socket buffers
+constexpr uint64_t kMaxRefusedDrain = 1ULL << 30;
+
+std::string range_text(const char* op, uint64_t addr, uint64_t len) {
+  return std::string(op) + " [0x" + [](uint64_t v) {
+    char b[32];
+    snprintf(b, sizeof(b), "%llx", (unsigned long long)v);
+    return std::string(b);
+  }(addr) + ", +" + std::to_string(len) + ")";
+}
+
+}  // namespace
+
+TcpTransport::Connection::~Connection() {
+  if (fd >= 0) ::close(fd);
+}
+
+TcpTransport::TcpTransport(EngineContext& ctx, std::string peer_name, std::string host, int port,
+                           DescriptorCallback on_connect)
+    : ctx_(ctx), peer_name_(std::move(peer_name)), host_(std::move(host)), port_(port),
+      on_connect_(std::move(on_connect)) {}
+
+TcpTransport::~TcpTransport() { close(); }
+
+void TcpTransport::close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  closed_ = true;
+  idle_.clear();
+  cv_.notify_all();
+}
+
+std::unique_ptr<TcpTransport::Connection> TcpTransport::checkout() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      if (closed_) TIDEKV_THROW(kClosed, "engine closed");
+      if (!idle_.empty()) {
+        auto conn = std::move(idle_.back());
+        idle_.pop_back();
+        return conn;
+      }
+      if (open_ < ctx_.options.connections_per_peer) break;
+      cv_.wait(lock);
+    }
+    ++open_;
+  }
+  try {
+    auto conn = std::make_unique<Connection>();
+    SocketOptions sopts{ctx_.options.socket_buffer_bytes, ctx_.options.io_timeout_ms};
+    conn->fd = connect_tcp(host_, port_, sopts);
+    conn->reader = std::make_unique<SocketReader>(conn->fd, peer_name_);
+    wire::Descriptor d = client_handshake(conn->fd, *conn->reader, wire::ConnType::kData, ctx_.options.secret, peer_name_);
+    if (on_connect_) on_connect_(d);
+    ctx_.counters.connections_opened.fetch_add(1, std::memory_order_relaxed);
+    return conn;
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --open_;
+    cv_.notify_one();
+    throw;
+  }
+}
+
+void TcpTransport::checkin(std::unique_ptr<Connection> conn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (conn && !closed_) {
+    idle_.push_back(std::move(conn));
+  } else {
+    --open_;
+  }
+  cv_.notify_one();
+}
+
+void TcpTransport::plan(const std::shared_ptr<Batch>& batch, const std::vector<uint32_t>& requests) {
+  const uint64_t slice_bytes = ctx_.options.slice_bytes;
+  std::vector<Slice> slices;
+  for (uint32_t r : requests) {
+    const Request& q = batch->requests()[r];
+    uint32_t n = 0;
+    for (uint64_t off = 0; off < q.length; off += slice_bytes, ++n) {
+      uint64_t len = std::min(slice_bytes, q.length - off);
+      slices.push_back(Slice{r, q.op, q.local_addr + off, q.remote_addr + off, len});
+    }
+    batch->expect_slices(r, n);
+  }
+  size_t groups = std::min<size_t>(slices.size(), size_t(std::max(1, ctx_.options.connections_per_peer)));
+  std::vector<std::vector<Slice>> parts(groups);
+  for (size_t i = 0; i < slices.size(); ++i) parts[i % groups].push_back(slices[i]);
+  Batch* raw = batch.get();
+  for (auto& part : parts) {
+    auto keep = batch;
+    batch->add_task(std::make_shared<Task>([this, raw, keep, part = std::move(part)]() mutable {
+      run_group(*raw, part);
+    }));
+  }
+}
+
+void TcpTransport::run_group(Batch& batch, std::vector<Slice>& slices) {
+  // WRITEs first within each round: the peer then only ever owes us small acks while we send.
+  std::stable_partition(slices.begin(), slices.end(), [](const Slice& s) { return s.op == wire::Op::kWrite; });
+  size_t done = 0;
+  std::unique_ptr<Connection> conn;
+  try {
+    conn = checkout();
+    while (done < slices.size()) {
+      size_t count = std::min(kRoundSlices, slices.size() - done);
+      run_round(*conn, batch, slices.data() + done, count, &done);
+    }
+    checkin(std::move(conn));
+  } catch (const Error& e) {
+    if (conn) checkin(nullptr);  // a connection that failed mid-round is out of sync: drop it
+    ErrorKind kind = e.kind() == ErrorKind::kClosed ? ErrorKind::kPeerUnavailable : e.kind();
+    for (size_t i = done; i < slices.size(); ++i) {
+      const Slice& s = slices[i];
+      batch.fail_slice(s.request, kind,
+                       std::string(e.what()) + " during " +
+                           range_text(s.op == wire::Op::kRead ? "READ" : "WRITE", s.remote, s.length));
+    }
+  }
+}
+
+void TcpTransport::run_round(Connection& conn, Batch& batch, Slice* slices, size_t count, size_t* completed) {
+  std::vector<wire::RequestHeader> headers(count);
+  std::vector<iovec> iov;
+  iov.reserve(count * 2);
+  for (size_t i = 0; i < count; ++i) {
+    const Slice& s = slices[i];
+    headers[i] = wire::RequestHeader{wire::kMagic, uint8_t(s.op), {0, 0, 0}, s.remote, s.length, uint64_t(i)};
+    iov.push_back(iovec{&headers[i], sizeof(wire::RequestHeader)});
+    if (s.op == wire::Op::kWrite) iov.push_back(iovec{reinterpret_cast<void*>(s.local), s.length});
+  }
+  send_all(conn.fd, iov.data(), int(iov.size()), peer_name_);
+  for (size_t i = 0; i < count; ++i) {
+    const Slice& s = slices[i];
+    wire::ResponseHeader resp{};
+    conn.reader->read_exact(&resp, sizeof(resp));
+    if (resp.magic != wire::kMagic || resp.tag != i)
+      TIDEKV_THROW(kTransfer, "peer " + peer_name_ + " sent a malformed reply");
+    if (resp.status == uint32_t(wire::Status::kOk)) {
+      if (s.op == wire::Op::kRead) {
+        if (resp.length != s.length) TIDEKV_THROW(kTransfer, "peer " + peer_name_ + " sent a short READ reply");
+        conn.reader->read_exact(reinterpret_cast<void*>(s.local), s.length);
+        ctx_.counters.bytes_read.fetch_add(s.length, std::memory_order_relaxed);
+      } else {
+        ctx_.counters.bytes_written.fetch_add(s.length, std::memory_order_relaxed);
+      }
+      ++*completed;
+      batch.complete_slice(s.request, s.length);
+    } else {
+      const char* op = s.op == wire::Op::kRead ? "READ" : "WRITE";
+      ErrorKind kind = resp.status == uint32_t(wire::Status::kNotRegistered) ? ErrorKind::kNotRegistered
+                                                                              : ErrorKind::kTransfer;
+      ++*completed;
+      batch.fail_slice(s.request, kind,
+                       "peer " + peer_name_ + " refused " + range_text(op, s.remote, s.length) +
+                           (kind == ErrorKind::kNotRegistered ? ": not inside a region registered there" : ""));
+    }
+  }
+}
+
+void serve_tcp(int fd, SocketReader& reader, const RegionTable& regions, EngineContext& ctx, const std::string& what) {
+  std::vector<wire::ResponseHeader> pending;  // acks held back while more frames are queued
+  auto flush = [&](const void* payload, uint64_t len) {
+    std::vector<iovec> iov;
+    if (!pending.empty()) iov.push_back(iovec{pending.data(), pending.size() * sizeof(wire::ResponseHeader)});
+    if (payload) iov.push_back(iovec{const_cast<void*>(payload), len});
+    if (!iov.empty()) send_all(fd, iov.data(), int(iov.size()), what);
+    pending.clear();
+  };
+  for (;;) {
+    wire::RequestHeader h{};
+    reader.read_exact(&h, sizeof(h), /*at_frame_boundary=*/pending.empty());
+    if (h.magic != wire::kMagic || h.op > uint8_t(wire::Op::kWrite))
+      TIDEKV_THROW(kTransfer, "malformed frame from " + what + " (bad magic or op)");
+    auto guard = regions.acquire(h.remote_addr, h.length, /*is_local=*/true);
+    wire::ResponseHeader resp{wire::kMagic, uint32_t(wire::Status::kOk), 0, h.tag, 0};
+    if (!guard) {
+      ctx.counters.frames_refused.fetch_add(1, std::memory_order_relaxed);
+      resp.status = uint32_t(wire::Status::kNotRegistered);
+      if (h.op == uint8_t(wire::Op::kWrite)) {
+        if (h.length > kMaxRefusedDrain)
+          TIDEKV_THROW(kTransfer, "refused WRITE of " + std::to_string(h.length) + " bytes from " + what +
+                                      " is too large to drain; dropping the connection");
+        reader.discard(h.length);
+      }
+      pending.push_back(resp);
+    } else if (h.op == uint8_t(wire::Op::kWrite)) {
+      reader.read_exact(reinterpret_cast<void*>(h.remote_addr), h.length);
+      guard.reset();
+      ctx.counters.served_bytes.fetch_add(h.length, std::memory_order_relaxed);
+      pending.push_back(resp);
+    } else {
+      resp.length = h.length;
+      pending.push_back(resp);
+      flush(reinterpret_cast<const void*>(h.remote_addr), h.length);
+      guard.reset();
+      ctx.counters.served_bytes.fetch_add(h.length, std::memory_order_relaxed);
+      continue;
+    }
+    if (!reader.has_pending() || pending.size() >= 1024) flush(nullptr, 0);
+  }
+}
+
+}  // namespace tidekv

@@ -1,0 +1,25 @@
+// The one interface every transport implements (tcp, shm; rdma later). One instance serves one
+// peer. plan() turns requests into slices and tasks on the batch; the engine runs the tasks on
+// its workers or on the waiting thread. Tasks report each slice to the batch exactly once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/batch.h"
+
+namespace tidekv {
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+  // Called while planning (one thread, before any task of the batch runs). `requests` index
+  // batch->requests(); all of them go to this transport's peer.
+  virtual void plan(const std::shared_ptr<Batch>& batch, const std::vector<uint32_t>& requests) = 0;
+  // Fails queued and future work; idempotent. Tasks already running finish or fail on their own.
+  virtual void close() = 0;
+};
+
+}  // namespace tidekv
