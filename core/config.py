@@ -93,6 +93,7 @@ class TransferConfig:
 
 
 def _parse(name: str, raw: str, kind: Any) -> Any:
+    """Parses env var ``name`` for a field annotated ``kind`` (a string: annotations are lazy)."""
     try:
         if kind is bool or kind == "bool":
             lowered = raw.strip().lower()
@@ -112,19 +113,97 @@ def _parse(name: str, raw: str, kind: Any) -> Any:
         if kind == "TransportKind":
             return TransportKind(raw.strip().lower())
     except ValueError:
-        raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {kind}") from None
-    raise ConfigError(f"{ENV_PREFIX}{name.upper()} cannot be set from the environment")
+        raise ConfigError(f"{name}={raw!r} is not a valid {kind}") from None
+    raise ConfigError(f"{name} cannot be set from the environment")
 
 
-def _from_env(cls: type[T], environ: Mapping[str, str], overrides: Mapping[str, Any]) -> T:
+def _from_env(cls: type[T], environ: Mapping[str, str], overrides: Mapping[str, Any], prefix: str = ENV_PREFIX) -> T:
     values: dict[str, Any] = {}
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        raw = environ.get(ENV_PREFIX + f.name.upper())
+        raw = environ.get(prefix + f.name.upper())
         if raw is not None:
-            values[f.name] = _parse(f.name, raw, f.type)
+            values[f.name] = _parse(prefix + f.name.upper(), raw, f.type)
     unknown = set(overrides) - names
     if unknown:
         raise ConfigError(f"unknown setting(s) {sorted(unknown)}; allowed {sorted(names)}")
     values.update(overrides)
     return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class MasterConfig:
+    """Settings of the store master (``tidekv master``); env vars ``TIDEKV_MASTER_<FIELD>``."""
+
+    host: str = "127.0.0.1"
+    """Address the RPC and HTTP listeners bind to. Default 127.0.0.1."""
+    port: int = 50051
+    """ZeroMQ RPC port (0 = any free port). Default 50051."""
+    metrics_port: int = 9003
+    """HTTP port for /metrics and /health (0 = any free port, -1 = off). Default 9003."""
+    client_ttl_s: float = 10.0
+    """A client silent this long is dead: its segments are unmounted, its puts reclaimed. Default 10 s."""
+    lease_ttl_s: float = 5.0
+    """Read lease granted by get; eviction and remove skip leased objects. Default 5 s."""
+    put_timeout_s: float = 60.0
+    """A put not ended within this time is reclaimed (its space freed, its key usable). Default 60 s."""
+    high_watermark: float = 0.95
+    """Usage ratio that starts background eviction. Default 0.95 (0.1..1.0)."""
+    eviction_ratio: float = 0.05
+    """Fraction of capacity freed below the watermark per eviction round. Default 0.05 (0..0.5)."""
+    max_key_bytes: int = 4096
+    """Longest key accepted. Default 4096 bytes."""
+    max_message_bytes: int = 64 << 20
+    """Largest RPC message accepted; larger ones are refused. Default 64 MiB."""
+    tick_s: float = 0.1
+    """Period of housekeeping (liveness, reclaim, eviction). Default 0.1 s."""
+
+    def __post_init__(self) -> None:
+        _check_range("port", self.port, 0, 65535)
+        _check_range("metrics_port", self.metrics_port, -1, 65535)
+        _check_range("client_ttl_s", self.client_ttl_s, 0.1, 86400)
+        _check_range("lease_ttl_s", self.lease_ttl_s, 0.0, 3600)
+        _check_range("put_timeout_s", self.put_timeout_s, 0.1, 86400)
+        _check_range("high_watermark", self.high_watermark, 0.1, 1.0)
+        _check_range("eviction_ratio", self.eviction_ratio, 0.0, 0.5)
+        _check_range("max_key_bytes", self.max_key_bytes, 1, 1 << 20)
+        _check_range("max_message_bytes", self.max_message_bytes, 1024, 1 << 31)
+        _check_range("tick_s", self.tick_s, 0.001, 10)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> MasterConfig:
+        """Builds a config from ``TIDEKV_MASTER_*`` variables; keyword overrides win."""
+        return _from_env(cls, environ if environ is not None else os.environ, overrides, prefix=ENV_PREFIX + "MASTER_")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """Settings of a store client (``tidekv.Store``); env vars ``TIDEKV_STORE_<FIELD>``."""
+
+    segment_size_bytes: int = 0
+    """Memory this client contributes to the pool (0 = pure client). Default 0."""
+    staging_size_bytes: int = 64 << 20
+    """Registered scratch memory for put()/get() of bytes objects. Default 64 MiB."""
+    replicas: int = 1
+    """Copies of each object, on distinct segments (best effort). Default 1 (1..16)."""
+    heartbeat_interval_s: float = 1.0
+    """How often the client tells the master it is alive. Default 1 s."""
+    rpc_timeout_s: float = 5.0
+    """A master that does not answer within this time raises MasterUnavailableError. Default 5 s."""
+    prefer_local_segment: bool = True
+    """Put replicas in this client's own segment first when it has room. Default True."""
+    transfer_timeout_s: float = 30.0
+    """Deadline for moving one batch of object bytes. Default 30 s."""
+
+    def __post_init__(self) -> None:
+        _check_range("segment_size_bytes", self.segment_size_bytes, 0, 1 << 46)
+        _check_range("staging_size_bytes", self.staging_size_bytes, 4096, 1 << 40)
+        _check_range("replicas", self.replicas, 1, 16)
+        _check_range("heartbeat_interval_s", self.heartbeat_interval_s, 0.01, 3600)
+        _check_range("rpc_timeout_s", self.rpc_timeout_s, 0.01, 3600)
+        _check_range("transfer_timeout_s", self.transfer_timeout_s, 0.01, 86400)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> StoreConfig:
+        """Builds a config from ``TIDEKV_STORE_*`` variables; keyword overrides win."""
+        return _from_env(cls, environ if environ is not None else os.environ, overrides, prefix=ENV_PREFIX + "STORE_")

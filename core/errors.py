@@ -66,3 +66,38 @@ class PeerUnavailableError(TransferError):
 
 class TransferTimeoutError(TransferError, builtins.TimeoutError):
     """A transfer (or a wait on one) ran past its deadline."""
+
+
+class StoreError(TidekvError):
+    """Base of the store's errors; ``key`` names the object when one is concerned."""
+
+    def __init__(self, message: str, *, key: bytes | str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class ObjectNotFoundError(StoreError, KeyError):
+    """No complete object under this key."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class OutOfSpaceError(StoreError):
+    """No segment has room even after evicting everything evictable."""
+
+
+class LeaseExpiredError(StoreError):
+    """The read lease ran out before the read finished; the bytes may have been overwritten."""
+
+
+class ObjectLeasedError(StoreError):
+    """remove() refused: a reader holds a lease on the object (pass force=True to override)."""
+
+
+class MasterUnavailableError(StoreError):
+    """The master did not answer within the RPC timeout, or is not reachable."""
+
+
+class RpcError(StoreError):
+    """The master refused a request as malformed (a bug or a version skew)."""

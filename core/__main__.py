@@ -1,0 +1,7 @@
+"""``python -m tidekv`` runs the CLI."""
+
+import sys
+
+from tidekv.cli import main
+
+sys.exit(main())

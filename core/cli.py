@@ -1,0 +1,58 @@
+"""The ``tidekv`` command: one subcommand per job, each with its own ``--help``.
+
+Subcommands register themselves through small ``add_parser(subparsers)`` functions in the
+modules that implement them, so this file only wires them together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import logging
+
+from tidekv import __version__
+from tidekv.errors import TidekvError
+from tidekv.logs import configure_logging
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tidekv",
+        description="tidekv: KV-cache transfer engine and distributed KV store for disaggregated LLM serving.",
+    )
+    parser.add_argument("--version", action="version", version=f"tidekv {__version__}")
+    parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR (default: INFO or $TIDEKV_LOG_LEVEL)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    from tidekv.store import cli as store_cli
+
+    store_cli.add_parsers(sub)
+
+    bench = sub.add_parser("bench", help="measure tidekv against same-run baselines", description="Benchmarks.")
+    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH")
+    bench_sub.required = True
+    from tidekv.bench import transfer as bench_transfer
+
+    bench_transfer.add_parser(bench_sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        result = args.func(args)
+    except TidekvError as exc:
+        logging.getLogger("tidekv").error("%s", exc)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The ``tidekv master`` and ``tidekv up`` subcommands.
+
+``master`` serves a store master in the foreground. ``up`` is the embedded default: a master
+and a storage segment in one process, no other server (no etcd) — it prints where engines point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import signal
+import threading
+from typing import Any
+
+from tidekv.config import MasterConfig, StoreConfig, TransferConfig
+from tidekv.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def _size(text: str) -> int:
+    """Parses 1024, 64KiB, 16MiB, 4GiB, 1GB ..."""
+    units = {"": 1, "B": 1, "K": 1 << 10, "KB": 1000, "KIB": 1 << 10, "M": 1 << 20, "MB": 1000**2, "MIB": 1 << 20,
+             "G": 1 << 30, "GB": 1000**3, "GIB": 1 << 30, "T": 1 << 40, "TB": 1000**4, "TIB": 1 << 40}
+    t = text.strip().upper()
+    num = t.rstrip("KMGTIB")
+    unit = t[len(num):]
+    try:
+        return int(float(num) * units[unit])
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 4096, 64MiB, 4GiB)") from None
+
+
+def _add_master_flags(parser: argparse.ArgumentParser) -> None:
+    d = MasterConfig()
+    parser.add_argument("--config", metavar="FILE", help="JSON file with any of the settings below (flags win)")
+    parser.add_argument("--host", default=None, help=f"address to bind (default {d.host}; $TIDEKV_MASTER_HOST)")
+    parser.add_argument("--port", type=int, default=None, help=f"RPC port, 0 = any free (default {d.port})")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help=f"HTTP port for /metrics and /health, 0 = any free, -1 = off (default {d.metrics_port})")
+    parser.add_argument("--client-ttl-s", type=float, default=None,
+                        help=f"a client silent this long is dead; its segments are unmounted (default {d.client_ttl_s})")
+    parser.add_argument("--lease-ttl-s", type=float, default=None, help=f"read lease granted by get (default {d.lease_ttl_s})")
+    parser.add_argument("--put-timeout-s", type=float, default=None,
+                        help=f"an unfinished put is reclaimed after this long (default {d.put_timeout_s})")
+    parser.add_argument("--high-watermark", type=float, default=None,
+                        help=f"usage ratio that starts eviction (default {d.high_watermark})")
+    parser.add_argument("--eviction-ratio", type=float, default=None,
+                        help=f"fraction of capacity freed per eviction round (default {d.eviction_ratio})")
+    parser.add_argument("--max-key-bytes", type=int, default=None, help=f"longest key accepted (default {d.max_key_bytes})")
+
+
+def master_config_from_args(args: argparse.Namespace) -> MasterConfig:
+    """File < environment < flags."""
+    values: dict[str, Any] = {}
+    if args.config:
+        try:
+            with open(args.config) as f:
+                values.update(json.load(f))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read config file {args.config}: {exc}") from None
+    names = {f.name for f in dataclasses.fields(MasterConfig)}
+    unknown = set(values) - names
+    if unknown:
+        raise ConfigError(f"config file {args.config}: unknown setting(s) {sorted(unknown)}; allowed {sorted(names)}")
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None:
+            values[name] = value
+    env = MasterConfig.from_env()
+    merged = {f: getattr(env, f) for f in names}
+    merged.update(values)
+    return MasterConfig(**merged)
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    master = sub.add_parser(
+        "master",
+        help="run a store master (metadata, placement, leases, eviction)",
+        description="Run the tidekv store master. Settings come from --config FILE, then $TIDEKV_MASTER_* "
+        "variables, then flags. Serves ZeroMQ RPC on --port and Prometheus /metrics + /health on --metrics-port.",
+    )
+    _add_master_flags(master)
+    master.set_defaults(func=_run_master)
+
+    up = sub.add_parser(
+        "up",
+        help="run a master plus a storage segment in one process (the embedded default)",
+        description="Start an all-in-one tidekv pool: a master and one storage segment in this process, with no "
+        "other server. Engines point their tidekv settings at the printed master address.",
+    )
+    _add_master_flags(up)
+    up.add_argument("--segment-size", type=_size, default=_size("1GiB"),
+                    help="memory this process contributes to the pool (default 1GiB)")
+    up.add_argument("--engine-host", default="127.0.0.1",
+                    help="address the segment's transfer engine listens on (default 127.0.0.1)")
+    up.add_argument("--selftest", action="store_true",
+                    help="put and get one object through the pool, print the result and exit")
+    up.set_defaults(func=_run_up)
+
+
+def _run_master(args: argparse.Namespace) -> int:
+    from tidekv.store.server import MasterServer
+
+    server = MasterServer(master_config_from_args(args))
+    server.serve_forever()
+    return 0
+
+
+def _run_up(args: argparse.Namespace) -> int:
+    from tidekv.store.client import Store
+    from tidekv.store.server import MasterServer
+
+    server = MasterServer(master_config_from_args(args)).start()
+    store = Store.connect(server.address, segment_size=args.segment_size,
+                          config=StoreConfig.from_env(), transfer_config=TransferConfig.from_env(), host=args.engine_host)
+    try:
+        info = {
+            "master": server.address,
+            "metrics": f"http://{server.config.host}:{server.metrics_port}/metrics" if server.metrics_port else None,
+            "segment_bytes": args.segment_size,
+            "engine": store.engine.name,
+        }
+        print("tidekv is up:", json.dumps(info), flush=True)
+        print(f"  point engines at the master: TIDEKV_MASTER={server.address}", flush=True)
+        if args.selftest:
+            payload = bytes(range(256)) * 4096
+            store.put("tidekv-selftest", payload)
+            ok = store.get("tidekv-selftest") == payload
+            print(f"selftest: put+get of {len(payload)} bytes {'OK' if ok else 'MISMATCH'}", flush=True)
+            return 0 if ok else 1
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        print("press Ctrl-C to stop", flush=True)
+        stop.wait()
+        return 0
+    finally:
+        store.close()
+        server.stop()

@@ -1,0 +1,468 @@
+"""Store: the client of the tidekv KV-cache pool.
+
+A Store contributes a segment of its own memory to the pool (``segment_size``; 0 = pure client)
+and puts and gets objects by key. The master only says *where*: this client moves the bytes
+itself through its TransferEngine (same-host peers: shared memory; others: tcp).
+
+Put is two-phase: put_start (the master places replicas) -> write every replica -> put_end
+(the object becomes visible). A failed write revokes the put, so readers never see partial
+objects. Get asks for locations and a read lease, reads one replica (the next one if a holder is
+gone), and refuses the bytes if the lease ran out before the read finished.
+
+Neighbours: ``rpc`` (the channel to the master), ``staging`` (scratch memory for bytes objects),
+``tidekv.transfer`` (the data path). Thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, Union
+
+import msgspec
+
+from tidekv.config import StoreConfig, TransferConfig
+from tidekv.errors import (
+    ConfigError,
+    LeaseExpiredError,
+    MasterUnavailableError,
+    ObjectLeasedError,
+    ObjectNotFoundError,
+    OutOfSpaceError,
+    PeerUnavailableError,
+    StoreError,
+    TransferError,
+)
+from tidekv.store import protocol as p
+from tidekv.store.protocol import Pin, Status
+from tidekv.store.rpc import MasterChannel
+from tidekv.store.staging import StagingArea
+from tidekv.transfer.batch import TransferOp, TransferRequest, TransferState
+from tidekv.transfer.engine import TransferEngine
+from tidekv.transfer.region import Region, buffer_address
+
+logger = logging.getLogger(__name__)
+
+Key = Union[str, bytes]
+Buffer = Union[Region, tuple[int, int], Any]  # a Region, (address, length) or a buffer object
+
+
+def _key(key: Key) -> bytes:
+    if isinstance(key, str):
+        return key.encode()
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return bytes(key)
+    raise ConfigError(f"key must be str or bytes, got {type(key).__name__}")
+
+
+def _span(buf: Buffer) -> tuple[int, int]:
+    if isinstance(buf, Region):
+        return buf.address, buf.length
+    if isinstance(buf, tuple) and len(buf) == 2 and all(isinstance(v, int) for v in buf):
+        return buf
+    address, length, _ = buffer_address(buf)
+    return address, length
+
+
+class Store:
+    """A connection to a tidekv master plus this process's share of the pool.
+
+    Use ``Store.connect(...)``; close with ``close()`` or a ``with`` block.
+    """
+
+    def __init__(
+        self,
+        master: str,
+        config: StoreConfig,
+        engine: TransferEngine,
+        owns_engine: bool,
+    ) -> None:
+        self.config = config
+        self.client_id = uuid.uuid4().hex[:16]
+        self.engine = engine
+        self._owns_engine = owns_engine
+        self._rpc = MasterChannel(master, self.client_id, config.rpc_timeout_s)
+        self._segment: Region | None = None
+        self.segment_name = ""
+        self._lease_expired = 0
+        self._closed = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+        try:
+            self._hello()
+            if config.segment_size_bytes > 0:
+                self._segment = engine.allocate(config.segment_size_bytes)
+                self.segment_name = f"{engine.name}/{self.client_id}"
+                self._mount()
+            self._staging = StagingArea(engine, config.staging_size_bytes)
+        except BaseException:
+            self._rpc.close()
+            if owns_engine:
+                engine.close()
+            raise
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name=f"tidekv-heartbeat-{self.client_id}", daemon=True)
+        self._heartbeat.start()
+
+    @classmethod
+    def connect(
+        cls,
+        master: str = "127.0.0.1:50051",
+        segment_size: int | None = None,
+        *,
+        config: StoreConfig | None = None,
+        engine: TransferEngine | None = None,
+        transfer_config: TransferConfig | None = None,
+        host: str = "127.0.0.1",
+    ) -> Store:
+        """Connects to the master at ``master`` ("host:port") and mounts a segment.
+
+        Args:
+            master: the master's RPC address.
+            segment_size: bytes of this process's memory to contribute (0: pure client);
+                overrides ``config.segment_size_bytes``.
+            config: client settings (default ``StoreConfig.from_env()``).
+            engine: an existing TransferEngine to share (default: a new one on ``host``).
+            transfer_config: settings for the new engine.
+            host: address the new engine listens on (peers must reach it there).
+
+        Raises:
+            MasterUnavailableError: the master does not answer.
+            ProtocolVersionError: the master speaks another protocol version.
+        """
+        cfg = config if config is not None else StoreConfig.from_env()
+        if segment_size is not None:
+            cfg = StoreConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "segment_size_bytes": segment_size})
+        owns = engine is None
+        eng = engine if engine is not None else TransferEngine(host=host, config=transfer_config)
+        return cls(master, cfg, eng, owns)
+
+    # ---- bytes API ----------------------------------------------------------------------
+
+    def put(self, key: Key, data: bytes | bytearray | memoryview, *, pin: Pin = Pin.NONE, replicas: int | None = None) -> None:
+        """Stores ``data`` under ``key``. Putting an existing key is a successful no-op.
+
+        Raises:
+            OutOfSpaceError: no room even after eviction.
+            TransferError: the bytes could not be written (the put was revoked).
+            MasterUnavailableError: the master does not answer.
+        """
+        self.put_many([key], [data], pin=pin, replicas=replicas)
+
+    def upsert(self, key: Key, data: bytes | bytearray | memoryview, *, pin: Pin = Pin.NONE) -> None:
+        """Stores ``data`` under ``key``, replacing any existing value atomically."""
+        self.put_many([key], [data], pin=pin, upsert=True)
+
+    def put_many(
+        self,
+        keys: Sequence[Key],
+        values: Sequence[bytes | bytearray | memoryview],
+        *,
+        pin: Pin = Pin.NONE,
+        replicas: int | None = None,
+        upsert: bool = False,
+    ) -> None:
+        """Stores several objects in one master round trip per phase.
+
+        Raises:
+            StoreError (or a subclass): some keys failed; ``err.failures`` maps key -> error,
+                the other keys were stored.
+        """
+        if len(keys) != len(values):
+            raise ConfigError(f"put_many got {len(keys)} keys but {len(values)} values")
+        views = [memoryview(v).cast("B") for v in values]
+        total = sum(v.nbytes for v in views)
+        with self._staging.borrow(max(total, 1)) as area:
+            spans, offset = [], 0
+            for v in views:
+                area.view()[offset : offset + v.nbytes] = v
+                spans.append((area.address + offset, v.nbytes))
+                offset += v.nbytes
+            self._put_spans([_key(k) for k in keys], spans, pin, replicas, upsert)
+
+    def get(self, key: Key) -> bytes:
+        """Returns the bytes stored under ``key``.
+
+        Raises:
+            ObjectNotFoundError: no complete object under ``key``.
+            LeaseExpiredError: the read outlived its lease (retry).
+            TransferError: no replica could be read.
+        """
+        out = self.get_many([key])[0]
+        if out is None:
+            raise ObjectNotFoundError(f"no object under key {key!r}", key=key)
+        return out
+
+    def get_many(self, keys: Sequence[Key]) -> list[bytes | None]:
+        """Returns each key's bytes, or None for keys that do not exist."""
+        bkeys = [_key(k) for k in keys]
+        lease_deadline, results = self._locate(bkeys)
+        total = sum(r.size for r in results if r.status == Status.OK)
+        out: list[bytes | None] = [None] * len(bkeys)
+        with self._staging.borrow(max(total, 1)) as area:
+            spans, offset = [], 0
+            for r in results:
+                spans.append((area.address + offset, r.size) if r.status == Status.OK else None)
+                offset += r.size if r.status == Status.OK else 0
+            self._read(bkeys, results, spans, lease_deadline)
+            view = area.view()
+            for i, span in enumerate(spans):
+                if span is not None:
+                    start = span[0] - area.address
+                    out[i] = bytes(view[start : start + span[1]])
+        return out
+
+    # ---- zero-copy API ------------------------------------------------------------------
+
+    def register(self, buffer: Any) -> Region:
+        """Registers memory for put_from/get_into (see TransferEngine.register)."""
+        return self.engine.register(buffer)
+
+    def unregister(self, region: Region) -> None:
+        self.engine.unregister(region)
+
+    def put_from(self, key: Key, buffer: Buffer, *, pin: Pin = Pin.NONE, replicas: int | None = None) -> None:
+        """Stores the bytes of a registered buffer (no copy on this side)."""
+        self._put_spans([_key(key)], [_span(buffer)], pin, replicas, False)
+
+    def put_many_from(self, keys: Sequence[Key], buffers: Sequence[Buffer], *, pin: Pin = Pin.NONE,
+                      replicas: int | None = None, upsert: bool = False) -> None:
+        """Batch put_from: one master round trip per phase, one transfer batch."""
+        if len(keys) != len(buffers):
+            raise ConfigError(f"put_many_from got {len(keys)} keys but {len(buffers)} buffers")
+        self._put_spans([_key(k) for k in keys], [_span(b) for b in buffers], pin, replicas, upsert)
+
+    def get_into(self, key: Key, buffer: Buffer) -> int:
+        """Reads the object into a registered buffer; returns its size.
+
+        Raises:
+            ObjectNotFoundError, LeaseExpiredError, TransferError: as for get().
+            ConfigError: the buffer is smaller than the object.
+        """
+        n = self.get_many_into([key], [buffer])[0]
+        if n is None:
+            raise ObjectNotFoundError(f"no object under key {key!r}", key=key)
+        return n
+
+    def get_many_into(self, keys: Sequence[Key], buffers: Sequence[Buffer]) -> list[int | None]:
+        """Batch get_into; returns each object's size, or None for keys that do not exist."""
+        if len(keys) != len(buffers):
+            raise ConfigError(f"get_many_into got {len(keys)} keys but {len(buffers)} buffers")
+        bkeys = [_key(k) for k in keys]
+        lease_deadline, results = self._locate(bkeys)
+        spans: list[tuple[int, int] | None] = []
+        for key, r, buf in zip(bkeys, results, buffers):
+            if r.status != Status.OK:
+                spans.append(None)
+                continue
+            address, length = _span(buf)
+            if length < r.size:
+                raise ConfigError(f"buffer of {length} bytes is too small for object {key!r} of {r.size} bytes")
+            spans.append((address, r.size))
+        self._read(bkeys, results, spans, lease_deadline)
+        return [r.size if r.status == Status.OK else None for r in results]
+
+    # ---- metadata API -------------------------------------------------------------------
+
+    def exists(self, key: Key) -> bool:
+        return self.exists_many([key])[0]
+
+    def exists_many(self, keys: Sequence[Key]) -> list[bool]:
+        """Whether each key holds a complete object (one round trip; grants no lease)."""
+        return list(self._rpc.call(p.Exists([_key(k) for k in keys])))
+
+    def remove(self, key: Key, *, force: bool = False) -> None:
+        """Deletes an object.
+
+        Raises:
+            ObjectNotFoundError: no such object.
+            ObjectLeasedError: a reader holds a lease (``force=True`` removes anyway).
+        """
+        status = self.remove_many([key], force=force)[0]
+        if status == Status.NOT_FOUND:
+            raise ObjectNotFoundError(f"no object under key {key!r}", key=key)
+        if status == Status.LEASED:
+            raise ObjectLeasedError(f"object {key!r} is leased by a reader; retry later or force=True", key=key)
+
+    def remove_many(self, keys: Sequence[Key], *, force: bool = False) -> list[Status]:
+        """Deletes objects; returns per key Status.OK, NOT_FOUND or LEASED."""
+        return [Status(s) for s in self._rpc.call(p.Remove([_key(k) for k in keys], force))]
+
+    def stats(self) -> dict[str, Any]:
+        """The master's view of the pool (keys, segments, usage, evictions) and this engine's counters."""
+        out = dict(self._rpc.call(p.StatsRequest()))
+        out["transfer"] = self.engine.stats()
+        return out
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Unmounts this client's segment (its objects leave the pool) and disconnects."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout=5)
+        try:
+            self._rpc.call(p.Disconnect(self.client_id), timeout_s=min(self.config.rpc_timeout_s, 2.0))
+        except StoreError as exc:
+            logger.warning("store client %s: master not told of disconnect: %s", self.client_id, exc)
+        self._rpc.close()
+        if self._owns_engine:
+            self.engine.close()
+        else:
+            if self._segment is not None:
+                self.engine.unregister(self._segment)
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _hello(self) -> None:
+        self._rpc.call(p.Hello(self.client_id, p.PROTOCOL_VERSION))
+
+    def _mount(self) -> None:
+        assert self._segment is not None
+        self._rpc.call(p.MountSegment(self.client_id, self.segment_name, self.engine.name,
+                                      self._segment.address, self._segment.length))
+
+    def _heartbeat_loop(self) -> None:
+        warned = False
+        while not self._closed.wait(self.config.heartbeat_interval_s):
+            expired, self._lease_expired = self._lease_expired, 0
+            try:
+                need_remount = self._rpc.call(p.Heartbeat(self.client_id, expired))
+                if need_remount:
+                    logger.warning("master %s does not know client %s (restarted?): re-mounting", self._rpc.address, self.client_id)
+                    self._hello()
+                    if self._segment is not None:
+                        self._mount()
+                warned = False
+            except StoreError as exc:
+                self._lease_expired += expired
+                if not warned:
+                    logger.warning("store client %s: heartbeat failed: %s", self.client_id, exc)
+                    warned = True
+
+    def _put_spans(self, keys: list[bytes], spans: list[tuple[int, int]], pin: Pin, replicas: int | None, upsert: bool) -> None:
+        for key, (_, n) in zip(keys, spans):
+            if n <= 0:
+                raise ConfigError(f"object {key!r} is empty; tidekv stores objects of at least 1 byte")
+        request = p.PutStart(
+            self.client_id,
+            keys,
+            [n for _, n in spans],
+            replicas or self.config.replicas,
+            self.segment_name if self.config.prefer_local_segment else "",
+            int(pin),
+            upsert,
+        )
+        slots = msgspec.convert(self._rpc.call(request), list[p.PutSlot])
+        failures: dict[bytes, StoreError | TransferError] = {}
+        writes: list[TransferRequest] = []
+        owners: list[int] = []
+        for i, (key, slot, (address, n)) in enumerate(zip(keys, slots, spans)):
+            if slot.status == Status.OUT_OF_SPACE:
+                failures[key] = OutOfSpaceError(f"no room for object {key!r} ({n} bytes) even after eviction", key=key)
+            elif slot.status == Status.INVALID:
+                failures[key] = ConfigError(f"master refused key {key!r} (empty or too long) or size {n}")  # type: ignore[assignment]
+            elif slot.status == Status.OK:
+                for loc in slot.locations:
+                    writes.append(TransferRequest(TransferOp.WRITE, address, n, loc.engine, loc.addr))
+                    owners.append(i)
+        failed_writes: set[int] = set()
+        if writes:
+            failed_writes = self._run(writes, owners, keys, failures)
+        ended = [(k, s.token) for i, (k, s) in enumerate(zip(keys, slots)) if s.status == Status.OK and i not in failed_writes]
+        revoked = [(k, s.token) for i, (k, s) in enumerate(zip(keys, slots)) if s.status == Status.OK and i in failed_writes]
+        if revoked:
+            self._rpc.call(p.PutRevoke(self.client_id, [k for k, _ in revoked], [t for _, t in revoked]))
+        if ended:
+            statuses = self._rpc.call(p.PutEnd(self.client_id, [k for k, _ in ended], [t for _, t in ended]))
+            for (key, _), status in zip(ended, statuses):
+                if status != Status.OK:
+                    failures[key] = StoreError(
+                        f"put of {key!r} was reclaimed by the master before it ended (too slow, or a replica "
+                        "holder died); retry", key=key)
+        if failures:
+            raise self._batch_error("put", failures)
+
+    def _locate(self, keys: list[bytes]) -> tuple[float, list[p.GetResult]]:
+        started = time.monotonic()
+        lease_s, raw = self._rpc.call(p.Get(keys))
+        return started + lease_s, msgspec.convert(raw, list[p.GetResult])
+
+    def _read(self, keys: list[bytes], results: list[p.GetResult], spans: list[tuple[int, int] | None],
+              lease_deadline: float) -> None:
+        """Reads every found object into its span, falling back to other replicas on failure."""
+        pending = [i for i, s in enumerate(spans) if s is not None]
+        attempt = 0
+        failures: dict[bytes, StoreError | TransferError] = {}
+        while pending:
+            reads, owners, next_pending = [], [], []
+            for i in pending:
+                locs = self._ordered(results[i].locations)
+                if attempt >= len(locs):
+                    continue
+                address, n = spans[i]  # type: ignore[misc]
+                loc = locs[attempt]
+                reads.append(TransferRequest(TransferOp.READ, address, n, loc.engine, loc.addr))
+                owners.append(i)
+            if not reads:
+                break
+            round_failures: dict[bytes, StoreError | TransferError] = {}
+            failed = self._run(reads, owners, keys, round_failures)
+            for i in failed:
+                if attempt + 1 < len(results[i].locations):
+                    next_pending.append(i)
+                else:
+                    failures[keys[i]] = round_failures[keys[i]]
+            pending, attempt = next_pending, attempt + 1
+        if time.monotonic() > lease_deadline:
+            self._lease_expired += 1
+            raise LeaseExpiredError(
+                f"read of {len(keys)} object(s) outlived its lease; the bytes may have been replaced - retry",
+                key=keys[0] if len(keys) == 1 else None,
+            )
+        if failures:
+            raise self._batch_error("get", failures)
+
+    def _ordered(self, locations: list[p.Location]) -> list[p.Location]:
+        own = self.engine.name
+        return sorted(locations, key=lambda loc: loc.engine != own)
+
+    def _run(self, requests: list[TransferRequest], owners: list[int], keys: list[bytes],
+             failures: dict[bytes, StoreError | TransferError]) -> set[int]:
+        """Runs one transfer batch; returns indices (into keys) whose requests failed."""
+        try:
+            handle = self.engine.transfer(requests)
+        except (PeerUnavailableError, TransferError) as exc:
+            # A peer could not even be reached for the handshake: every request to it fails.
+            for i in owners:
+                failures[keys[i]] = exc
+            return set(owners)
+        try:
+            handle.wait(self.config.transfer_timeout_s)
+            return set()
+        except TransferError:
+            failed: set[int] = set()
+            for owner, status in zip(owners, handle.statuses()):
+                if status.state == TransferState.FAILED:
+                    failed.add(owner)
+                    assert status.error is not None
+                    failures.setdefault(keys[owner], status.error)
+            return failed
+
+    @staticmethod
+    def _batch_error(op: str, failures: dict[bytes, StoreError | TransferError]) -> Exception:
+        first_key, first = next(iter(failures.items()))
+        if len(failures) == 1:
+            return first
+        err = type(first)(f"{op} failed for {len(failures)} keys; first {first_key!r}: {first}")
+        err.failures = failures  # type: ignore[attr-defined]
+        return err

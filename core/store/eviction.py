@@ -1,0 +1,49 @@
+"""Eviction policy: which objects go when space is needed. Nothing else.
+
+Approximate LRU: the object table keeps its dict in access order (a get moves the key to the
+end), so the oldest objects come first. Objects being written, read-leased, or hard-pinned are
+never chosen; soft-pinned ones only when everything else evictable is not enough.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+from tidekv.store.protocol import Pin
+
+
+class Evictable(Protocol):
+    size: int
+    pin: int
+    lease_until: float
+
+    @property
+    def is_pending(self) -> bool: ...
+
+
+def select_victims(objects: Iterable[tuple[bytes, Evictable]], now: float, bytes_needed: int) -> list[bytes]:
+    """Keys to evict, oldest first, freeing at least ``bytes_needed`` if the evictable set allows.
+
+    ``objects`` yields (key, meta) in LRU order; the sizes counted are object sizes (one per
+    replica is the caller's business).
+    """
+    victims: list[bytes] = []
+    soft: list[tuple[bytes, int]] = []
+    freed = 0
+    for key, meta in objects:
+        if meta.is_pending or meta.pin == Pin.HARD or meta.lease_until > now:
+            continue
+        if meta.pin == Pin.SOFT:
+            soft.append((key, meta.size))
+            continue
+        victims.append(key)
+        freed += meta.size
+        if freed >= bytes_needed:
+            return victims
+    for key, size in soft:
+        victims.append(key)
+        freed += size
+        if freed >= bytes_needed:
+            break
+    return victims

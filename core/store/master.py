@@ -1,0 +1,231 @@
+"""MasterService: the store master's state and the meaning of every RPC. No I/O here.
+
+It owns the segment table (who contributes which memory, who is alive) and the object table
+(what lives where), answers decoded requests, and runs housekeeping on a timer: dead clients,
+unfinished puts, retired bytes, watermark eviction. ``server`` feeds it from ZeroMQ and serves
+its metrics over HTTP. Single-threaded: call it from one thread (the server's event loop).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from tidekv.config import MasterConfig
+from tidekv.errors import ConfigError
+from tidekv.metrics import Registry
+from tidekv.store import protocol as p
+from tidekv.store.objects import ObjectTable
+from tidekv.store.segments import SegmentTable
+
+logger = logging.getLogger(__name__)
+
+
+class MasterService:
+    def __init__(self, config: MasterConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self.master_id = uuid.uuid4().hex[:12]
+        self.segments = SegmentTable()
+        self.objects = ObjectTable(self.segments, config.max_key_bytes)
+        self.metrics = Registry()
+        self._requests = self.metrics.counter("tidekv_master_requests_total", "RPC requests by type")
+        self._items = self.metrics.counter("tidekv_master_request_items_total", "keys carried by RPC requests, by type")
+        self._failures = self.metrics.counter("tidekv_master_request_failures_total", "RPC requests refused, by reason")
+        self._latency = self.metrics.histogram("tidekv_master_request_seconds", "time to handle one RPC, by type")
+        self._lease_expired = self.metrics.counter(
+            "tidekv_lease_expiries_total", "reads that outlived their lease (reported by clients)"
+        )
+        self.metrics.gauge("tidekv_keys", "complete objects", lambda: {(): self._complete_keys()})
+        self.metrics.gauge("tidekv_pending_puts", "puts started but not ended", lambda: {(): len(self.objects.pending)})
+        self.metrics.gauge("tidekv_clients", "live clients", lambda: {(): len(self.segments.clients)})
+        self.metrics.gauge(
+            "tidekv_segment_used_bytes",
+            "bytes allocated per segment",
+            lambda: {(("segment", s.name),): s.used for s in self.segments.segments.values()},
+        )
+        self.metrics.gauge(
+            "tidekv_segment_capacity_bytes",
+            "capacity per segment",
+            lambda: {(("segment", s.name),): s.capacity for s in self.segments.segments.values()},
+        )
+        c = self.objects.counters
+        self.metrics.gauge("tidekv_evictions_total", "objects evicted", lambda: {(): c.evictions})
+        self.metrics.gauge("tidekv_evicted_bytes_total", "bytes of objects evicted", lambda: {(): c.evicted_bytes})
+        self.metrics.gauge("tidekv_puts_reclaimed_total", "unfinished puts reclaimed", lambda: {(): c.puts_reclaimed})
+        self.metrics.gauge("tidekv_objects_lost_total", "objects lost with their last replica", lambda: {(): c.objects_lost})
+        self._handlers: dict[type, Callable[[Any, float], Any]] = {
+            p.Hello: self._hello,
+            p.MountSegment: self._mount,
+            p.UnmountSegment: self._unmount,
+            p.Heartbeat: self._heartbeat,
+            p.Disconnect: self._disconnect,
+            p.PutStart: self._put_start,
+            p.PutEnd: self._put_end,
+            p.PutRevoke: self._put_revoke,
+            p.Get: self._get,
+            p.Exists: self._exists,
+            p.Remove: self._remove,
+            p.StatsRequest: self._stats,
+        }
+
+    # ---- entry points -------------------------------------------------------------------
+
+    def handle(self, data: bytes) -> bytes:
+        """Decodes one request, applies it, and returns the encoded reply (never raises)."""
+        started = time.perf_counter()
+        if len(data) > self.config.max_message_bytes:
+            self._failures.inc(reason="oversized")
+            return self._error(0, "oversized", f"request of {len(data)} bytes exceeds the master's limit "
+                                              f"of {self.config.max_message_bytes} bytes; split the batch")
+        try:
+            envelope = p.decode_request(data)
+        except Exception as exc:  # noqa: BLE001 - any decode failure is the sender's fault
+            head = p.probe_header(data)
+            if head is not None and head[0] != p.PROTOCOL_VERSION:
+                self._failures.inc(reason="version")
+                return self._error(head[1], "version", self._version_message(head[0]))
+            self._failures.inc(reason="malformed")
+            return self._error(head[1] if head else 0, "malformed", f"malformed request: {exc}")
+        if envelope.protocol_version != p.PROTOCOL_VERSION:
+            self._failures.inc(reason="version")
+            return self._error(envelope.request_id, "version", self._version_message(envelope.protocol_version))
+        body = envelope.body
+        kind = type(body).__name__
+        try:
+            result = self._handlers[type(body)](body, self.clock())
+        except ConfigError as exc:
+            self._failures.inc(reason="invalid")
+            return self._error(envelope.request_id, "invalid", str(exc))
+        self._requests.inc(type=kind)
+        self._latency.observe(time.perf_counter() - started, type=kind)
+        return p.encode(p.Reply(envelope.request_id, result=result))
+
+    def tick(self) -> None:
+        """Housekeeping; call every ``config.tick_s``."""
+        now = self.clock()
+        dead = self.segments.dead_clients(now, self.config.client_ttl_s)
+        for client_id in dead:
+            logger.warning("client %s silent for over %.1f s: unmounting its segments", client_id, self.config.client_ttl_s)
+            self._forget_client(client_id)
+        self.objects.reclaim_stale_puts(now, self.config.put_timeout_s, set(dead))
+        self.objects.free_retired(now)
+        cap = self.segments.capacity
+        if cap and self.segments.used > self.config.high_watermark * cap:
+            target = (self.config.high_watermark - self.config.eviction_ratio) * cap
+            self.objects.evict(int(self.segments.used - target), now)
+
+    # ---- handlers -----------------------------------------------------------------------
+
+    def _hello(self, m: p.Hello, now: float) -> str:
+        if m.protocol_version != p.PROTOCOL_VERSION:
+            raise ConfigError(self._version_message(m.protocol_version))
+        self.segments.add_client(m.client_id, now)
+        logger.info("client %s connected", m.client_id)
+        return self.master_id
+
+    def _mount(self, m: p.MountSegment, now: float) -> None:
+        self.segments.mount(m.client_id, m.name, m.engine, m.base, m.capacity)
+
+    def _unmount(self, m: p.UnmountSegment, now: float) -> bool:
+        if self.segments.unmount(m.client_id, m.name):
+            self.objects.drop_segments({m.name})
+            return True
+        return False
+
+    def _heartbeat(self, m: p.Heartbeat, now: float) -> bool:
+        """Returns True when the client must hello and re-mount (this master does not know it)."""
+        if m.lease_expired:
+            self._lease_expired.inc(m.lease_expired)
+        return not self.segments.touch(m.client_id, now)
+
+    def _disconnect(self, m: p.Disconnect, now: float) -> None:
+        self._forget_client(m.client_id)
+        logger.info("client %s disconnected", m.client_id)
+
+    def _put_start(self, m: p.PutStart, now: float) -> list[p.PutSlot]:
+        self._check_batch(m.keys, m.sizes)
+        self.segments.touch(m.client_id, now)
+        self._items.inc(len(m.keys), type="PutStart")
+        put = self.objects.put_start
+        return [
+            put(m.client_id, key, size, m.replicas, m.preferred_segment, m.pin, m.upsert, now)
+            for key, size in zip(m.keys, m.sizes)
+        ]
+
+    def _put_end(self, m: p.PutEnd, now: float) -> list[int]:
+        self._check_batch(m.keys, m.tokens)
+        self._items.inc(len(m.keys), type="PutEnd")
+        return [self.objects.put_end(k, t, now) for k, t in zip(m.keys, m.tokens)]
+
+    def _put_revoke(self, m: p.PutRevoke, now: float) -> list[int]:
+        self._check_batch(m.keys, m.tokens)
+        return [self.objects.put_revoke(k, t) for k, t in zip(m.keys, m.tokens)]
+
+    def _get(self, m: p.Get, now: float) -> tuple[float, list[p.GetResult]]:
+        self._items.inc(len(m.keys), type="Get")
+        lease = self.config.lease_ttl_s
+        get = self.objects.get
+        return lease, [get(k, lease, now) for k in m.keys]
+
+    def _exists(self, m: p.Exists, now: float) -> list[bool]:
+        self._items.inc(len(m.keys), type="Exists")
+        exists = self.objects.exists
+        return [exists(k) for k in m.keys]
+
+    def _remove(self, m: p.Remove, now: float) -> list[int]:
+        self._items.inc(len(m.keys), type="Remove")
+        return [self.objects.remove(k, m.force, now) for k in m.keys]
+
+    def _stats(self, m: p.StatsRequest, now: float) -> dict[str, Any]:
+        return self.stats()
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def _complete_keys(self) -> int:
+        # Every pending put lives in `objects` except pending upserts, which live in `upserts`.
+        return len(self.objects.objects) - (len(self.objects.pending) - len(self.objects.upserts))
+
+    def stats(self) -> dict[str, Any]:
+        c = self.objects.counters
+        return {
+            "master_id": self.master_id,
+            "keys": self._complete_keys(),
+            "pending_puts": len(self.objects.pending),
+            "clients": len(self.segments.clients),
+            "segments": {
+                s.name: {"engine": s.engine, "capacity": s.capacity, "used": s.used}
+                for s in self.segments.segments.values()
+            },
+            "capacity_bytes": self.segments.capacity,
+            "used_bytes": self.segments.used,
+            "evictions": c.evictions,
+            "evicted_bytes": c.evicted_bytes,
+            "puts_reclaimed": c.puts_reclaimed,
+            "objects_lost": c.objects_lost,
+            "lease_expiries": int(self._lease_expired.get()),
+        }
+
+    def _forget_client(self, client_id: str) -> None:
+        names = self.segments.remove_client(client_id)
+        self.objects.drop_segments(set(names))
+        self.objects.reclaim_stale_puts(self.clock(), self.config.put_timeout_s, {client_id})
+
+    @staticmethod
+    def _check_batch(keys: list[bytes], other: list[int]) -> None:
+        if len(keys) != len(other):
+            raise ConfigError(f"batch has {len(keys)} keys but {len(other)} sizes/tokens")
+
+    @staticmethod
+    def _version_message(theirs: int) -> str:
+        return (
+            f"client speaks tidekv store protocol v{theirs}, this master speaks v{p.PROTOCOL_VERSION}; "
+            "run the same tidekv version on clients and master"
+        )
+
+    @staticmethod
+    def _error(request_id: int, kind: str, message: str) -> bytes:
+        return p.encode(p.Reply(request_id, error_kind=kind, error=message))

@@ -1,0 +1,278 @@
+"""The object table: key -> size -> replicas, two-phase puts, upserts, read leases, pins.
+
+States: a key is *pending* between put_start and put_end (invisible to readers), then
+*complete*. Complete objects are immutable; an upsert writes a new version beside the old one
+and put_end swaps them in one step, so a reader sees old or new, never a mix. Bytes a reader may
+still hold a lease on (an upserted-over version) are freed only when that lease ends.
+Neighbours: ``segments`` (placement and freeing), ``eviction`` (victim choice), ``master``
+(drives the table from RPCs and its timer). Single-threaded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tidekv.store import eviction
+from tidekv.store.allocator import align
+from tidekv.store.protocol import GetResult, Location, Pin, PutSlot, Status
+from tidekv.store.segments import SegmentTable
+
+logger = logging.getLogger(__name__)
+
+_NO_LEASE = 0.0
+
+
+@dataclass(slots=True)
+class PendingPut:
+    token: int
+    writer: str
+    started: float
+    is_upsert: bool
+
+
+class ObjectMeta:
+    """One object. ``replicas`` is flat: (segment, offset, segment, offset, ...) to stay small."""
+
+    __slots__ = ("size", "replicas", "put", "lease_until", "pin")
+
+    def __init__(self, size: int, replicas: tuple[object, ...], put: PendingPut | None, pin: int) -> None:
+        self.size = size
+        self.replicas = replicas
+        self.put = put
+        self.lease_until = _NO_LEASE
+        self.pin = pin
+
+    @property
+    def is_pending(self) -> bool:
+        return self.put is not None
+
+    def replica_pairs(self) -> Iterator[tuple[str, int]]:
+        r = self.replicas
+        for i in range(0, len(r), 2):
+            yield r[i], r[i + 1]  # type: ignore[misc]
+
+
+@dataclass(slots=True)
+class TableCounters:
+    evictions: int = 0
+    evicted_bytes: int = 0
+    puts_reclaimed: int = 0
+    replicas_lost: int = 0
+    objects_lost: int = 0
+
+
+class ObjectTable:
+    def __init__(self, segments: SegmentTable, max_key_bytes: int) -> None:
+        self.segments = segments
+        self.max_key_bytes = max_key_bytes
+        self.objects: dict[bytes, ObjectMeta] = {}  # in LRU order: oldest first
+        self.upserts: dict[bytes, ObjectMeta] = {}  # pending new versions of complete objects
+        self.pending: dict[int, bytes] = {}  # token -> key of every pending put
+        self.retired: list[tuple[float, int, tuple[object, ...]]] = []  # (free_at, size, replicas)
+        self.counters = TableCounters()
+        self._tokens = itertools.count(1)
+
+    # ---- writes -------------------------------------------------------------------------
+
+    def put_start(
+        self, writer: str, key: bytes, size: int, replicas: int, preferred: str, pin: int, upsert: bool, now: float
+    ) -> PutSlot:
+        if not key or len(key) > self.max_key_bytes or size <= 0 or replicas < 1 or pin not in (0, 1, 2):
+            return PutSlot(Status.INVALID)
+        existing = self.objects.get(key)
+        if existing is not None and existing.put is not None:
+            if not upsert:
+                return PutSlot(Status.EXISTS)
+            self._drop_pending(existing.put.token)  # the newer writer wins
+            existing = None
+        if existing is not None and not upsert:
+            return PutSlot(Status.EXISTS)
+        older = self.upserts.get(key)
+        if older is not None and older.put is not None:
+            self._drop_pending(older.put.token)
+        placed = self._allocate(size, replicas, preferred, now)
+        if not placed:
+            return PutSlot(Status.OUT_OF_SPACE)
+        token = next(self._tokens)
+        flat = tuple(v for pair in placed for v in pair)
+        meta = ObjectMeta(size, flat, PendingPut(token, writer, now, existing is not None), pin)
+        if existing is not None:
+            self.upserts[key] = meta
+        else:
+            self.objects[key] = meta
+        self.pending[token] = key
+        return PutSlot(Status.OK, token, self._locations(meta))
+
+    def put_end(self, key: bytes, token: int, now: float) -> Status:
+        meta = self._pending_meta(key, token)
+        if meta is None or meta.put is None:
+            return Status.STALE
+        del self.pending[token]
+        if meta.put.is_upsert:
+            del self.upserts[key]
+            old = self.objects.pop(key, None)
+            if old is not None:
+                self._retire(old, now)
+        else:
+            self.objects.pop(key, None)
+        meta.put = None
+        self.objects[key] = meta  # newest at the LRU end
+        return Status.OK
+
+    def put_revoke(self, key: bytes, token: int) -> Status:
+        if self._pending_meta(key, token) is None:
+            return Status.STALE
+        self._drop_pending(token)
+        return Status.OK
+
+    def remove(self, key: bytes, force: bool, now: float) -> Status:
+        meta = self.objects.get(key)
+        if meta is None or meta.put is not None:
+            return Status.NOT_FOUND
+        if meta.lease_until > now and not force:
+            return Status.LEASED
+        del self.objects[key]
+        self._retire(meta, now)
+        return Status.OK
+
+    # ---- reads --------------------------------------------------------------------------
+
+    def get(self, key: bytes, lease_s: float, now: float) -> GetResult:
+        meta = self.objects.get(key)
+        if meta is None or meta.put is not None:
+            return GetResult(Status.NOT_FOUND)
+        until = now + lease_s
+        if until > meta.lease_until:
+            meta.lease_until = until
+        del self.objects[key]  # move to the most-recently-used end
+        self.objects[key] = meta
+        return GetResult(Status.OK, meta.size, self._locations(meta))
+
+    def exists(self, key: bytes) -> bool:
+        meta = self.objects.get(key)
+        return meta is not None and meta.put is None
+
+    # ---- housekeeping -------------------------------------------------------------------
+
+    def reclaim_stale_puts(self, now: float, put_timeout_s: float, dead_writers: set[str]) -> int:
+        """Drops pending puts older than the timeout or whose writer died; returns how many."""
+        stale = []
+        for token, key in self.pending.items():
+            meta = self._pending_meta(key, token)
+            assert meta is not None and meta.put is not None
+            if meta.put.writer in dead_writers or now - meta.put.started > put_timeout_s:
+                stale.append(token)
+        for token in stale:
+            key = self.pending[token]
+            logger.warning("reclaimed unfinished put of key %r (token %d)", key[:64], token)
+            self._drop_pending(token)
+        self.counters.puts_reclaimed += len(stale)
+        return len(stale)
+
+    def free_retired(self, now: float) -> None:
+        if not self.retired:
+            return
+        keep = []
+        for free_at, size, replicas in self.retired:
+            if free_at <= now:
+                self._release(size, replicas)
+            else:
+                keep.append((free_at, size, replicas))
+        self.retired = keep
+
+    def drop_segments(self, names: set[str]) -> None:
+        """Forgets replicas on unmounted segments; objects left with none are gone."""
+        if not names:
+            return
+        for table in (self.objects, self.upserts):
+            for key in list(table):
+                meta = table[key]
+                pairs = list(meta.replica_pairs())
+                kept = [(s, o) for s, o in pairs if s not in names]
+                if len(kept) == len(pairs):
+                    continue
+                self.counters.replicas_lost += len(pairs) - len(kept)
+                if kept:
+                    meta.replicas = tuple(v for pair in kept for v in pair)
+                    continue
+                del table[key]
+                self.counters.objects_lost += 1
+                if meta.put is not None:
+                    self.pending.pop(meta.put.token, None)
+        self.retired = [
+            (t, size, tuple(v for s, o in _pairs(r) if s not in names for v in (s, o))) for t, size, r in self.retired
+        ]
+
+    def evict(self, bytes_needed: int, now: float) -> int:
+        """Evicts LRU objects to free about ``bytes_needed``; returns bytes freed."""
+        victims = eviction.select_victims(self.objects.items(), now, bytes_needed)
+        freed = 0
+        for key in victims:
+            meta = self.objects.pop(key)
+            n = len(meta.replicas) // 2
+            freed += align(meta.size) * n
+            self._release(meta.size, meta.replicas)
+            self.counters.evictions += 1
+            self.counters.evicted_bytes += meta.size
+        if victims:
+            logger.debug("evicted %d objects (%d bytes)", len(victims), freed)
+        return freed
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _allocate(self, size: int, replicas: int, preferred: str, now: float) -> list[tuple[str, int]]:
+        placed = self.segments.allocate(size, replicas, preferred)
+        if placed or not self.segments.fits_anywhere(size):
+            return placed
+        # Full: evict LRU objects and retry; fragmentation may need a few rounds.
+        need = align(size) * replicas
+        for _ in range(4):
+            self.free_retired(now)
+            if self.evict(need, now) == 0 and not self.retired:
+                break
+            placed = self.segments.allocate(size, replicas, preferred)
+            if placed:
+                return placed
+            need *= 2
+        return []
+
+    def _pending_meta(self, key: bytes, token: int) -> ObjectMeta | None:
+        for meta in (self.upserts.get(key), self.objects.get(key)):
+            if meta is not None and meta.put is not None and meta.put.token == token:
+                return meta
+        return None
+
+    def _drop_pending(self, token: int) -> None:
+        key = self.pending.pop(token)
+        meta = self._pending_meta(key, token)
+        assert meta is not None and meta.put is not None
+        if meta.put.is_upsert:
+            del self.upserts[key]
+        else:
+            del self.objects[key]
+        self._release(meta.size, meta.replicas)
+
+    def _retire(self, meta: ObjectMeta, now: float) -> None:
+        if meta.lease_until > now:
+            self.retired.append((meta.lease_until, meta.size, meta.replicas))
+        else:
+            self._release(meta.size, meta.replicas)
+
+    def _release(self, size: int, replicas: tuple[object, ...]) -> None:
+        for seg, offset in _pairs(replicas):
+            self.segments.release(seg, offset, size)
+
+    def _locations(self, meta: ObjectMeta) -> list[Location]:
+        out = []
+        for name, offset in meta.replica_pairs():
+            seg = self.segments.segments[name]
+            out.append(Location(name, seg.engine, seg.base + offset, meta.size))
+        return out
+
+
+def _pairs(flat: tuple[object, ...]) -> Iterator[tuple[str, int]]:
+    for i in range(0, len(flat), 2):
+        yield flat[i], flat[i + 1]  # type: ignore[misc]

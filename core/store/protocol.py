@@ -1,0 +1,196 @@
+"""Wire messages between store clients and the master: msgspec structs, msgpack-encoded.
+
+Every request travels in an ``Envelope`` carrying ``protocol_version``; the master answers a
+mismatch with an error naming both versions (and ``Hello`` checks it once at connect). Batch
+requests carry N keys and get N results in one round trip. Neighbours: ``master`` decodes and
+dispatches these, ``rpc`` sends them from clients.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Union
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+
+class Status(enum.IntEnum):
+    """Per-key outcome of a batch request."""
+
+    OK = 0
+    NOT_FOUND = 1
+    EXISTS = 2  # immutable key already complete (or being written): put is a successful no-op
+    OUT_OF_SPACE = 3
+    LEASED = 4  # remove refused: a reader holds a lease
+    STALE = 5  # put_end/put_revoke for a put the master already reclaimed
+    INVALID = 6  # bad key or size
+
+
+class Pin(enum.IntEnum):
+    """How eviction treats an object."""
+
+    NONE = 0
+    SOFT = 1  # evicted only when nothing else can go
+    HARD = 2  # never evicted; only remove() deletes it
+
+
+class Location(msgspec.Struct, array_like=True, frozen=True):
+    """One replica: bytes [addr, addr + length) of the transfer engine ``engine``'s segment."""
+
+    segment: str
+    engine: str
+    addr: int
+    length: int
+
+
+# ---- requests -----------------------------------------------------------------------------
+
+
+class Hello(msgspec.Struct, tag="hello", array_like=True):
+    client_id: str
+    protocol_version: int
+
+
+class MountSegment(msgspec.Struct, tag="mount", array_like=True):
+    client_id: str
+    name: str
+    engine: str
+    base: int
+    capacity: int
+
+
+class UnmountSegment(msgspec.Struct, tag="unmount", array_like=True):
+    client_id: str
+    name: str
+
+
+class Heartbeat(msgspec.Struct, tag="heartbeat", array_like=True):
+    client_id: str
+    lease_expired: int = 0  # reads that outlived their lease since the last heartbeat
+
+
+class Disconnect(msgspec.Struct, tag="disconnect", array_like=True):
+    client_id: str
+
+
+class PutStart(msgspec.Struct, tag="put_start", array_like=True):
+    client_id: str
+    keys: list[bytes]
+    sizes: list[int]
+    replicas: int = 1
+    preferred_segment: str = ""
+    pin: int = Pin.NONE
+    upsert: bool = False
+
+
+class PutEnd(msgspec.Struct, tag="put_end", array_like=True):
+    client_id: str
+    keys: list[bytes]
+    tokens: list[int]
+
+
+class PutRevoke(msgspec.Struct, tag="put_revoke", array_like=True):
+    client_id: str
+    keys: list[bytes]
+    tokens: list[int]
+
+
+class Get(msgspec.Struct, tag="get", array_like=True):
+    keys: list[bytes]
+
+
+class Exists(msgspec.Struct, tag="exists", array_like=True):
+    keys: list[bytes]
+
+
+class Remove(msgspec.Struct, tag="remove", array_like=True):
+    keys: list[bytes]
+    force: bool = False
+
+
+class StatsRequest(msgspec.Struct, tag="stats", array_like=True):
+    pass
+
+
+Body = Union[
+    Hello,
+    MountSegment,
+    UnmountSegment,
+    Heartbeat,
+    Disconnect,
+    PutStart,
+    PutEnd,
+    PutRevoke,
+    Get,
+    Exists,
+    Remove,
+    StatsRequest,
+]
+
+
+class Envelope(msgspec.Struct, array_like=True):
+    protocol_version: int
+    request_id: int
+    body: Body
+
+
+# ---- replies ------------------------------------------------------------------------------
+
+
+class PutSlot(msgspec.Struct, array_like=True):
+    """Where a writer must write one key (status OK), with the token put_end must quote."""
+
+    status: int
+    token: int = 0
+    locations: list[Location] = []
+
+
+class GetResult(msgspec.Struct, array_like=True):
+    status: int
+    size: int = 0
+    locations: list[Location] = []
+
+
+class Reply(msgspec.Struct, array_like=True):
+    """``error`` set (kind + message) means the whole request failed; else ``result`` holds the answer."""
+
+    request_id: int
+    error_kind: str = ""
+    error: str = ""
+    # Per request type: Hello -> master id (str); Mount -> None; Heartbeat -> need_remount (bool);
+    # PutStart -> list[PutSlot]; PutEnd/PutRevoke/Remove -> list[int] statuses;
+    # Get -> [lease_ttl_s, list[GetResult]]; Exists -> list[bool]; Stats -> dict.
+    result: object = None
+
+
+_encoder = msgspec.msgpack.Encoder()
+_request_decoder = msgspec.msgpack.Decoder(Envelope)
+_reply_decoder = msgspec.msgpack.Decoder(Reply)
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode_request(data: bytes) -> Envelope:
+    """Raises msgspec.DecodeError / ValidationError on garbage."""
+    return _request_decoder.decode(data)
+
+
+def decode_reply(data: bytes) -> Reply:
+    return _reply_decoder.decode(data)
+
+_probe_decoder = msgspec.msgpack.Decoder(tuple)
+
+
+def probe_header(data: bytes) -> tuple[int, int] | None:
+    """(protocol_version, request_id) of a message that failed to decode, when that much is readable."""
+    try:
+        head = _probe_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if len(head) >= 2 and isinstance(head[0], int) and isinstance(head[1], int):
+        return head[0], head[1]
+    return None

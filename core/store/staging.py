@@ -1,0 +1,47 @@
+"""Staging memory: registered scratch space for put()/get() of plain bytes objects.
+
+A bytes object cannot be the source or target of a one-sided transfer (it is not registered, and
+is immutable), so its bytes pass through here. One registered region, carved up with the offset
+allocator; a request larger than the whole region gets a temporary region of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from tidekv.store.allocator import OffsetAllocator
+from tidekv.transfer.engine import TransferEngine
+from tidekv.transfer.region import Region
+
+
+class StagingArea:
+    def __init__(self, engine: TransferEngine, size: int) -> None:
+        self._engine = engine
+        self._region = engine.allocate(size)
+        self._alloc = OffsetAllocator(size)
+        self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
+
+    @contextmanager
+    def borrow(self, size: int) -> Iterator[Region]:
+        """A registered region of ``size`` bytes for the duration of the ``with`` block."""
+        if size > self._region.length:
+            region = self._engine.allocate(size)
+            try:
+                yield region
+            finally:
+                self._engine.unregister(region)
+            return
+        with self._freed:
+            offset = self._alloc.allocate(size)
+            while offset is None:
+                self._freed.wait()
+                offset = self._alloc.allocate(size)
+        try:
+            yield Region(self._region.address + offset, size, "cpu", True, self._region)
+        finally:
+            with self._freed:
+                self._alloc.release(offset, size)
+                self._freed.notify_all()
