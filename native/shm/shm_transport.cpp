@@ -146,7 +146,7 @@ void* ShmTransport::map_region(const RegionView& view) {
   std::string path = "/proc/" + std::to_string(pid_) + "/fd/" + std::to_string(view.memfd);
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) TIDEKV_THROW(kPeerUnavailable, "cannot open shared memory of peer " + peer_name_ + ": " + strerror(errno));
-  void* base = mmap(nullptr, view.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* base = mmap(nullptr, view.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   ::close(fd);
   if (base == MAP_FAILED) TIDEKV_THROW(kTransfer, "cannot map shared memory of peer " + peer_name_ + ": " + strerror(errno));
   mappings_[view.slot] = Mapping{view.generation, base, view.length};
