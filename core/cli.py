@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tidekv.bench import transfer as bench_transfer
 
     bench_transfer.add_parser(bench_sub)
+    from tidekv.bench import master_scale
+
+    master_scale.add_parser(bench_sub)
     return parser
 
 

@@ -1,0 +1,127 @@
+"""``tidekv bench master``: how the master's memory and speed scale with the number of objects.
+
+Measured in-process on a MasterService (no network: what is measured is what grows with the
+object count — the object table, allocator and eviction bookkeeping — not loopback noise):
+- bytes per object: the process's resident memory grown by filling the table with N objects
+  (64-byte keys, one 4 KiB replica each), divided by N;
+- ops/s: encoded single-key Get and PutStart+PutEnd requests through ``MasterService.handle``
+  at 1k objects and at N objects, and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import os
+import random
+import time
+from typing import Any
+
+from tidekv.bench.report import Column, format_table
+from tidekv.config import MasterConfig
+from tidekv.store import protocol as p
+from tidekv.store.master import MasterService
+
+_OBJECT_BYTES = 4096
+_BATCH = 1000
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _key(i: int) -> bytes:
+    return hashlib.sha256(i.to_bytes(8, "little")).hexdigest().encode()  # 64 bytes, like a prefix hash
+
+
+def _call(svc: MasterService, rid: int, body: Any) -> Any:
+    reply = p.decode_reply(svc.handle(p.encode(p.Envelope(p.PROTOCOL_VERSION, rid, body))))
+    if reply.error_kind:
+        raise RuntimeError(reply.error)
+    return reply.result
+
+
+def _fill(svc: MasterService, start: int, stop: int, progress: Any = None) -> None:
+    for lo in range(start, stop, _BATCH):
+        keys = [_key(i) for i in range(lo, min(stop, lo + _BATCH))]
+        slots = _call(svc, 1, p.PutStart("bench", keys, [_OBJECT_BYTES] * len(keys)))
+        _call(svc, 2, p.PutEnd("bench", keys, [s[1] for s in slots]))
+        if progress is not None:
+            progress.update(len(keys))
+
+
+def _rate(svc: MasterService, n_objects: int, seconds: float, next_new: int) -> tuple[float, float, int]:
+    rng = random.Random(7)
+    keys = [_key(rng.randrange(n_objects)) for _ in range(4096)]
+    ops, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for k in keys[:256]:
+            _call(svc, 3, p.Get([k]))
+        ops += 256
+        keys.append(keys.pop(0))
+    get_rate = ops / (time.perf_counter() - t0)
+    ops, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(128):
+            k = _key(next_new)
+            next_new += 1
+            slot = _call(svc, 4, p.PutStart("bench", [k], [_OBJECT_BYTES]))[0]
+            _call(svc, 5, p.PutEnd("bench", [k], [slot[1]]))
+        ops += 128
+    put_rate = ops / (time.perf_counter() - t0)
+    return get_rate, put_rate, next_new
+
+
+def run(objects: int, seconds: float) -> list[dict[str, Any]]:
+    from tqdm import tqdm
+
+    svc = MasterService(MasterConfig(port=0, metrics_port=-1, high_watermark=1.0))
+    _call(svc, 0, p.Hello("bench", p.PROTOCOL_VERSION))
+    capacity = (objects * 2 + 1_000_000) * _OBJECT_BYTES  # bookkeeping only: no memory behind it
+    _call(svc, 0, p.MountSegment("bench", "seg0", "127.0.0.1:1", 1 << 20, capacity))
+    _fill(svc, 0, 1000)
+    get_small, put_small, next_new = _rate(svc, 1000, seconds, 10**12)
+    gc.collect()
+    before = _rss_bytes()
+    with tqdm(total=objects - 1000, desc=f"filling master to {objects} objects", unit="obj", leave=False) as bar:
+        _fill(svc, 1000, objects, bar)
+    gc.collect()
+    per_object = (_rss_bytes() - before) / (objects - 1000)
+    get_big, put_big, _ = _rate(svc, objects, seconds, next_new)
+    return [
+        {"metric": "get ops/s", "at_1k": get_small, "at_n": get_big, "ratio": get_big / get_small, "objects": objects},
+        {"metric": "put ops/s", "at_1k": put_small, "at_n": put_big, "ratio": put_big / put_small, "objects": objects},
+        {"metric": "bytes/object", "at_1k": None, "at_n": per_object, "ratio": None, "objects": objects},
+    ]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = sub.add_parser(
+        "master",
+        help="master memory per object and ops/s at 1k vs N objects",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--objects", type=int, default=1_000_000, help="objects to fill the master with (default 1000000)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="measuring time per rate (default 2)")
+    parser.add_argument("--json", metavar="FILE", help="write one JSON object per row to FILE")
+    parser.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    rows = run(args.objects, args.seconds)
+    cols = [
+        Column("metric", "metric", align="<"),
+        Column("at_1k", "at 1k objects", ",.0f"),
+        Column("at_n", f"at {args.objects:,} objects", ",.0f"),
+        Column("ratio", "ratio", ".2f"),
+    ]
+    print(format_table(rows, cols, title="tidekv master scaling (in-process MasterService.handle, encoded RPCs)"))
+    if args.json:
+        with open(args.json, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    return 0
