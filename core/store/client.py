@@ -15,6 +15,7 @@ Neighbours: ``rpc`` (the channel to the master), ``staging`` (scratch memory for
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -133,7 +134,7 @@ class Store:
         """
         cfg = config if config is not None else StoreConfig.from_env()
         if segment_size is not None:
-            cfg = StoreConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "segment_size_bytes": segment_size})
+            cfg = dataclasses.replace(cfg, segment_size_bytes=segment_size)
         owns = engine is None
         eng = engine if engine is not None else TransferEngine(host=host, config=transfer_config)
         return cls(master, cfg, eng, owns)
