@@ -1,5 +1,6 @@
 #include "tcp/tcp_transport.h"
 
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -26,7 +27,12 @@ std::string range_text(const char* op, uint64_t addr, uint64_t len) {
 }  // namespace
 
 TcpTransport::Connection::~Connection() {
-  if (fd >= 0) ::close(fd);
+  if (fd < 0) return;
+  {
+    std::lock_guard<std::mutex> lock(owner->mu_);
+    owner->live_fds_.erase(fd);
+  }
+  ::close(fd);
 }
 
 TcpTransport::TcpTransport(EngineContext& ctx, std::string peer_name, std::string host, int port,
@@ -37,10 +43,15 @@ TcpTransport::TcpTransport(EngineContext& ctx, std::string peer_name, std::strin
 TcpTransport::~TcpTransport() { close(); }
 
 void TcpTransport::close() {
-  std::lock_guard<std::mutex> lock(mu_);
-  closed_ = true;
-  idle_.clear();
-  cv_.notify_all();
+  std::vector<std::unique_ptr<Connection>> idle;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    idle.swap(idle_);
+    // Connections in use: wake their blocked send/recv so the rounds fail now, not at the I/O timeout.
+    for (int fd : live_fds_) ::shutdown(fd, SHUT_RDWR);
+    cv_.notify_all();
+  }
 }
 
 std::unique_ptr<TcpTransport::Connection> TcpTransport::checkout() {
@@ -60,8 +71,13 @@ std::unique_ptr<TcpTransport::Connection> TcpTransport::checkout() {
   }
   try {
     auto conn = std::make_unique<Connection>();
+    conn->owner = this;
     SocketOptions sopts{ctx_.options.socket_buffer_bytes, ctx_.options.io_timeout_ms};
     conn->fd = connect_tcp(host_, port_, sopts);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live_fds_.insert(conn->fd);
+    }
     conn->reader = std::make_unique<SocketReader>(conn->fd, peer_name_);
     wire::Descriptor d = client_handshake(conn->fd, *conn->reader, wire::ConnType::kData, ctx_.options.secret, peer_name_);
     if (on_connect_) on_connect_(d);

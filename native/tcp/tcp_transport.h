@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@ class TcpTransport final : public Transport {
     uint64_t length;
   };
   struct Connection {
+    TcpTransport* owner = nullptr;
     int fd = -1;
     std::unique_ptr<SocketReader> reader;
     ~Connection();
@@ -54,6 +56,7 @@ class TcpTransport final : public Transport {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Connection>> idle_;
+  std::set<int> live_fds_;  // every open connection, idle or in use (close() shuts them down)
   int open_ = 0;
   bool closed_ = false;
 };
