@@ -29,6 +29,29 @@ class TransportKind(enum.Enum):
     SHM = "shm"  #: same-host only; requests to other hosts fail
 
 
+_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "str": (str,),
+    "str | None": (str, type(None)),
+    "TransportKind": (TransportKind,),
+}
+
+
+def _check_types(config: Any) -> None:
+    """Raises ConfigError naming the first field whose value has the wrong type."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        allowed = _TYPES.get(str(f.type))
+        if allowed is None:
+            continue
+        wrong_bool = isinstance(value, bool) and bool not in allowed
+        if wrong_bool or not isinstance(value, allowed):
+            names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+            raise ConfigError(f"{f.name}={value!r} has type {type(value).__name__}; expected {names}")
+
+
 def _check_range(name: str, value: int | float, low: int | float, high: int | float) -> None:
     if not (low <= value <= high):
         raise ConfigError(f"{name}={value!r} is out of range; allowed {low}..{high}")
@@ -70,6 +93,7 @@ class TransferConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.transport, TransportKind):
             raise ConfigError(f"transport={self.transport!r} is invalid; allowed {[k.value for k in TransportKind]}")
+        _check_types(self)
         _check_range("connections_per_peer", self.connections_per_peer, 1, 64)
         _check_range("worker_threads", self.worker_threads, 1, 256)
         _check_range("slice_size_bytes", self.slice_size_bytes, 4096, 256 << 20)
@@ -159,6 +183,7 @@ class MasterConfig:
     """Period of housekeeping (liveness, reclaim, eviction). Default 0.1 s."""
 
     def __post_init__(self) -> None:
+        _check_types(self)
         _check_range("port", self.port, 0, 65535)
         _check_range("metrics_port", self.metrics_port, -1, 65535)
         _check_range("client_ttl_s", self.client_ttl_s, 0.1, 86400)
@@ -192,16 +217,14 @@ class StoreConfig:
     """A master that does not answer within this time raises MasterUnavailableError. Default 5 s."""
     prefer_local_segment: bool = True
     """Put replicas in this client's own segment first when it has room. Default True."""
-    transfer_timeout_s: float = 30.0
-    """Deadline for moving one batch of object bytes. Default 30 s."""
 
     def __post_init__(self) -> None:
+        _check_types(self)
         _check_range("segment_size_bytes", self.segment_size_bytes, 0, 1 << 46)
         _check_range("staging_size_bytes", self.staging_size_bytes, 4096, 1 << 40)
         _check_range("replicas", self.replicas, 1, 16)
         _check_range("heartbeat_interval_s", self.heartbeat_interval_s, 0.01, 3600)
         _check_range("rpc_timeout_s", self.rpc_timeout_s, 0.01, 3600)
-        _check_range("transfer_timeout_s", self.transfer_timeout_s, 0.01, 86400)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> StoreConfig:

@@ -448,7 +448,9 @@ class Store:
                 failures[keys[i]] = exc
             return set(owners)
         try:
-            handle.wait(self.config.transfer_timeout_s)
+            # No deadline here: the waiting thread then runs the batch's work itself (no hand-off
+            # to a worker), and a stalled peer still fails after TransferConfig.io_timeout_s.
+            handle.wait()
             return set()
         except TransferError:
             failed: set[int] = set()

@@ -48,6 +48,14 @@ def _native_options(host: str, port: int, config: TransferConfig) -> _native.Eng
     return o
 
 
+def _shut_down(native: _native.Engine, log_stop: threading.Event, log_thread: threading.Thread) -> None:
+    native.close()
+    log_stop.set()
+    log_thread.join(timeout=2)
+    for level, message in native.drain_log(0):
+        logger.log(level, "%s", message)
+
+
 def _pump_native_log(native_ref: weakref.ref[Any], stop: threading.Event) -> None:
     while not stop.is_set():
         native = native_ref()
@@ -103,6 +111,9 @@ class TransferEngine:
             daemon=True,
         )
         self._log_thread.start()
+        # Runs on close(), on garbage collection, or at interpreter exit, whichever comes first:
+        # a daemon thread still inside native code at exit would abort the process.
+        self._finalizer = weakref.finalize(self, _shut_down, self._native, self._log_stop, self._log_thread)
         logger.info("transfer engine %s started (transport=%s)", self.name, self.config.transport.value)
 
     @property
@@ -223,11 +234,7 @@ class TransferEngine:
             if self._closed:
                 return
             self._closed = True
-        self._native.close()
-        self._log_stop.set()
-        self._log_thread.join(timeout=2)
-        for level, message in self._native.drain_log(0):
-            logger.log(level, "%s", message)
+        self._finalizer()
         logger.info("transfer engine %s closed", self.name)
 
     def __enter__(self) -> TransferEngine:

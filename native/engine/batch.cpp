@@ -51,7 +51,8 @@ void Batch::finish_request(size_t request) {
 }
 
 bool Batch::wait(double timeout_s) {
-  for (const auto& task : tasks_) task->try_run();
+  for (const auto& task : tasks_)
+    if (timeout_s < 0 || !task->is_blocking()) task->try_run();
   if (is_done()) return true;
   // A short spin catches completions that arrive within microseconds; a futex sleep and
   // wake-up costs far more than that on a loaded or virtualised core.

@@ -25,6 +25,8 @@ struct EngineOptions {
   uint32_t max_regions = 4096;
   int unregister_timeout_ms = 5000;
   uint64_t inline_bytes = 64 << 10;
+  uint64_t defer_bytes = 16 << 20;
+  int defer_grace_us = 200;
   int shm_parallelism = 2;
   bool enable_cross_memory_attach = true;
 };

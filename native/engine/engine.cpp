@@ -263,17 +263,24 @@ std::shared_ptr<Batch> Engine::submit(std::vector<Request> requests) {
   uint64_t total = 0;
   for (const auto& r : reqs) total += r.length;
   bool all_shm = true;
-  for (auto& [id, idx] : by_peer) {
+  {
     std::lock_guard<std::mutex> lock(peers_mu_);
-    (void)idx;
-    all_shm = all_shm && peers_[id]->shm != nullptr;
+    for (auto& entry : by_peer) all_shm = all_shm && peers_[entry.first]->shm != nullptr;
   }
+  const auto& tasks = batch->tasks();
   if (all_shm && total <= ctx_.options.inline_bytes) {
     // A small same-host copy costs less than waking a worker: do it before returning.
-    for (const auto& t : batch->tasks()) t->try_run();
-  } else {
-    enqueue(batch);
+    for (const auto& t : tasks) t->try_run();
+    return batch;
   }
+  if (tasks.size() == 1 && total <= ctx_.options.defer_bytes) {
+    // One small task: the submitter usually waits right away and runs it itself (a hand-off to
+    // a worker costs a wake-up on each side). A worker still takes it after a grace period, so
+    // a batch nobody waits for makes progress.
+    tasks.front()->defer_until(std::chrono::steady_clock::now() +
+                               std::chrono::microseconds(ctx_.options.defer_grace_us));
+  }
+  enqueue(batch);
   return batch;
 }
 
@@ -331,6 +338,8 @@ void Engine::worker_loop() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
+    auto until = task->deferred_until();
+    if (until > std::chrono::steady_clock::now() && !task->is_claimed()) std::this_thread::sleep_until(until);
     task->try_run();
   }
 }

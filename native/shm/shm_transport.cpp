@@ -116,22 +116,38 @@ void ShmTransport::plan(const std::shared_ptr<Batch>& batch, const std::vector<u
 }
 
 void ShmTransport::run(Batch& batch, const std::vector<Slice>& slices) {
-  for (const Slice& s : slices) {
-    const char* op = s.op == wire::Op::kRead ? "READ" : "WRITE";
+  auto describe = [](const Slice& s) {
+    char range[80];
+    snprintf(range, sizeof(range), " during %s [0x%llx, +%llu)", s.op == wire::Op::kRead ? "READ" : "WRITE",
+             (unsigned long long)s.remote, (unsigned long long)s.length);
+    return std::string(range);
+  };
+  std::vector<bool> copied(slices.size(), false);
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const Slice& s = slices[i];
     try {
       if (closed_.load()) TIDEKV_THROW(kPeerUnavailable, "engine closed");
       copy(s);
-      if (!is_peer_alive())
-        TIDEKV_THROW(kPeerUnavailable, "peer " + peer_name_ + " (pid " + std::to_string(pid_) + ") exited");
-      ctx_.counters.shm_bytes.fetch_add(s.length, std::memory_order_relaxed);
-      (s.op == wire::Op::kRead ? ctx_.counters.bytes_read : ctx_.counters.bytes_written)
-          .fetch_add(s.length, std::memory_order_relaxed);
-      batch.complete_slice(s.request, s.length);
+      copied[i] = true;
     } catch (const Error& e) {
-      char range[64];
-      snprintf(range, sizeof(range), " [0x%llx, +%llu)", (unsigned long long)s.remote, (unsigned long long)s.length);
-      batch.fail_slice(s.request, e.kind(), std::string(e.what()) + " during " + op + range);
+      batch.fail_slice(s.request, e.kind(), std::string(e.what()) + describe(s));
     }
+  }
+  // One liveness check per task: a copy into the memory of a process that has exited may have
+  // "succeeded" into pages nobody will read, so none of this task's copies can be trusted then.
+  bool alive = is_peer_alive();
+  for (size_t i = 0; i < slices.size(); ++i) {
+    if (!copied[i]) continue;
+    const Slice& s = slices[i];
+    if (!alive) {
+      batch.fail_slice(s.request, ErrorKind::kPeerUnavailable,
+                       "peer " + peer_name_ + " (pid " + std::to_string(pid_) + ") exited" + describe(s));
+      continue;
+    }
+    ctx_.counters.shm_bytes.fetch_add(s.length, std::memory_order_relaxed);
+    (s.op == wire::Op::kRead ? ctx_.counters.bytes_read : ctx_.counters.bytes_written)
+        .fetch_add(s.length, std::memory_order_relaxed);
+    batch.complete_slice(s.request, s.length);
   }
 }
 

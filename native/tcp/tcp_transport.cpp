@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
 #include <cstring>
 
 #include "common/errors.h"
@@ -121,7 +122,7 @@ void TcpTransport::plan(const std::shared_ptr<Batch>& batch, const std::vector<u
     auto keep = batch;
     batch->add_task(std::make_shared<Task>([this, raw, keep, part = std::move(part)]() mutable {
       run_group(*raw, part);
-    }));
+    }, /*is_blocking=*/true));
   }
 }
 
@@ -189,17 +190,30 @@ void TcpTransport::run_round(Connection& conn, Batch& batch, Slice* slices, size
 }
 
 void serve_tcp(int fd, SocketReader& reader, const RegionTable& regions, EngineContext& ctx, const std::string& what) {
-  std::vector<wire::ResponseHeader> pending;  // acks held back while more frames are queued
-  auto flush = [&](const void* payload, uint64_t len) {
-    std::vector<iovec> iov;
-    if (!pending.empty()) iov.push_back(iovec{pending.data(), pending.size() * sizeof(wire::ResponseHeader)});
-    if (payload) iov.push_back(iovec{const_cast<void*>(payload), len});
+  // Replies are gathered while more frames are already queued and sent in one sendmsg: small
+  // READ payloads go out straight from the region (its guard is held until the flush).
+  constexpr size_t kFlushBytes = 4 << 20;
+  constexpr size_t kFlushIovecs = 512;
+  std::deque<wire::ResponseHeader> headers;  // deque: stable addresses for the iovecs
+  std::vector<iovec> iov;
+  std::vector<RegionTable::Guard> held;
+  size_t out_bytes = 0;
+  auto flush = [&] {
     if (!iov.empty()) send_all(fd, iov.data(), int(iov.size()), what);
-    pending.clear();
+    iov.clear();
+    headers.clear();
+    held.clear();
+    out_bytes = 0;
+  };
+  auto reply = [&](const wire::ResponseHeader& h, const void* payload, uint64_t len) {
+    headers.push_back(h);
+    iov.push_back(iovec{&headers.back(), sizeof(wire::ResponseHeader)});
+    if (payload) iov.push_back(iovec{const_cast<void*>(payload), len});
+    out_bytes += sizeof(wire::ResponseHeader) + len;
   };
   for (;;) {
     wire::RequestHeader h{};
-    reader.read_exact(&h, sizeof(h), /*at_frame_boundary=*/pending.empty());
+    reader.read_exact(&h, sizeof(h), /*at_frame_boundary=*/iov.empty());
     if (h.magic != wire::kMagic || h.op > uint8_t(wire::Op::kWrite))
       TIDEKV_THROW(kTransfer, "malformed frame from " + what + " (bad magic or op)");
     auto guard = regions.acquire(h.remote_addr, h.length, /*is_local=*/true);
@@ -213,21 +227,19 @@ void serve_tcp(int fd, SocketReader& reader, const RegionTable& regions, EngineC
                                       " is too large to drain; dropping the connection");
         reader.discard(h.length);
       }
-      pending.push_back(resp);
+      reply(resp, nullptr, 0);
     } else if (h.op == uint8_t(wire::Op::kWrite)) {
       reader.read_exact(reinterpret_cast<void*>(h.remote_addr), h.length);
       guard.reset();
       ctx.counters.served_bytes.fetch_add(h.length, std::memory_order_relaxed);
-      pending.push_back(resp);
+      reply(resp, nullptr, 0);
     } else {
       resp.length = h.length;
-      pending.push_back(resp);
-      flush(reinterpret_cast<const void*>(h.remote_addr), h.length);
-      guard.reset();
+      reply(resp, reinterpret_cast<const void*>(h.remote_addr), h.length);
+      held.push_back(std::move(*guard));
       ctx.counters.served_bytes.fetch_add(h.length, std::memory_order_relaxed);
-      continue;
     }
-    if (!reader.has_pending() || pending.size() >= 1024) flush(nullptr, 0);
+    if (!reader.has_pending() || out_bytes >= kFlushBytes || iov.size() >= kFlushIovecs) flush();
   }
 }
 

@@ -1,0 +1,290 @@
+"""Mooncake comparison of ``bench store``: the same rows through ``mooncake.store.MooncakeDistributedStore``.
+
+``MooncakeStoreDriver`` starts Mooncake's own ``mooncake_master`` (from the wheel
+``mooncake-transfer-engine-non-cuda``) on free ports of 127.0.0.1 and, as helper processes, a
+holder (when the holder is another process) and the measuring client, all over Mooncake's tcp
+protocol with P2PHANDSHAKE (no metadata server). The client times ``store_ops.time_op`` rows
+through a thin adapter: put/get (bytes), batch_put_from/batch_get_into (a registered buffer),
+is_exist/batch_is_exist, batch_remove(force) for cleanup; every int return code is checked.
+
+Mooncake has no shared-memory mode: with the holder in another process its bytes go over tcp,
+with the holder in the client's own process it copies with memcpy. Mooncake logs to stderr, so
+its processes log to files that errors quote. Neighbours: ``store`` runs it next to tidekv's
+rows; ``mooncake_te`` is the transfer-engine comparison and owns the install hint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import logging
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from tidekv.bench.mooncake_te import INSTALL_HINT
+from tidekv.bench.process import HelperProcess, send_ready, serve
+from tidekv.bench.store_ops import KeyMaker, Span, StoreOp, time_op
+from tidekv.bench.timing import Budget
+from tidekv.errors import ConfigError, TidekvError
+
+logger = logging.getLogger(__name__)
+
+MASTER_EXECUTABLE = "mooncake_master"
+LOCAL_BUFFER_BYTES = 64 << 20
+"""Mooncake's client-side buffer for put/get of bytes objects (local_buffer_size)."""
+_HOST = "127.0.0.1"
+_MASTER_READY_TIMEOUT_S = 30.0
+_CALL_TIMEOUT_S = 600.0
+_LOG_TAIL_BYTES = 4000
+_PR_SET_PDEATHSIG = 1
+
+
+def master_executable() -> str:
+    """Path of ``mooncake_master``: next to this Python (a venv's bin), else on PATH.
+
+    Raises:
+        ConfigError: not found; the message says how to install it.
+    """
+    beside = Path(sys.executable).parent / MASTER_EXECUTABLE
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which(MASTER_EXECUTABLE)
+    if found is None:
+        raise ConfigError(f"--compare mooncake needs {MASTER_EXECUTABLE}, which is neither next to {sys.executable} "
+                          f"nor on PATH; {INSTALL_HINT}")
+    return found
+
+
+def check_available() -> None:
+    """Imports ``mooncake.store`` and finds ``mooncake_master`` here, to fail before a long run.
+
+    Raises:
+        ConfigError: the wheel or a library it needs is missing; the message says how to install.
+    """
+    try:
+        importlib.import_module("mooncake.store")
+    except ImportError as e:
+        raise ConfigError(f"--compare mooncake needs the Mooncake wheel, which cannot be imported ({e}); "
+                          f"{INSTALL_HINT}") from None
+    master_executable()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((_HOST, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: a SIGKILLed bench must not leave a master behind.
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class MooncakeMaster:
+    """A ``mooncake_master`` process on free ports of 127.0.0.1 (RPC and metrics HTTP).
+
+    Args:
+        log_dir: folder for ``mooncake-master.log``.
+
+    Raises:
+        ConfigError: the executable is missing.
+        TidekvError: it exited or did not listen within 30 s (the message quotes its log).
+    """
+
+    def __init__(self, log_dir: str | Path) -> None:
+        self.rpc_port = _free_port()
+        self.log_path = Path(log_dir) / "mooncake-master.log"
+        command = [master_executable(), f"--rpc_port={self.rpc_port}", f"--rpc_address={_HOST}",
+                   f"--metrics_port={_free_port()}", f"--metrics_host={_HOST}",
+                   "--enable_http_metadata_server=false", "--enable_metric_reporting=false"]
+        with open(self.log_path, "wb") as log:
+            # Its own session: a Ctrl-C at the terminal reaches the bench, which stops it in order.
+            self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                             start_new_session=True, preexec_fn=_die_with_parent)
+        try:
+            self._wait_listening()
+        except BaseException:
+            self.stop()
+            raise
+        logger.info("mooncake_master (pid %s) listening on %s", self._process.pid, self.address)
+
+    @property
+    def address(self) -> str:
+        """Where clients connect: "host:port"."""
+        return f"{_HOST}:{self.rpc_port}"
+
+    def _wait_listening(self) -> None:
+        deadline = time.monotonic() + _MASTER_READY_TIMEOUT_S
+        while True:
+            if self._process.poll() is not None:
+                raise self._failure(f"exited with code {self._process.returncode}")
+            with contextlib.suppress(OSError), socket.create_connection((_HOST, self.rpc_port), timeout=0.5):
+                return
+            if time.monotonic() > deadline:
+                raise self._failure(f"did not listen on {self.address} within {_MASTER_READY_TIMEOUT_S:.0f} s")
+            time.sleep(0.05)
+
+    def _failure(self, what: str) -> TidekvError:
+        try:
+            with open(self.log_path, "rb") as f:
+                tail = f.read()[-_LOG_TAIL_BYTES:].decode("utf-8", "replace")
+        except OSError:
+            tail = ""
+        return TidekvError(f"{MASTER_EXECUTABLE} (pid {self._process.pid}) {what}\n"
+                           f"--- last lines of {self.log_path} ---\n{tail}")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Terminates the master (kills it if it lingers). Idempotent."""
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                logger.warning("mooncake_master (pid %s) ignored SIGTERM; killing it", self._process.pid)
+                self._process.kill()
+                self._process.wait(timeout_s)
+
+
+def _setup(master: str, segment_bytes: int, local_buffer_bytes: int) -> Any:
+    from mooncake.store import MooncakeDistributedStore
+
+    store = MooncakeDistributedStore()
+    rc = store.setup(_HOST, "P2PHANDSHAKE", segment_bytes, local_buffer_bytes, "tcp", "", master)
+    if rc != 0:
+        raise TidekvError(f"MooncakeDistributedStore.setup({_HOST!r}, 'P2PHANDSHAKE', global_segment_size="
+                          f"{segment_bytes}, local_buffer_size={local_buffer_bytes}, 'tcp', '', {master!r}) "
+                          f"returned {rc}")
+    return store
+
+
+class _MooncakeClient:
+    """``store_ops.KVClient`` over a MooncakeDistributedStore; turns its int codes into errors."""
+
+    def __init__(self, store: Any, buffer_bytes: int) -> None:
+        self._store = store
+        self._buffer = (ctypes.c_char * buffer_bytes)()
+        self.buffer_address = ctypes.addressof(self._buffer)
+        self.buffer_bytes = buffer_bytes
+        ctypes.memset(self.buffer_address, 0x5A, buffer_bytes)  # fault it in now, not in a timed call
+        rc = store.register_buffer(self.buffer_address, buffer_bytes)
+        if rc != 0:
+            raise TidekvError(f"mooncake register_buffer({self.buffer_address:#x}, {buffer_bytes}) returned {rc}")
+
+    def put(self, key: str, value: bytes) -> None:
+        rc = self._store.put(key, value)
+        if rc != 0:
+            raise TidekvError(f"mooncake put({key!r}, {len(value)} bytes) returned {rc}")
+
+    def get(self, key: str) -> int:
+        return len(self._store.get(key))  # b"" when missing; time_op checks the size
+
+    def put_many_from(self, keys: Sequence[str], spans: Sequence[Span]) -> None:
+        codes = self._store.batch_put_from(list(keys), [a for a, _ in spans], [n for _, n in spans])
+        _check(codes, keys, lambda rc, n: rc == 0, "batch_put_from", spans)
+
+    def get_many_into(self, keys: Sequence[str], spans: Sequence[Span]) -> None:
+        got = self._store.batch_get_into(list(keys), [a for a, _ in spans], [n for _, n in spans])
+        _check(got, keys, lambda rc, n: rc == n, "batch_get_into", spans)
+
+    def exists(self, key: str) -> bool:
+        rc = self._store.is_exist(key)
+        if rc < 0:
+            raise TidekvError(f"mooncake is_exist({key!r}) returned {rc}")
+        return bool(rc == 1)
+
+    def exists_many(self, keys: Sequence[str]) -> list[bool]:
+        codes = self._store.batch_is_exist(list(keys))
+        bad = [rc for rc in codes if rc < 0]
+        if bad:
+            raise TidekvError(f"mooncake batch_is_exist of {len(keys)} keys: {len(bad)} returned errors, "
+                              f"first {bad[0]}")
+        return [rc == 1 for rc in codes]
+
+    def remove_many(self, keys: Sequence[str]) -> None:
+        codes = self._store.batch_remove(list(keys), True)
+        bad = [(k, rc) for k, rc in zip(keys, codes) if rc != 0]
+        if bad:
+            raise TidekvError(f"mooncake batch_remove of {len(keys)} keys: {len(bad)} failed, first {bad[0]}")
+
+
+def _check(codes: Sequence[int], keys: Sequence[str], ok: Any, what: str, spans: Sequence[Span]) -> None:
+    bad = [(k, rc) for k, rc, (_, n) in zip(keys, codes, spans) if not ok(rc, n)]
+    if bad or len(codes) != len(keys):
+        raise TidekvError(f"mooncake {what} of {len(keys)} keys: {len(bad)} failed, first {bad[:1]} "
+                          f"({len(codes)} results)")
+
+
+def _holder_main(conn: Connection, master: str, segment_bytes: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the bench stops its helpers itself, in order
+    store = _setup(master, segment_bytes, 0)
+    send_ready(conn, store.get_hostname())
+    serve(conn)
+    store.close()
+
+
+def _client_main(conn: Connection, master: str, segment_bytes: int, buffer_bytes: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    store = _setup(master, segment_bytes, LOCAL_BUFFER_BYTES)
+    client = _MooncakeClient(store, buffer_bytes)
+    keys = KeyMaker("mooncake")
+
+    def run(message: tuple[StoreOp, Budget]) -> list[float]:
+        return time_op(client, message[0], message[1], keys)
+
+    send_ready(conn, store.get_hostname())
+    serve(conn, run)
+    store.close()
+
+
+class MooncakeStoreDriver:
+    """Mooncake's master, holder and measuring client on 127.0.0.1, in the bench's process layout.
+
+    Args:
+        is_holder_in_client: True: the client mounts the only segment (Mooncake then copies with
+            memcpy); False: a holder process mounts it and the client is a pure client (tcp).
+        segment_bytes: the segment's size (global_segment_size).
+        buffer_bytes: the client's registered buffer for batch calls.
+        log_dir: where every process logs.
+
+    Raises:
+        ConfigError: the wheel or mooncake_master is missing.
+        TidekvError: a process failed to start (the message quotes its log).
+    """
+
+    name = "mooncake"
+
+    def __init__(self, is_holder_in_client: bool, segment_bytes: int, buffer_bytes: int, log_dir: str | Path) -> None:
+        check_available()
+        with contextlib.ExitStack() as stack:
+            master = MooncakeMaster(log_dir)
+            stack.callback(master.stop)
+            if not is_holder_in_client:
+                stack.enter_context(HelperProcess("mooncake-holder", _holder_main, (master.address, segment_bytes),
+                                                  log_dir))
+            self._client = stack.enter_context(HelperProcess(
+                "mooncake-client", _client_main,
+                (master.address, segment_bytes if is_holder_in_client else 0, buffer_bytes), log_dir))
+            self._stack = stack.pop_all()
+
+    def measure(self, op: StoreOp, budget: Budget) -> list[float]:
+        """Latency of each timed call (seconds), timed inside the Mooncake client process.
+
+        Raises:
+            TidekvError: a call failed or the client died (the message quotes its log).
+        """
+        samples: list[float] = self._client.call((op, budget), _CALL_TIMEOUT_S)
+        return samples
+
+    def close(self) -> None:
+        """Stops the client, the holder and the master, in that order."""
+        self._stack.close()

@@ -1,0 +1,208 @@
+"""Test harness: target engines in separate processes, and bounded waits on them.
+
+``TargetProcess`` starts ``target_main`` as a subprocess, reads its engine name and region
+addresses, and sends it commands, each answer awaited with a deadline so that a wedged target
+fails the test instead of hanging it. Neighbours: ``tests/conftest.py`` wraps this in fixtures
+and prints a failed test's target stderr; ``reference`` defines the bytes targets hold.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.transfer.reference import READ, Copy, first_difference
+from tidekv import TransferConfig, TransferOp, TransferRequest, TransportKind
+from tidekv.transfer import Region
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 30.0
+COMMAND_TIMEOUT_S = 20.0
+
+TRANSPORTS = ["tcp", "shm"]
+"""Contract-suite transports: "tcp" forces tcp; "shm" is AUTO towards a same-host target."""
+
+
+def initiator_config(transport: str, **settings: Any) -> TransferConfig:
+    """The config an initiator uses to reach a same-host target over ``transport``."""
+    kinds = {"tcp": TransportKind.TCP, "shm": TransportKind.AUTO}
+    return TransferConfig(transport=kinds[transport], **settings)
+
+
+class TargetError(AssertionError):
+    """The target process did not answer as the test expected (died, timed out, refused)."""
+
+
+@dataclass(frozen=True)
+class RemoteRegion:
+    """A region registered in a target process: where it is and what it was filled with."""
+
+    address: int
+    length: int
+    is_shared: bool
+
+    def addr(self, offset: int = 0) -> int:
+        assert 0 <= offset <= self.length, (offset, self.length)
+        return self.address + offset
+
+
+class TargetProcess:
+    """A TransferEngine in a child process that the test drives with commands.
+
+    Args:
+        regions: name -> (kind, size_bytes, seed); kind is "alloc" (engine shared memory),
+            "bytearray" or "numpy" (plain registered memory).
+        config: TransferConfig keyword arguments (transport as its string value).
+        log_path: where the child's stderr (its engine log) goes.
+    """
+
+    def __init__(self, regions: dict[str, tuple[str, int, int]], config: dict[str, Any], log_path: Path) -> None:
+        self.log_path = log_path
+        spec = json.dumps({"regions": regions, "config": config})
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.transfer.target_main", spec],
+                cwd=REPO_ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env,
+            )
+        self._buffer = b""
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.proc.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
+        try:
+            hello = self._read_line(START_TIMEOUT_S)
+        except TargetError as e:
+            self.kill()
+            raise TargetError(f"{e}; its stderr:\n{self.log_text()}") from None
+        self.name: str = hello["name"]
+        self.pid: int = hello["pid"]
+        self.regions = {n: RemoteRegion(**r) for n, r in hello["regions"].items()}
+
+    def call(self, cmd: str, timeout_s: float = COMMAND_TIMEOUT_S, **args: Any) -> dict[str, Any]:
+        """Sends one command and returns its answer; raises TargetError if it failed or timed out."""
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write((json.dumps({"cmd": cmd, **args}) + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise TargetError(f"target {self.name} exited ({self.proc.poll()}) before command {cmd!r}") from None
+        reply = self._read_line(timeout_s)
+        if not reply["ok"]:
+            raise TargetError(f"target command {cmd} {args} failed: {reply['error_type']}: {reply['error']}")
+        return reply
+
+    def fill(self, region: str, seed: int) -> None:
+        """Refills a region with ``reference.pattern(seed)``."""
+        self.call("fill", region=region, seed=seed)
+
+    def dump(self, region: str, tmp_dir: Path) -> bytes:
+        """The region's current bytes, read by the target itself (not through the engine)."""
+        path = tmp_dir / f"dump-{self.pid}-{region}-{time.monotonic_ns()}.bin"
+        self.call("dump", region=region, path=str(path))
+        data = path.read_bytes()
+        path.unlink()
+        return data
+
+    def read(self, region: str, offset: int, length: int) -> bytes:
+        """A few bytes of a region, read by the target itself."""
+        return base64.b64decode(self.call("read", region=region, offset=offset, length=length)["data"])
+
+    def add(self, region: str, kind: str, size_bytes: int, seed: int) -> RemoteRegion:
+        """Allocates or registers one more region, filled with ``pattern(seed)``."""
+        reply = self.call("add", region=region, kind=kind, size_bytes=size_bytes, seed=seed)
+        self.regions[region] = RemoteRegion(reply["address"], reply["length"], reply["is_shared"])
+        return self.regions[region]
+
+    def unregister(self, region: str) -> None:
+        self.call("unregister", region=region)
+        self.regions.pop(region)
+
+    def stats(self) -> dict[str, int]:
+        return self.call("stats")["stats"]
+
+    def kill(self) -> None:
+        """SIGKILL, then reap (bounded)."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Asks the target to close its engine and exit; kills it if it does not within a few seconds."""
+        if self.proc.poll() is None:
+            try:
+                self.call("stop", timeout_s=5)
+                self.proc.wait(timeout=5)
+            except (TargetError, subprocess.TimeoutExpired, OSError):
+                pass
+        if self.proc.poll() is None:
+            self.kill()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+        self._selector.close()
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError as e:
+            return f"(no log: {e})"
+
+    def wait_for_log(self, needle: str, timeout_s: float = 10.0) -> str:
+        """Returns the first log line containing ``needle``; fails after timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for line in self.log_text().splitlines():
+                if needle in line:
+                    return line
+            if time.monotonic() > deadline:
+                raise TargetError(f"target {self.name} logged no line containing {needle!r} within {timeout_s} s")
+            time.sleep(0.02)
+
+    def _read_line(self, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._selector.select(left):
+                raise TargetError(f"target pid {self.proc.pid} did not answer within {timeout_s} s")
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                code = self.proc.wait(timeout=5)
+                raise TargetError(f"target pid {self.proc.pid} exited with {code} without answering")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return json.loads(line)
+
+
+def requests_for(copies: Sequence[Copy], local: dict[str, Region], target: TargetProcess) -> list[TransferRequest]:
+    """The engine requests for a batch described in region offsets (see ``reference.Copy``)."""
+    return [
+        TransferRequest(
+            TransferOp.READ if c.op == READ else TransferOp.WRITE,
+            local[c.local].addr(c.local_offset),
+            c.length,
+            target.name,
+            target.regions[c.remote].addr(c.remote_offset),
+        )
+        for c in copies
+    ]
+
+
+def assert_bytes_equal(actual: bytes | bytearray | memoryview, expected: bytes | bytearray, what: str) -> None:
+    """Byte-for-byte compare that reports the first difference instead of two huge reprs."""
+    difference = first_difference(actual, expected)
+    assert difference is None, f"{what}: {difference}"

@@ -1,0 +1,179 @@
+"""A target that dies or never existed: requests fail with a typed error in bounded time.
+
+The target is SIGKILLed while a large batch is in flight (tcp: sockets reset; shm: the process
+behind the mapped memory or the cross-memory copy vanishes). Every wait is bounded; a hang
+fails the test.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import MakeEngine, SpawnTarget
+from tests.transfer import rawwire
+from tests.transfer.harness import TRANSPORTS, initiator_config
+from tests.transfer.reference import pattern
+from tidekv import (
+    PeerUnavailableError,
+    TransferError,
+    TransferOp,
+    TransferRequest,
+    TransferState,
+    TransferTimeoutError,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+DEADLINE_S = 10.0
+REQUEST_BYTES = 4 << 20
+REQUESTS = 64
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("kind", ["alloc", "bytearray"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_target_killed_mid_batch(transport: str, kind: str, spawn_target: SpawnTarget, make_engine: MakeEngine) -> None:
+    target = spawn_target({"mem": (kind, REQUEST_BYTES, 1)})
+    engine = make_engine(initiator_config(transport, io_timeout_s=30.0))
+    assert engine.connect(target.name) == transport
+    local = engine.register(bytearray(REQUESTS * REQUEST_BYTES))
+    remote = target.regions["mem"].addr(0)
+    batch = [
+        TransferRequest(TransferOp.READ, local.addr(i * REQUEST_BYTES), REQUEST_BYTES, target.name, remote)
+        for i in range(REQUESTS)
+    ]
+    # Warm up (connections open, shared memory mapped) and prove the data path works.
+    engine.transfer(batch[:1]).wait(timeout_s=DEADLINE_S)
+    assert local.view()[:REQUEST_BYTES] == pattern(1, REQUEST_BYTES)
+
+    handle = engine.transfer(batch)
+    was_running = not handle.done()
+    target.kill()
+    started = time.monotonic()
+    with pytest.raises(TransferError) as info:
+        handle.wait(timeout_s=DEADLINE_S)
+    elapsed = time.monotonic() - started
+    assert was_running, "the batch finished before the kill; make it larger"
+    assert elapsed < DEADLINE_S
+    assert isinstance(info.value, PeerUnavailableError), repr(info.value)
+    assert info.value.peer == target.name
+    states = [s.state for s in handle.statuses()]
+    assert TransferState.PENDING not in states
+    assert states.count(TransferState.FAILED) == len(info.value.failures) > 0
+
+    # Later batches to the dead peer fail fast too (transfer() may refuse at once or per request).
+    started = time.monotonic()
+    with pytest.raises(PeerUnavailableError):
+        engine.transfer(batch[:2]).wait(timeout_s=DEADLINE_S)
+    assert time.monotonic() - started < DEADLINE_S
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_dead_target_fails_only_its_requests(
+    transport: str, spawn_target: SpawnTarget, make_engine: MakeEngine
+) -> None:
+    """One batch over a live and a killed target: the live target's requests complete."""
+    alive = spawn_target({"mem": ("alloc", 1 << 20, 1)})
+    doomed = spawn_target({"mem": ("bytearray", 1 << 20, 2)})
+    engine = make_engine(initiator_config(transport))
+    for target in (alive, doomed):
+        assert engine.connect(target.name) == transport
+    local = engine.register(bytearray(4 << 20))
+    doomed.kill()
+    batch = [
+        TransferRequest(TransferOp.READ, local.addr(i << 20), 1 << 20, t.name, t.regions["mem"].addr(0))
+        for i, t in enumerate([alive, doomed, alive, doomed])
+    ]
+    handle = engine.transfer(batch)
+    with pytest.raises(PeerUnavailableError) as info:
+        handle.wait(timeout_s=DEADLINE_S)
+    assert [i for i, _ in info.value.failures] == [1, 3]
+    assert all(e.peer == doomed.name for _, e in info.value.failures)
+    assert [s.state for s in handle.statuses()] == [TransferState.DONE, TransferState.FAILED] * 2
+    for i in (0, 2):
+        assert local.view()[i << 20 : (i + 1) << 20] == pattern(1, 1 << 20)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_connect_to_nobody_is_refused(transport: str, make_engine: MakeEngine) -> None:
+    engine = make_engine(initiator_config(transport))
+    nobody = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    with pytest.raises(PeerUnavailableError, match=nobody):
+        engine.connect(nobody)
+    buf = engine.register(bytearray(64))
+    with pytest.raises(PeerUnavailableError):
+        engine.transfer([TransferRequest(TransferOp.READ, buf.addr(0), 64, nobody, 0x10000)]).wait(timeout_s=DEADLINE_S)
+    assert time.monotonic() - started < DEADLINE_S
+
+
+class StalledPeer:
+    """A fake remote-host engine that completes handshakes but answers no data frame until released;
+    then it hangs up."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.frames = threading.Event()
+        self.server = rawwire.FakeServer(self._script)
+        self.name = self.server.name
+
+    def _script(self, sock: socket.socket) -> None:
+        if rawwire.serve_handshake(sock) == rawwire.CONN_DATA:
+            rawwire.recv_exact(sock, rawwire.REQUEST.size)
+            self.frames.set()
+            self.release.wait(DEADLINE_S)
+
+
+@pytest.fixture
+def stalled_peer() -> Iterator[StalledPeer]:
+    peer = StalledPeer()
+    yield peer
+    peer.release.set()
+    peer.server.close()
+
+
+def test_wait_timeout_is_honoured_while_peer_stalls(stalled_peer: StalledPeer, make_engine: MakeEngine) -> None:
+    """wait(timeout_s) returns by its deadline even though the peer's io timeout is far longer and
+    no worker is free (the only one is stuck on an earlier batch); the batches keep running and
+    fail once the peer hangs up."""
+    engine = make_engine(initiator_config("tcp", io_timeout_s=8.0, worker_threads=1, connections_per_peer=2))
+    engine.connect(stalled_peer.name)
+    buf = engine.register(bytearray(8192))
+    first = engine.transfer([TransferRequest(TransferOp.READ, buf.addr(0), 4096, stalled_peer.name, 0x7000_0000)])
+    assert stalled_peer.frames.wait(DEADLINE_S), "the first request never reached the peer"
+    second = engine.transfer([TransferRequest(TransferOp.READ, buf.addr(4096), 4096, stalled_peer.name, 0x7000_0000)])
+    for handle in (second, first):
+        started = time.monotonic()
+        with pytest.raises(TransferTimeoutError, match="not finished after 0.3 s"):
+            handle.wait(timeout_s=0.3)
+        assert time.monotonic() - started < 2.0, "wait(timeout_s=0.3) overran its deadline"
+        assert not handle.done()
+    stalled_peer.release.set()
+    for handle in (first, second):
+        with pytest.raises(PeerUnavailableError):
+            handle.wait(timeout_s=DEADLINE_S)
+        assert handle.statuses()[0].state is TransferState.FAILED
+
+
+def test_close_with_batch_in_flight_returns_promptly(stalled_peer: StalledPeer, make_engine: MakeEngine) -> None:
+    """close() does not sit out the io timeout of a stalled peer; the batch fails instead of hanging."""
+    engine = make_engine(initiator_config("tcp", io_timeout_s=8.0))
+    engine.connect(stalled_peer.name)
+    buf = engine.register(bytearray(4096))
+    handle = engine.transfer([TransferRequest(TransferOp.READ, buf.addr(0), 4096, stalled_peer.name, 0x7000_0000)])
+    assert stalled_peer.frames.wait(DEADLINE_S), "the request never reached the peer"
+    started = time.monotonic()
+    engine.close()
+    assert time.monotonic() - started < 2.0, "close() waited for the stalled peer"
+    with pytest.raises(TransferError):
+        handle.wait(timeout_s=DEADLINE_S)
