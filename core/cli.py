@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tidekv.bench import master_scale
 
     master_scale.add_parser(bench_sub)
+    from tidekv.bench import store as bench_store
+
+    bench_store.add_parser(bench_sub)
     return parser
 
 

@@ -35,16 +35,20 @@ class Counter:
 
 
 class Gauge:
-    """A value read from a callback at render time (``fn`` returns {labels-tuple: value})."""
+    """A value read from a callback at render time (``fn`` returns {labels-tuple: value}).
 
-    __slots__ = ("name", "help", "fn")
+    ``kind="counter"`` exports a callback-read monotonic total as a Prometheus counter.
+    """
 
-    def __init__(self, name: str, help: str, fn: Callable[[], dict[tuple[tuple[str, str], ...], float]]) -> None:
-        self.name, self.help, self.fn = name, help, fn
+    __slots__ = ("name", "help", "fn", "kind")
+
+    def __init__(self, name: str, help: str, fn: Callable[[], dict[tuple[tuple[str, str], ...], float]],
+                 kind: str = "gauge") -> None:
+        self.name, self.help, self.fn, self.kind = name, help, fn, kind
 
     def render(self) -> Iterable[str]:
         yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} gauge"
+        yield f"# TYPE {self.name} {self.kind}"
         for key, value in sorted(self.fn().items()):
             yield f"{self.name}{_labels(key)} {_num(value)}"
 
@@ -87,8 +91,9 @@ class Registry:
     def counter(self, name: str, help: str) -> Counter:
         return self._add(Counter(name, help))
 
-    def gauge(self, name: str, help: str, fn: Callable[[], dict[tuple[tuple[str, str], ...], float]]) -> Gauge:
-        return self._add(Gauge(name, help, fn))
+    def gauge(self, name: str, help: str, fn: Callable[[], dict[tuple[tuple[str, str], ...], float]],
+              kind: str = "gauge") -> Gauge:
+        return self._add(Gauge(name, help, fn, kind))
 
     def histogram(self, name: str, help: str, buckets: tuple[float, ...] = LATENCY_BUCKETS_S) -> Histogram:
         return self._add(Histogram(name, help, buckets))

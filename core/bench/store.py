@@ -204,6 +204,8 @@ def _client_main(conn: Connection, master: str, segment_bytes: int, buffer_bytes
 
 
 class _Driver(Protocol):
+    """One measured configuration (tidekv's or Mooncake's processes): times ops, then is closed."""
+
     def measure(self, op: StoreOp, budget: Budget) -> list[float]: ...
 
     def close(self) -> None: ...

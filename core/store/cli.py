@@ -10,11 +10,12 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import signal
 import threading
 from typing import Any
 
-from tidekv.config import MasterConfig, StoreConfig, TransferConfig
+from tidekv.config import ENV_PREFIX, MasterConfig, StoreConfig, TransferConfig
 from tidekv.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,8 @@ def _add_master_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def master_config_from_args(args: argparse.Namespace) -> MasterConfig:
-    """File < environment < flags."""
+    """Defaults < config file < $TIDEKV_MASTER_* variables < flags."""
+    names = {f.name for f in dataclasses.fields(MasterConfig)}
     values: dict[str, Any] = {}
     if args.config:
         try:
@@ -61,18 +63,13 @@ def master_config_from_args(args: argparse.Namespace) -> MasterConfig:
                 values.update(json.load(f))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot read config file {args.config}: {exc}") from None
-    names = {f.name for f in dataclasses.fields(MasterConfig)}
-    unknown = set(values) - names
-    if unknown:
-        raise ConfigError(f"config file {args.config}: unknown setting(s) {sorted(unknown)}; allowed {sorted(names)}")
-    for name in names:
-        value = getattr(args, name, None)
-        if value is not None:
-            values[name] = value
+        unknown = set(values) - names
+        if unknown:
+            raise ConfigError(f"config file {args.config}: unknown setting(s) {sorted(unknown)}; allowed {sorted(names)}")
     env = MasterConfig.from_env()
-    merged = {f: getattr(env, f) for f in names}
-    merged.update(values)
-    return MasterConfig(**merged)
+    values.update({n: getattr(env, n) for n in names if f"{ENV_PREFIX}MASTER_{n.upper()}" in os.environ})
+    values.update({n: getattr(args, n) for n in names if getattr(args, n, None) is not None})
+    return MasterConfig(**values)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

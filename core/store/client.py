@@ -35,6 +35,7 @@ from tidekv.errors import (
     OutOfSpaceError,
     PeerUnavailableError,
     StoreError,
+    TidekvError,
     TransferError,
 )
 from tidekv.store import protocol as p
@@ -57,6 +58,12 @@ def _key(key: Key) -> bytes:
     if isinstance(key, (bytes, bytearray, memoryview)):
         return bytes(key)
     raise ConfigError(f"key must be str or bytes, got {type(key).__name__}")
+
+
+def _show(key: Key) -> str:
+    """A key for an error message: repr, cut to 64 characters."""
+    text = repr(key)
+    return text if len(text) <= 64 else text[:61] + "..."
 
 
 def _span(buf: Buffer) -> tuple[int, int]:
@@ -91,6 +98,7 @@ class Store:
         self._lease_expired = 0
         self._closed = threading.Event()
         self._heartbeat: threading.Thread | None = None
+        self._staging: StagingArea | None = None
         try:
             self._hello()
             if config.segment_size_bytes > 0:
@@ -102,6 +110,8 @@ class Store:
             self._rpc.close()
             if owns_engine:
                 engine.close()
+            else:
+                self._release_memory()
             raise
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name=f"tidekv-heartbeat-{self.client_id}", daemon=True)
         self._heartbeat.start()
@@ -192,7 +202,7 @@ class Store:
         """
         out = self.get_many([key])[0]
         if out is None:
-            raise ObjectNotFoundError(f"no object under key {key!r}", key=key)
+            raise ObjectNotFoundError(f"no object under key {_show(key)}", key=key)
         return out
 
     def get_many(self, keys: Sequence[Key]) -> list[bytes | None]:
@@ -243,7 +253,7 @@ class Store:
         """
         n = self.get_many_into([key], [buffer])[0]
         if n is None:
-            raise ObjectNotFoundError(f"no object under key {key!r}", key=key)
+            raise ObjectNotFoundError(f"no object under key {_show(key)}", key=key)
         return n
 
     def get_many_into(self, keys: Sequence[Key], buffers: Sequence[Buffer]) -> list[int | None]:
@@ -259,7 +269,7 @@ class Store:
                 continue
             address, length = _span(buf)
             if length < r.size:
-                raise ConfigError(f"buffer of {length} bytes is too small for object {key!r} of {r.size} bytes")
+                raise ConfigError(f"buffer of {length} bytes is too small for object {_show(key)} of {r.size} bytes")
             spans.append((address, r.size))
         self._read(bkeys, results, spans, lease_deadline)
         return [r.size if r.status == Status.OK else None for r in results]
@@ -282,9 +292,9 @@ class Store:
         """
         status = self.remove_many([key], force=force)[0]
         if status == Status.NOT_FOUND:
-            raise ObjectNotFoundError(f"no object under key {key!r}", key=key)
+            raise ObjectNotFoundError(f"no object under key {_show(key)}", key=key)
         if status == Status.LEASED:
-            raise ObjectLeasedError(f"object {key!r} is leased by a reader; retry later or force=True", key=key)
+            raise ObjectLeasedError(f"object {_show(key)} is leased by a reader; retry later or force=True", key=key)
 
     def remove_many(self, keys: Sequence[Key], *, force: bool = False) -> list[Status]:
         """Deletes objects; returns per key Status.OK, NOT_FOUND or LEASED."""
@@ -313,8 +323,7 @@ class Store:
         if self._owns_engine:
             self.engine.close()
         else:
-            if self._segment is not None:
-                self.engine.unregister(self._segment)
+            self._release_memory()
 
     def __enter__(self) -> Store:
         return self
@@ -324,8 +333,17 @@ class Store:
 
     # ---- internals ----------------------------------------------------------------------
 
+    def _release_memory(self) -> None:
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
+        if self._segment is not None:
+            self.engine.unregister(self._segment)
+            self._segment = None
+
     def _hello(self) -> None:
-        self._rpc.call(p.Hello(self.client_id, p.PROTOCOL_VERSION))
+        info = self._rpc.call(p.Hello(self.client_id, p.PROTOCOL_VERSION))
+        self._rpc.max_message_bytes = int(info["max_message_bytes"])
 
     def _mount(self) -> None:
         assert self._segment is not None
@@ -344,21 +362,24 @@ class Store:
                     if self._segment is not None:
                         self._mount()
                 warned = False
-            except StoreError as exc:
+            except TidekvError as exc:  # never let the heartbeat die: the master would drop us
                 self._lease_expired += expired
                 if not warned:
                     logger.warning("store client %s: heartbeat failed: %s", self.client_id, exc)
                     warned = True
 
     def _put_spans(self, keys: list[bytes], spans: list[tuple[int, int]], pin: Pin, replicas: int | None, upsert: bool) -> None:
+        copies = self.config.replicas if replicas is None else replicas
+        if isinstance(copies, bool) or not isinstance(copies, int) or not 1 <= copies <= 16:
+            raise ConfigError(f"replicas={replicas!r} is out of range; allowed 1..16")
         for key, (_, n) in zip(keys, spans):
             if n <= 0:
-                raise ConfigError(f"object {key!r} is empty; tidekv stores objects of at least 1 byte")
+                raise ConfigError(f"object {_show(key)} is empty; tidekv stores objects of at least 1 byte")
         request = p.PutStart(
             self.client_id,
             keys,
             [n for _, n in spans],
-            replicas or self.config.replicas,
+            copies,
             self.segment_name if self.config.prefer_local_segment else "",
             int(pin),
             upsert,
@@ -369,9 +390,9 @@ class Store:
         owners: list[int] = []
         for i, (key, slot, (address, n)) in enumerate(zip(keys, slots, spans)):
             if slot.status == Status.OUT_OF_SPACE:
-                failures[key] = OutOfSpaceError(f"no room for object {key!r} ({n} bytes) even after eviction", key=key)
+                failures[key] = OutOfSpaceError(f"no room for object {_show(key)} ({n} bytes) even after eviction", key=key)
             elif slot.status == Status.INVALID:
-                failures[key] = ConfigError(f"master refused key {key!r} (empty or too long) or size {n}")  # type: ignore[assignment]
+                failures[key] = ConfigError(f"master refused key {_show(key)} (empty or too long) or size {n}")  # type: ignore[assignment]
             elif slot.status == Status.OK:
                 for loc in slot.locations:
                     writes.append(TransferRequest(TransferOp.WRITE, address, n, loc.engine, loc.addr))
@@ -388,7 +409,7 @@ class Store:
             for (key, _), status in zip(ended, statuses):
                 if status != Status.OK:
                     failures[key] = StoreError(
-                        f"put of {key!r} was reclaimed by the master before it ended (too slow, or a replica "
+                        f"put of {_show(key)} was reclaimed by the master before it ended (too slow, or a replica "
                         "holder died); retry", key=key)
         if failures:
             raise self._batch_error("put", failures)
@@ -396,7 +417,9 @@ class Store:
     def _locate(self, keys: list[bytes]) -> tuple[float, list[p.GetResult]]:
         started = time.monotonic()
         lease_s, raw = self._rpc.call(p.Get(keys))
-        return started + lease_s, msgspec.convert(raw, list[p.GetResult])
+        # lease_ttl_s = 0 on the master means "no leases": nothing to check the read against.
+        deadline = started + lease_s if lease_s > 0 else float("inf")
+        return deadline, msgspec.convert(raw, list[p.GetResult])
 
     def _read(self, keys: list[bytes], results: list[p.GetResult], spans: list[tuple[int, int] | None],
               lease_deadline: float) -> None:
@@ -466,6 +489,6 @@ class Store:
         first_key, first = next(iter(failures.items()))
         if len(failures) == 1:
             return first
-        err = type(first)(f"{op} failed for {len(failures)} keys; first {first_key!r}: {first}")
+        err = type(first)(f"{op} failed for {len(failures)} keys; first {_show(first_key)}: {first}")
         err.failures = failures  # type: ignore[attr-defined]
         return err

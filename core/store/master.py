@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tidekv.config import MasterConfig
-from tidekv.errors import ConfigError
+from tidekv.errors import ConfigError, ProtocolVersionError
 from tidekv.metrics import Registry
 from tidekv.store import protocol as p
 from tidekv.store.objects import ObjectTable
@@ -53,10 +53,13 @@ class MasterService:
             lambda: {(("segment", s.name),): s.capacity for s in self.segments.segments.values()},
         )
         c = self.objects.counters
-        self.metrics.gauge("tidekv_evictions_total", "objects evicted", lambda: {(): c.evictions})
-        self.metrics.gauge("tidekv_evicted_bytes_total", "bytes of objects evicted", lambda: {(): c.evicted_bytes})
-        self.metrics.gauge("tidekv_puts_reclaimed_total", "unfinished puts reclaimed", lambda: {(): c.puts_reclaimed})
-        self.metrics.gauge("tidekv_objects_lost_total", "objects lost with their last replica", lambda: {(): c.objects_lost})
+        self.metrics.gauge("tidekv_evictions_total", "objects evicted", lambda: {(): c.evictions}, kind="counter")
+        self.metrics.gauge("tidekv_evicted_bytes_total", "bytes of objects evicted", lambda: {(): c.evicted_bytes},
+                           kind="counter")
+        self.metrics.gauge("tidekv_puts_reclaimed_total", "unfinished puts reclaimed", lambda: {(): c.puts_reclaimed},
+                           kind="counter")
+        self.metrics.gauge("tidekv_objects_lost_total", "objects lost with their last replica",
+                           lambda: {(): c.objects_lost}, kind="counter")
         self._handlers: dict[type, Callable[[Any, float], Any]] = {
             p.Hello: self._hello,
             p.MountSegment: self._mount,
@@ -79,8 +82,10 @@ class MasterService:
         started = time.perf_counter()
         if len(data) > self.config.max_message_bytes:
             self._failures.inc(reason="oversized")
-            return self._error(0, "oversized", f"request of {len(data)} bytes exceeds the master's limit "
-                                              f"of {self.config.max_message_bytes} bytes; split the batch")
+            head = p.probe_header(data)
+            return self._error(head[1] if head else 0, "oversized",
+                               f"request of {len(data)} bytes exceeds the master's limit of "
+                               f"{self.config.max_message_bytes} bytes; split the batch")
         try:
             envelope = p.decode_request(data)
         except Exception as exc:  # noqa: BLE001 - any decode failure is the sender's fault
@@ -97,6 +102,9 @@ class MasterService:
         kind = type(body).__name__
         try:
             result = self._handlers[type(body)](body, self.clock())
+        except ProtocolVersionError as exc:
+            self._failures.inc(reason="version")
+            return self._error(envelope.request_id, "version", str(exc))
         except ConfigError as exc:
             self._failures.inc(reason="invalid")
             return self._error(envelope.request_id, "invalid", str(exc))
@@ -120,12 +128,13 @@ class MasterService:
 
     # ---- handlers -----------------------------------------------------------------------
 
-    def _hello(self, m: p.Hello, now: float) -> str:
+    def _hello(self, m: p.Hello, now: float) -> dict[str, Any]:
         if m.protocol_version != p.PROTOCOL_VERSION:
-            raise ConfigError(self._version_message(m.protocol_version))
+            raise ProtocolVersionError(self._version_message(m.protocol_version))
         self.segments.add_client(m.client_id, now)
         logger.info("client %s connected", m.client_id)
-        return self.master_id
+        return {"master_id": self.master_id, "max_message_bytes": self.config.max_message_bytes,
+                "lease_ttl_s": self.config.lease_ttl_s}
 
     def _mount(self, m: p.MountSegment, now: float) -> None:
         self.segments.mount(m.client_id, m.name, m.engine, m.base, m.capacity)

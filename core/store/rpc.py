@@ -39,6 +39,7 @@ class MasterChannel:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(f"tcp://{address}")
         self._closed = False
+        self.max_message_bytes: int | None = None  # learned from the master's hello reply
 
     def call(self, body: msgspec.Struct, timeout_s: float | None = None) -> Any:
         """Sends one request and returns its result.
@@ -54,7 +55,13 @@ class MasterChannel:
             if self._closed:
                 raise MasterUnavailableError("store client is closed")
             request_id = next(self._ids)
-            self._sock.send(p.encode(p.Envelope(p.PROTOCOL_VERSION, request_id, body)), copy=True)
+            data = p.encode(p.Envelope(p.PROTOCOL_VERSION, request_id, body))
+            if self.max_message_bytes is not None and len(data) > self.max_message_bytes:
+                raise ConfigError(
+                    f"{type(body).__name__} request of {len(data)} bytes exceeds master {self.address}'s limit of "
+                    f"{self.max_message_bytes} bytes; split the batch"
+                )
+            self._sock.send(data, copy=True)
             deadline = time.monotonic() + limit
             spin_until = time.perf_counter() + _SPIN_S
             while True:
@@ -78,7 +85,7 @@ class MasterChannel:
         if reply.error_kind:
             if reply.error_kind == "version":
                 raise ProtocolVersionError(reply.error)
-            if reply.error_kind == "invalid":
+            if reply.error_kind in ("invalid", "oversized"):
                 raise ConfigError(reply.error)
             raise RpcError(f"master {self.address} refused {type(body).__name__}: {reply.error}")
         return reply.result

@@ -107,7 +107,9 @@ class MasterServer:
     def _bind(self) -> None:
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes + 4096)
+        # A memory guard only, far above the configured limit: a message between the two gets a
+        # clear "oversized" reply; one beyond this is dropped by ZeroMQ with its connection.
+        sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.config.max_message_bytes + (1 << 20))
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         try:
             if self.config.port == 0:

@@ -24,6 +24,10 @@ class StagingArea:
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
 
+    def close(self) -> None:
+        """Returns the staging region to the engine (when the engine outlives this store)."""
+        self._engine.unregister(self._region)
+
     @contextmanager
     def borrow(self, size: int) -> Iterator[Region]:
         """A registered region of ``size`` bytes for the duration of the ``with`` block."""

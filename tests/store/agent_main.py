@@ -1,0 +1,119 @@
+"""A store client in its own process (a segment holder, writer or reader), driven over stdin/stdout.
+
+Run as ``python -m tests.store.agent_main '{"master": "host:port", "segment_size": N,
+"store": {StoreConfig fields}}'`` from the repository root. The first stdout line reports
+{"engine", "segment", "client_id", "pid"}; each later stdin line is one JSON command and gets one
+JSON answer ({"ok": true, ...} or {"ok": false, "error_type", "error"}). Object bytes are
+``payload(seed, size)`` on both sides, so only digests cross the pipe. Logs go to stderr. EOF on
+stdin closes the store and exits. Neighbours: ``procs.AgentProcess`` is the other end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+import msgspec
+from tests.store.payload import digest, is_whole_version, payload
+from tidekv.config import StoreConfig
+from tidekv.logs import configure_logging
+from tidekv.store import Pin, Store
+from tidekv.store import protocol as p
+from tidekv.store.rpc import MasterChannel
+from tidekv.transfer import TransferOp, TransferRequest
+
+
+class Agent:
+    def __init__(self, master: str, segment_size: int, store: dict[str, Any]) -> None:
+        self.master = master
+        self.store = Store.connect(master, segment_size=segment_size, config=StoreConfig(**store))
+
+    def hello(self) -> dict[str, Any]:
+        return {"engine": self.store.engine.name, "segment": self.store.segment_name,
+                "client_id": self.store.client_id, "pid": os.getpid()}
+
+    def handle(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        op = cmd["cmd"]
+        if op == "put":
+            self.store.put(cmd["key"], payload(cmd["seed"], cmd["size"]), pin=Pin(cmd.get("pin", 0)),
+                           replicas=cmd.get("replicas"))
+            return {}
+        if op == "get":
+            data = self.store.get(cmd["key"])
+            return {"size": len(data), "digest": digest(data)}
+        if op == "stats":
+            return {"stats": self.store.stats()}
+        if op == "read_loop":
+            return self.read_loop(cmd["key"], cmd["duration_s"], cmd["base_size"])
+        if op == "put_start_raw":
+            return self.put_start_raw(cmd["key"], cmd["size"], cmd["seed"])
+        raise ValueError(f"unknown command {op!r}")
+
+    def read_loop(self, key: str, duration_s: float, base_size: int) -> dict[str, Any]:
+        """Reads ``key`` for ``duration_s``; counts reads, torn values (see payload.versioned) and errors."""
+        reads, torn, versions, errors = 0, 0, set(), {}
+        deadline = time.monotonic() + duration_s
+        while time.monotonic() < deadline:
+            try:
+                data = self.store.get(key)
+            except Exception as exc:  # noqa: BLE001 - counted by type, the test judges them
+                errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                continue
+            reads += 1
+            if is_whole_version(data, base_size):
+                versions.add(data[0])
+            else:
+                torn += 1
+        return {"reads": reads, "torn": torn, "distinct_versions": len(versions), "errors": errors}
+
+    def put_start_raw(self, key: str, size: int, seed: int) -> dict[str, Any]:
+        """Starts a put as this (heartbeating) client and writes the first half of the bytes, never ending it.
+
+        The caller then kills this process: a writer dead in the middle of a put.
+        """
+        channel = MasterChannel(self.master, self.store.client_id, 5.0)
+        try:
+            slots = channel.call(p.PutStart(self.store.client_id, [key.encode()], [size], 1, "", int(Pin.NONE), False))
+        finally:
+            channel.close()
+        slot = msgspec.convert(slots, list[p.PutSlot])[0]
+        if slot.status != p.Status.OK:
+            raise RuntimeError(f"put_start of {key!r} answered status {p.Status(slot.status).name}")
+        half = max(1, size // 2)
+        source = bytearray(payload(seed, size)[:half])
+        region = self.store.register(source)
+        try:
+            loc = slot.locations[0]
+            write = TransferRequest(TransferOp.WRITE, region.address, half, loc.engine, loc.addr)
+            self.store.engine.transfer([write]).wait(10)
+        finally:
+            self.store.unregister(region)
+        return {"token": slot.token, "written": half}
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def main() -> int:
+    spec = json.loads(sys.argv[1])
+    configure_logging("DEBUG" if os.environ.get("TIDEKV_TEST_DEBUG") else "INFO")
+    agent = Agent(spec["master"], spec["segment_size"], spec["store"])
+    print(json.dumps(agent.hello()), flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        try:
+            reply = {"ok": True, **agent.handle(cmd)}
+        except Exception as exc:  # noqa: BLE001 - reported to the test, which decides
+            traceback.print_exc()
+            reply = {"ok": False, "error_type": type(exc).__name__, "error": str(exc)}
+        print(json.dumps(reply), flush=True)
+    agent.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

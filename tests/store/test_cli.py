@@ -1,0 +1,134 @@
+"""The ``tidekv master`` and ``tidekv up`` commands, run as real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.store.conftest import Connect
+from tests.store.procs import REPO_ROOT
+from tidekv.store import protocol as p
+from tidekv.store.rpc import MasterChannel
+
+TIMEOUT_S = 60
+
+
+def _tidekv(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tidekv", *args], capture_output=True, text=True, timeout=TIMEOUT_S,
+                          cwd=REPO_ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+@pytest.mark.parametrize("command", ["master", "up"])
+def test_help_exits_zero(command: str) -> None:
+    result = _tidekv(command, "--help")
+    assert result.returncode == 0, result.stderr
+    for flag in ("--port", "--metrics-port", "--client-ttl-s", "--lease-ttl-s", "--put-timeout-s"):
+        assert flag in result.stdout
+    if command == "up":
+        assert "--segment-size" in result.stdout and "--selftest" in result.stdout
+
+
+def test_up_selftest_puts_and_gets_through_the_pool() -> None:
+    result = _tidekv("up", "--port", "0", "--metrics-port", "0", "--segment-size", "16MiB", "--selftest")
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert "OK" in result.stdout and "selftest" in result.stdout
+    assert "TIDEKV_MASTER=127.0.0.1:" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["master", "--port", "0", "--high-watermark", "5"], "high_watermark"),
+        (["master", "--port", "70000"], "port"),
+        (["up", "--port", "0", "--segment-size", "lots"], "is not a size"),
+    ],
+)
+def test_bad_settings_exit_nonzero_naming_the_setting(args: list[str], needle: str) -> None:
+    result = _tidekv(*args)
+    assert result.returncode == 2
+    assert needle in result.stderr, result.stderr
+
+
+class CliMaster:
+    """``python -m tidekv master ...`` as a process; its address is parsed from its "listening on" log line."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "tidekv", "master", *args], cwd=REPO_ROOT,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
+        self.log = b""
+        assert self.proc.stderr is not None
+        try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(self.proc.stderr, selectors.EVENT_READ)
+                deadline = time.monotonic() + TIMEOUT_S
+                while (match := re.search(rb"listening on (\S+:\d+)", self.log)) is None:
+                    assert time.monotonic() < deadline and sel.select(deadline - time.monotonic()), self.log.decode()
+                    chunk = os.read(self.proc.stderr.fileno(), 65536)
+                    assert chunk, f"master exited with {self.proc.wait(5)}:\n{self.log.decode()}"
+                    self.log += chunk
+        except BaseException:
+            self.close()
+            raise
+        self.address = match.group(1).decode()
+
+    def lease_ttl_s(self) -> float:
+        """The read lease this master grants (a Get reply carries it)."""
+        channel = MasterChannel(self.address, "cli-test", 5.0)
+        try:
+            lease, _ = channel.call(p.Get([b"any"]))
+        finally:
+            channel.close()
+        return lease
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+def test_master_command_serves_clients_and_stops_on_sigint(connect: Connect) -> None:
+    master = CliMaster("--port", "0", "--metrics-port", "-1")
+    try:
+        st = connect(master.address, segment_size=1 << 20)
+        st.put("cli", b"served")
+        assert st.get("cli") == b"served"
+        st.close()
+        master.proc.send_signal(signal.SIGINT)
+        assert master.proc.wait(timeout=10) in (0, 130)
+    finally:
+        master.close()
+
+
+@pytest.mark.parametrize(
+    ("file_s", "env_s", "flag_s", "expected_s"),
+    [(7.0, None, None, 7.0), (None, 8.0, None, 8.0), (7.0, 8.0, None, 8.0), (7.0, 8.0, 9.0, 9.0)],
+    ids=["file", "env", "env-over-file", "flag-over-all"],
+)
+def test_master_settings_come_from_file_then_environment_then_flags(
+    tmp_path: Path, file_s: float | None, env_s: float | None, flag_s: float | None, expected_s: float
+) -> None:
+    args = ["--port", "0", "--metrics-port", "-1"]
+    if file_s is not None:
+        config = tmp_path / "master.json"
+        config.write_text(json.dumps({"lease_ttl_s": file_s}))
+        args += ["--config", str(config)]
+    if flag_s is not None:
+        args += ["--lease-ttl-s", str(flag_s)]
+    env = {"TIDEKV_MASTER_LEASE_TTL_S": str(env_s)} if env_s is not None else {}
+    master = CliMaster(*args, env=env)
+    try:
+        assert master.lease_ttl_s() == expected_s
+    finally:
+        master.close()

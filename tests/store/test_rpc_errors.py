@@ -1,0 +1,192 @@
+"""Bad RPC traffic: garbage, oversized and wrong-version messages get a clear error reply, and
+the master keeps serving well-behaved clients meanwhile.
+
+Raw ZeroMQ DEALER sockets play the misbehaving peers; a normal Store checks the master after.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import msgspec
+import pytest
+import zmq
+
+from tests.store.conftest import Connect, SpawnMaster
+from tests.store.procs import MasterProcess
+from tidekv.config import StoreConfig
+from tidekv.errors import ConfigError, MasterUnavailableError, ProtocolVersionError, RpcError
+from tidekv.store import Store
+from tidekv.store import protocol as p
+
+MAX_MESSAGE = 4096
+REPLY_TIMEOUT_MS = 5000
+
+
+@pytest.fixture
+def master(spawn_master: SpawnMaster) -> MasterProcess:
+    return spawn_master(max_message_bytes=MAX_MESSAGE)
+
+
+@pytest.fixture
+def raw(master: MasterProcess) -> Iterator[zmq.Socket]:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"tcp://{master.address}")
+    yield sock
+    sock.close(linger=0)
+
+
+def _ask(sock: zmq.Socket, *frames: bytes) -> p.Reply:
+    sock.send_multipart(list(frames))
+    assert sock.poll(REPLY_TIMEOUT_MS, zmq.POLLIN), f"no reply within {REPLY_TIMEOUT_MS} ms"
+    return p.decode_reply(sock.recv())
+
+
+def _check_serving(st: Store, tag: str) -> None:
+    st.put(f"after-{tag}", tag.encode())
+    assert st.get(f"after-{tag}") == tag.encode()
+
+
+def test_garbage_gets_a_malformed_error(master: MasterProcess, raw: zmq.Socket, connect: Connect) -> None:
+    st = connect(master.address, segment_size=1 << 20)
+    rng = random.Random(3)
+    for _ in range(20):
+        garbage = rng.randbytes(rng.randint(1, 2000))
+        reply = _ask(raw, garbage)
+        assert reply.error_kind == "malformed", reply
+        assert reply.error.startswith("malformed request"), reply
+        assert reply.result is None
+    assert _ask(raw, b"").error_kind == "malformed"
+    shaped = _ask(raw, msgspec.msgpack.encode([p.PROTOCOL_VERSION, 77, ["no_such_request", 1]]))
+    assert (shaped.error_kind, shaped.request_id) == ("malformed", 77), "the request id must be echoed when readable"
+    _check_serving(st, "garbage")
+
+
+def test_oversized_request_gets_an_error_naming_the_limit(master: MasterProcess, raw: zmq.Socket,
+                                                          connect: Connect) -> None:
+    st = connect(master.address, segment_size=1 << 20)
+    body = p.Exists([b"k" * 100] * 50)
+    data = p.encode(p.Envelope(p.PROTOCOL_VERSION, 5, body))
+    assert MAX_MESSAGE < len(data) < 2 * MAX_MESSAGE
+    reply = _ask(raw, data)
+    assert reply.error_kind == "oversized"
+    assert str(len(data)) in reply.error and str(MAX_MESSAGE) in reply.error and "split the batch" in reply.error
+    assert reply.request_id == 5, "the error must name the request it answers, or the client drops it as stale"
+    _check_serving(st, "oversized")
+
+
+@pytest.mark.parametrize("n_keys", [50, 200], ids=["just-over", "5x-over"])
+def test_store_batch_over_the_message_limit_fails_fast_and_clearly(master: MasterProcess, connect: Connect,
+                                                                   n_keys: int) -> None:
+    st = connect(master.address, segment_size=1 << 20, rpc_timeout_s=3.0)
+    keys = [f"key-{i:04d}-" + "x" * 90 for i in range(n_keys)]  # ~100 bytes per key; the limit is 4 KiB
+    started = time.monotonic()
+    with pytest.raises((ConfigError, RpcError)) as info:
+        st.put_many(keys, [b"v"] * len(keys))
+    assert "split the batch" in str(info.value) or str(MAX_MESSAGE) in str(info.value), info.value
+    assert time.monotonic() - started < 2.0, "a refused request must not wait for the RPC timeout"
+    _check_serving(st, "big-batch")
+
+
+def test_wrong_protocol_version_names_both_versions(master: MasterProcess, raw: zmq.Socket,
+                                                    connect: Connect) -> None:
+    st = connect(master.address, segment_size=1 << 20)
+    for body in (p.Hello("old-client", 99), p.StatsRequest()):
+        reply = _ask(raw, p.encode(p.Envelope(99, 8, body)))
+        assert (reply.error_kind, reply.request_id) == ("version", 8)
+        assert "v99" in reply.error and f"v{p.PROTOCOL_VERSION}" in reply.error, reply.error
+    future = _ask(raw, msgspec.msgpack.encode([99, 9, ["hello_v99", "c", {"new": "field"}]]))
+    assert (future.error_kind, future.request_id) == ("version", 9), "an undecodable future request is a version error"
+    assert "v99" in future.error
+    _check_serving(st, "version")
+
+
+def test_multi_frame_message_is_dropped_and_master_keeps_serving(master: MasterProcess, raw: zmq.Socket,
+                                                                 connect: Connect) -> None:
+    st = connect(master.address, segment_size=1 << 20)
+    raw.send_multipart([b"one", b"two"])
+    assert _ask(raw, b"\xc1").error_kind == "malformed", "the next message is answered normally"
+    _check_serving(st, "frames")
+
+
+def test_garbage_flood_does_not_disturb_a_working_client(master: MasterProcess, connect: Connect) -> None:
+    st = connect(master.address, segment_size=4 << 20)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def flood() -> None:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://{master.address}")
+        rng = random.Random(9)
+        try:
+            while not stop.is_set():
+                sock.send(rng.randbytes(rng.randint(1, 3 * MAX_MESSAGE // 2)))  # replies are never read
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            sock.close(linger=0)
+
+    thread = threading.Thread(target=flood, daemon=True)
+    thread.start()
+    try:
+        for i in range(200):
+            st.put(f"k{i}", bytes([i]) * 1000)
+            assert st.get(f"k{i}") == bytes([i]) * 1000
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert not errors
+    assert st.stats()["keys"] == 200
+
+
+class _FutureMaster:
+    """A fake master that speaks protocol v(N+1): it answers everything with a version error."""
+
+    def __init__(self) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        theirs = p.PROTOCOL_VERSION + 1
+        while not self._stop.is_set():
+            if not self.sock.poll(50, zmq.POLLIN):
+                continue
+            identity, data = self.sock.recv_multipart()
+            version, request_id = p.probe_header(data) or (0, 0)
+            message = f"client speaks tidekv store protocol v{version}, this master speaks v{theirs}"
+            self.sock.send_multipart([identity, p.encode(p.Reply(request_id, error_kind="version", error=message))])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sock.close(linger=0)
+
+
+def test_connecting_to_a_master_of_another_version_raises_protocol_version_error() -> None:
+    fake = _FutureMaster()
+    try:
+        with pytest.raises(ProtocolVersionError) as info:
+            Store.connect(f"127.0.0.1:{fake.port}", config=StoreConfig(staging_size_bytes=1 << 20, rpc_timeout_s=5))
+        assert f"v{p.PROTOCOL_VERSION}" in str(info.value) and f"v{p.PROTOCOL_VERSION + 1}" in str(info.value)
+    finally:
+        fake.close()
+
+
+def test_connecting_to_no_master_raises_master_unavailable() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(MasterUnavailableError, match=f"127.0.0.1:{port}"):
+        Store.connect(f"127.0.0.1:{port}", config=StoreConfig(staging_size_bytes=1 << 20, rpc_timeout_s=0.3))
+    with pytest.raises(ConfigError, match="host:port"):
+        Store.connect("no-port-here", config=StoreConfig(staging_size_bytes=1 << 20))
