@@ -144,6 +144,56 @@ void send_all(int fd, struct iovec* iov, int count, const std::string& what) {
   }
 }
 
+bool send_until(int fd, struct iovec* iov, int count, int* next,
+                const std::optional<std::chrono::steady_clock::time_point>& deadline, const std::string& what) {
+  if (!deadline) {
+    send_all(fd, iov + *next, count - *next, what);
+    *next = count;
+    return true;
+  }
+  while (*next < count) {
+    msghdr msg{};
+    msg.msg_iov = iov + *next;
+    msg.msg_iovlen = std::min(count - *next, int(IOV_MAX));
+    ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) throw_io(errno, what, "sending to");
+      auto left = *deadline - std::chrono::steady_clock::now();
+      if (left <= std::chrono::steady_clock::duration::zero()) return false;
+      auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+      timespec ts{time_t(ns / 1000000000), long(ns % 1000000000)};
+      pollfd p{fd, POLLOUT, 0};
+      if (ppoll(&p, 1, &ts, nullptr) == 0) return false;
+      continue;
+    }
+    size_t sent = size_t(n);
+    while (*next < count && sent >= iov[*next].iov_len) {
+      sent -= iov[*next].iov_len;
+      ++*next;
+    }
+    if (*next < count) {
+      iov[*next].iov_base = static_cast<uint8_t*>(iov[*next].iov_base) + sent;
+      iov[*next].iov_len -= sent;
+    }
+  }
+  return true;
+}
+
+bool wait_readable(int fd, std::chrono::steady_clock::time_point deadline) {
+  for (;;) {
+    auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) left = std::chrono::steady_clock::duration::zero();
+    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    timespec ts{time_t(ns / 1000000000), long(ns % 1000000000)};
+    pollfd p{fd, POLLIN, 0};
+    int rc = ppoll(&p, 1, &ts, nullptr);
+    if (rc > 0) return true;  // readable, or an error/hang-up the next read reports
+    if (rc == 0) return false;
+    if (errno != EINTR) return true;
+  }
+}
+
 void send_all(int fd, const void* data, size_t size, const std::string& what) {
   iovec iov{const_cast<void*>(data), size};
   send_all(fd, &iov, 1, what);

@@ -4,7 +4,9 @@
 
 #include <sys/uio.h>
 
+#include <chrono>
 #include <cstddef>
+#include <optional>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -24,6 +26,12 @@ void tune_socket(int fd, const SocketOptions& options);
 
 // Sends every byte of the iovecs (modified in place). `what` names the peer in errors.
 void send_all(int fd, struct iovec* iov, int count, const std::string& what);
+// Like send_all, but gives up at `deadline` (returns false; *next and the iovecs say how far it
+// got, so a later call resumes). The socket's own I/O timeout still applies without a deadline.
+bool send_until(int fd, struct iovec* iov, int count, int* next,
+                const std::optional<std::chrono::steady_clock::time_point>& deadline, const std::string& what);
+// Waits until fd is readable or `deadline` passes (false).
+bool wait_readable(int fd, std::chrono::steady_clock::time_point deadline);
 void send_all(int fd, const void* data, size_t size, const std::string& what);
 
 // Reads with a small buffer in front so that headers and small payloads cost one syscall, while
@@ -38,6 +46,7 @@ class SocketReader {
   void discard(size_t size);
   // True when unread bytes are already buffered or waiting in the socket.
   bool has_pending() const;
+  size_t buffered() const { return end_ - begin_; }
 
  private:
   size_t fill(bool wait_forever);

@@ -51,8 +51,11 @@ void Batch::finish_request(size_t request) {
 }
 
 bool Batch::wait(double timeout_s) {
-  for (const auto& task : tasks_)
-    if (timeout_s < 0 || !task->is_blocking()) task->try_run();
+  Deadline deadline;
+  if (timeout_s >= 0)
+    deadline = std::chrono::steady_clock::now() +
+               std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
+  for (const auto& task : tasks_) task->try_run(deadline);
   if (is_done()) return true;
   // A short spin catches completions that arrive within microseconds; a futex sleep and
   // wake-up costs far more than that on a loaded or virtualised core.
@@ -62,11 +65,11 @@ bool Batch::wait(double timeout_s) {
   }
   std::unique_lock<std::mutex> lock(mu_);
   auto done = [&] { return requests_left_.load(std::memory_order_acquire) == 0; };
-  if (timeout_s < 0) {
+  if (!deadline) {
     cv_.wait(lock, done);
     return true;
   }
-  return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), done);
+  return cv_.wait_until(lock, *deadline, done);
 }
 
 std::vector<RequestResult> Batch::results() {

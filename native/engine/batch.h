@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,29 +36,28 @@ struct RequestResult {
   std::string message;
 };
 
+// When a thread waiting on its batch runs a task itself, the task must give the thread back by
+// this time: work that would wait on a peer past it is handed to a worker instead.
+using Deadline = std::optional<std::chrono::steady_clock::time_point>;
+
 class Task {
  public:
-  // is_blocking: the body may wait on a peer (socket I/O), so a waiter with a deadline must not
-  // run it inline; a non-blocking body (a same-host copy) always finishes promptly.
-  explicit Task(std::function<void()> body, bool is_blocking = false)
-      : body_(std::move(body)), is_blocking_(is_blocking) {}
-  bool is_blocking() const { return is_blocking_; }
+  explicit Task(std::function<void(const Deadline&)> body) : body_(std::move(body)) {}
   bool is_claimed() const { return claimed_.load(std::memory_order_acquire); }
   // A worker that dequeues the task before this time leaves it to the batch's waiter until then.
   void defer_until(std::chrono::steady_clock::time_point t) { defer_until_ = t; }
   std::chrono::steady_clock::time_point deferred_until() const { return defer_until_; }
   // Runs the body if nobody claimed it yet; drops the body afterwards (it holds the batch).
-  bool try_run() {
+  bool try_run(const Deadline& deadline = std::nullopt) {
     if (claimed_.exchange(true, std::memory_order_acq_rel)) return false;
-    body_();
+    body_(deadline);
     body_ = nullptr;
     return true;
   }
 
  private:
   std::atomic<bool> claimed_{false};
-  std::function<void()> body_;
-  bool is_blocking_;
+  std::function<void(const Deadline&)> body_;
   std::chrono::steady_clock::time_point defer_until_{};
 };
 
@@ -79,8 +79,8 @@ class Batch {
   void fail_slice(size_t request, ErrorKind kind, const std::string& message);
 
   bool is_done() const { return requests_left_.load(std::memory_order_acquire) == 0; }
-  // Helps with unclaimed tasks (only non-blocking ones when there is a deadline), then waits;
-  // false on timeout (timeout_s < 0: no limit). The batch keeps running after a timeout.
+  // Runs unclaimed tasks on the calling thread (within the deadline), then waits; false on
+  // timeout (timeout_s < 0: no limit). The batch keeps running after a timeout.
   bool wait(double timeout_s);
   std::vector<RequestResult> results();
   uint64_t bytes_done() const { return bytes_done_.load(); }

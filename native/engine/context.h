@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "engine/counters.h"
@@ -31,10 +33,14 @@ struct EngineOptions {
   bool enable_cross_memory_attach = true;
 };
 
+class Task;
+
 struct EngineContext {
   EngineOptions options;
   Counters counters;
   LogSink log;
+  // Queues work for the engine's workers (set by the engine; used for continuations).
+  std::function<void(std::shared_ptr<Task>)> enqueue_task;
 };
 
 }  // namespace tidekv

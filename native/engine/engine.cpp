@@ -61,6 +61,17 @@ Engine::Engine(EngineOptions options)
   std::string boot_id;
   std::getline(boot, boot_id);
   std::strncpy(self_.boot_id, boot_id.c_str(), sizeof(self_.boot_id) - 1);
+  ctx_.enqueue_task = [this](std::shared_ptr<Task> task) {
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      if (!closed_.load()) {
+        queue_.push_back(std::move(task));
+        queue_cv_.notify_one();
+        return;
+      }
+    }
+    task->try_run();  // no workers any more: run it here (transports are closed, it fails fast)
+  };
   server_ = std::make_unique<Server>(ctx_, regions_, self_);
   int n = std::max(1, ctx_.options.worker_threads);
   for (int i = 0; i < n; ++i) workers_.emplace_back([this] { worker_loop(); });
@@ -89,6 +100,12 @@ void Engine::close() {
   }
   for (auto& w : workers_) w.join();
   workers_.clear();
+  std::deque<std::shared_ptr<Task>> leftover;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    leftover.swap(queue_);
+  }
+  for (auto& task : leftover) task->try_run();
   server_->stop();
   std::lock_guard<std::mutex> lock(alloc_mu_);
   for (auto& [addr, fd_len] : allocations_) {

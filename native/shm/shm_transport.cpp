@@ -103,7 +103,8 @@ void ShmTransport::plan(const std::shared_ptr<Batch>& batch, const std::vector<u
   auto emit = [&] {
     if (part.empty()) return;
     auto keep = batch;
-    batch->add_task(std::make_shared<Task>([this, raw, keep, part = std::move(part)]() { run(*raw, part); }));
+    batch->add_task(
+        std::make_shared<Task>([this, raw, keep, part = std::move(part)](const Deadline&) { run(*raw, part); }));
     part.clear();
     part_bytes = 0;
   };

@@ -14,7 +14,7 @@
 namespace tidekv {
 namespace {
 
-constexpr size_t kRoundSlices = 256;      // replies of one round must fit in socket buffers
+constexpr size_t kRoundSlices = 256;  // the acks of one round must fit in socket buffers
 constexpr uint64_t kMaxRefusedDrain = 1ULL << 30;
 
 std::string range_text(const char* op, uint64_t addr, uint64_t len) {
@@ -55,7 +55,7 @@ void TcpTransport::close() {
   }
 }
 
-std::unique_ptr<TcpTransport::Connection> TcpTransport::checkout() {
+std::unique_ptr<TcpTransport::Connection> TcpTransport::checkout(const Deadline& deadline) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
@@ -66,7 +66,11 @@ std::unique_ptr<TcpTransport::Connection> TcpTransport::checkout() {
         return conn;
       }
       if (open_ < ctx_.options.connections_per_peer) break;
-      cv_.wait(lock);
+      if (!deadline) {
+        cv_.wait(lock);
+      } else if (cv_.wait_until(lock, *deadline) == std::cv_status::timeout) {
+        return nullptr;
+      }
     }
     ++open_;
   }
@@ -115,78 +119,104 @@ void TcpTransport::plan(const std::shared_ptr<Batch>& batch, const std::vector<u
     batch->expect_slices(r, n);
   }
   size_t groups = std::min<size_t>(slices.size(), size_t(std::max(1, ctx_.options.connections_per_peer)));
-  std::vector<std::vector<Slice>> parts(groups);
-  for (size_t i = 0; i < slices.size(); ++i) parts[i % groups].push_back(slices[i]);
-  Batch* raw = batch.get();
-  for (auto& part : parts) {
-    auto keep = batch;
-    batch->add_task(std::make_shared<Task>([this, raw, keep, part = std::move(part)]() mutable {
-      run_group(*raw, part);
-    }, /*is_blocking=*/true));
+  std::vector<std::shared_ptr<Group>> parts;
+  for (size_t i = 0; i < groups; ++i) {
+    parts.push_back(std::make_shared<Group>());
+    parts.back()->batch = batch.get();
+    parts.back()->keep = batch;
+  }
+  for (size_t i = 0; i < slices.size(); ++i) parts[i % groups]->slices.push_back(slices[i]);
+  for (auto& g : parts) {
+    // WRITEs first within each round: the peer then only ever owes us small acks while we send.
+    std::stable_partition(g->slices.begin(), g->slices.end(), [](const Slice& s) { return s.op == wire::Op::kWrite; });
+    batch->add_task(std::make_shared<Task>([this, g](const Deadline& deadline) { run(g, deadline); }));
   }
 }
 
-void TcpTransport::run_group(Batch& batch, std::vector<Slice>& slices) {
-  // WRITEs first within each round: the peer then only ever owes us small acks while we send.
-  std::stable_partition(slices.begin(), slices.end(), [](const Slice& s) { return s.op == wire::Op::kWrite; });
-  size_t done = 0;
-  std::unique_ptr<Connection> conn;
+void TcpTransport::run(const std::shared_ptr<Group>& group, const Deadline& deadline) {
+  if (step(*group, deadline)) {
+    group->keep.reset();
+    return;
+  }
+  // The waiting thread that ran this has to go: a worker finishes the group.
+  ctx_.enqueue_task(std::make_shared<Task>([this, group](const Deadline&) { run(group, std::nullopt); }));
+}
+
+void TcpTransport::begin_window(Group& g) {
+  g.window_begin = g.done;
+  g.window_end = std::min(g.slices.size(), g.done + kRoundSlices);
+  size_t count = g.window_end - g.window_begin;
+  g.headers.resize(count);
+  g.iov.clear();
+  g.iov_next = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const Slice& s = g.slices[g.window_begin + i];
+    g.headers[i] = wire::RequestHeader{wire::kMagic, uint8_t(s.op), {0, 0, 0}, s.remote, s.length, uint64_t(i)};
+    g.iov.push_back(iovec{&g.headers[i], sizeof(wire::RequestHeader)});
+    if (s.op == wire::Op::kWrite) g.iov.push_back(iovec{reinterpret_cast<void*>(s.local), s.length});
+  }
+}
+
+bool TcpTransport::step(Group& g, const Deadline& deadline) {
   try {
-    conn = checkout();
-    while (done < slices.size()) {
-      size_t count = std::min(kRoundSlices, slices.size() - done);
-      run_round(*conn, batch, slices.data() + done, count, &done);
+    if (!g.conn) {
+      g.conn = checkout(deadline);
+      if (!g.conn) return false;
     }
-    checkin(std::move(conn));
+    while (g.done < g.slices.size()) {
+      if (g.window_end <= g.done) begin_window(g);
+      if (!send_until(g.conn->fd, g.iov.data(), int(g.iov.size()), &g.iov_next, deadline, peer_name_)) return false;
+      while (g.done < g.window_end) {
+        if (deadline && g.conn->reader->buffered() < sizeof(wire::ResponseHeader) &&
+            !wait_readable(g.conn->fd, *deadline))
+          return false;
+        handle_reply(g);
+      }
+    }
+    checkin(std::move(g.conn));
   } catch (const Error& e) {
-    if (conn) checkin(nullptr);  // a connection that failed mid-round is out of sync: drop it
-    ErrorKind kind = e.kind() == ErrorKind::kClosed ? ErrorKind::kPeerUnavailable : e.kind();
-    for (size_t i = done; i < slices.size(); ++i) {
-      const Slice& s = slices[i];
-      batch.fail_slice(s.request, kind,
-                       std::string(e.what()) + " during " +
-                           range_text(s.op == wire::Op::kRead ? "READ" : "WRITE", s.remote, s.length));
+    if (g.conn) {
+      g.conn.reset();  // a connection that failed mid-round is out of sync: drop it
+      checkin(nullptr);
     }
+    ErrorKind kind = e.kind() == ErrorKind::kClosed ? ErrorKind::kPeerUnavailable : e.kind();
+    for (size_t i = g.done; i < g.slices.size(); ++i) {
+      const Slice& s = g.slices[i];
+      g.batch->fail_slice(s.request, kind,
+                          std::string(e.what()) + " during " +
+                              range_text(s.op == wire::Op::kRead ? "READ" : "WRITE", s.remote, s.length));
+    }
+    g.done = g.slices.size();
   }
+  return true;
 }
 
-void TcpTransport::run_round(Connection& conn, Batch& batch, Slice* slices, size_t count, size_t* completed) {
-  std::vector<wire::RequestHeader> headers(count);
-  std::vector<iovec> iov;
-  iov.reserve(count * 2);
-  for (size_t i = 0; i < count; ++i) {
-    const Slice& s = slices[i];
-    headers[i] = wire::RequestHeader{wire::kMagic, uint8_t(s.op), {0, 0, 0}, s.remote, s.length, uint64_t(i)};
-    iov.push_back(iovec{&headers[i], sizeof(wire::RequestHeader)});
-    if (s.op == wire::Op::kWrite) iov.push_back(iovec{reinterpret_cast<void*>(s.local), s.length});
-  }
-  send_all(conn.fd, iov.data(), int(iov.size()), peer_name_);
-  for (size_t i = 0; i < count; ++i) {
-    const Slice& s = slices[i];
-    wire::ResponseHeader resp{};
-    conn.reader->read_exact(&resp, sizeof(resp));
-    if (resp.magic != wire::kMagic || resp.tag != i)
-      TIDEKV_THROW(kTransfer, "peer " + peer_name_ + " sent a malformed reply");
-    if (resp.status == uint32_t(wire::Status::kOk)) {
-      if (s.op == wire::Op::kRead) {
-        if (resp.length != s.length) TIDEKV_THROW(kTransfer, "peer " + peer_name_ + " sent a short READ reply");
-        conn.reader->read_exact(reinterpret_cast<void*>(s.local), s.length);
-        ctx_.counters.bytes_read.fetch_add(s.length, std::memory_order_relaxed);
-      } else {
-        ctx_.counters.bytes_written.fetch_add(s.length, std::memory_order_relaxed);
-      }
-      ++*completed;
-      batch.complete_slice(s.request, s.length);
+void TcpTransport::handle_reply(Group& g) {
+  const Slice& s = g.slices[g.done];
+  Connection& conn = *g.conn;
+  wire::ResponseHeader resp{};
+  conn.reader->read_exact(&resp, sizeof(resp));
+  if (resp.magic != wire::kMagic || resp.tag != g.done - g.window_begin)
+    TIDEKV_THROW(kTransfer, "peer " + peer_name_ + " sent a malformed reply");
+  if (resp.status == uint32_t(wire::Status::kOk)) {
+    if (s.op == wire::Op::kRead) {
+      if (resp.length != s.length) TIDEKV_THROW(kTransfer, "peer " + peer_name_ + " sent a short READ reply");
+      conn.reader->read_exact(reinterpret_cast<void*>(s.local), s.length);
+      ctx_.counters.bytes_read.fetch_add(s.length, std::memory_order_relaxed);
     } else {
-      const char* op = s.op == wire::Op::kRead ? "READ" : "WRITE";
-      ErrorKind kind = resp.status == uint32_t(wire::Status::kNotRegistered) ? ErrorKind::kNotRegistered
-                                                                              : ErrorKind::kTransfer;
-      ++*completed;
-      batch.fail_slice(s.request, kind,
-                       "peer " + peer_name_ + " refused " + range_text(op, s.remote, s.length) +
-                           (kind == ErrorKind::kNotRegistered ? ": not inside a region registered there" : ""));
+      ctx_.counters.bytes_written.fetch_add(s.length, std::memory_order_relaxed);
     }
+    ++g.done;
+    g.batch->complete_slice(s.request, s.length);
+    return;
   }
+  const char* op = s.op == wire::Op::kRead ? "READ" : "WRITE";
+  ErrorKind kind =
+      resp.status == uint32_t(wire::Status::kNotRegistered) ? ErrorKind::kNotRegistered : ErrorKind::kTransfer;
+  ++g.done;
+  g.batch->fail_slice(s.request, kind,
+                      "peer " + peer_name_ + " refused " + range_text(op, s.remote, s.length) +
+                          (kind == ErrorKind::kNotRegistered ? ": not inside a region registered there" : ""));
 }
 
 void serve_tcp(int fd, SocketReader& reader, const RegionTable& regions, EngineContext& ctx, const std::string& what) {

@@ -42,11 +42,29 @@ class TcpTransport final : public Transport {
     std::unique_ptr<SocketReader> reader;
     ~Connection();
   };
+  // One stripe of a batch and how far it has got, so that a thread that must leave at its
+  // deadline can hand the rest to a worker mid-way (the batch keeps running).
+  struct Group {
+    Batch* batch;
+    std::shared_ptr<Batch> keep;
+    std::vector<Slice> slices;  // WRITEs first
+    size_t done = 0;            // slices whose replies have been handled
+    std::unique_ptr<Connection> conn;
+    size_t window_begin = 0;    // the round in flight: slices [window_begin, window_end)
+    size_t window_end = 0;
+    std::vector<wire::RequestHeader> headers;
+    std::vector<iovec> iov;
+    int iov_next = 0;
+  };
 
-  std::unique_ptr<Connection> checkout();
+  // Deadline-aware checkout: nullptr when the deadline passes before a connection is free.
+  std::unique_ptr<Connection> checkout(const Deadline& deadline);
   void checkin(std::unique_ptr<Connection> conn);
-  void run_group(Batch& batch, std::vector<Slice>& slices);
-  void run_round(Connection& conn, Batch& batch, Slice* slices, size_t count, size_t* completed);
+  void run(const std::shared_ptr<Group>& group, const Deadline& deadline);
+  // Advances the group; false when it stopped at the deadline with work left.
+  bool step(Group& g, const Deadline& deadline);
+  void begin_window(Group& g);
+  void handle_reply(Group& g);
 
   EngineContext& ctx_;
   std::string peer_name_;
