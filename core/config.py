@@ -181,6 +181,8 @@ class MasterConfig:
     """Largest RPC message accepted; larger ones are refused. Default 64 MiB."""
     tick_s: float = 0.1
     """Period of housekeeping (liveness, reclaim, eviction). Default 0.1 s."""
+    busy_poll_us: int = 200
+    """After a request, poll this long for the next before sleeping (0 = never spin). Default 200 µs."""
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -194,6 +196,7 @@ class MasterConfig:
         _check_range("max_key_bytes", self.max_key_bytes, 1, 1 << 20)
         _check_range("max_message_bytes", self.max_message_bytes, 1024, 1 << 31)
         _check_range("tick_s", self.tick_s, 0.001, 10)
+        _check_range("busy_poll_us", self.busy_poll_us, 0, 100_000)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> MasterConfig:

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from typing import Any
 
 import zmq
@@ -134,11 +135,21 @@ class MasterServer:
         if sock is None:
             return
         handle = self.service.handle
+        spin_s = self.config.busy_poll_us * 1e-6
+        spin_until = 0.0
         for _ in range(_MAX_DRAIN):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
             except zmq.Again:
+                # Busy-poll a little before sleeping: clients in a request loop send the next
+                # request within microseconds, and waking a sleeping thread costs far more.
+                now = time.perf_counter()
+                if not spin_until:
+                    spin_until = now + spin_s
+                if now < spin_until:
+                    continue
                 return
+            spin_until = 0.0
             if len(frames) != 2:
                 logger.warning("dropped a message with %d frames (expected identity + payload)", len(frames))
                 continue
