@@ -180,6 +180,15 @@ bool send_until(int fd, struct iovec* iov, int count, int* next,
   return true;
 }
 
+bool spin_until_readable(int fd, int spin_us) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
+  pollfd p{fd, POLLIN, 0};
+  do {
+    if (poll(&p, 1, 0) > 0) return true;
+  } while (std::chrono::steady_clock::now() < until);
+  return false;
+}
+
 bool wait_readable(int fd, std::chrono::steady_clock::time_point deadline) {
   for (;;) {
     auto left = deadline - std::chrono::steady_clock::now();

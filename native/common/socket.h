@@ -30,6 +30,9 @@ void send_all(int fd, struct iovec* iov, int count, const std::string& what);
 // got, so a later call resumes). The socket's own I/O timeout still applies without a deadline.
 bool send_until(int fd, struct iovec* iov, int count, int* next,
                 const std::optional<std::chrono::steady_clock::time_point>& deadline, const std::string& what);
+// Polls fd without sleeping for up to `spin_us`; true as soon as it is readable. A reply that
+// comes within microseconds then costs no sleep and wake-up (expensive on a virtualised core).
+bool spin_until_readable(int fd, int spin_us);
 // Waits until fd is readable or `deadline` passes (false).
 bool wait_readable(int fd, std::chrono::steady_clock::time_point deadline);
 void send_all(int fd, const void* data, size_t size, const std::string& what);

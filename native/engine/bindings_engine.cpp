@@ -72,6 +72,7 @@ void register_engine(py::module_& m) {
       .def_readwrite("inline_bytes", &EngineOptions::inline_bytes)
       .def_readwrite("defer_bytes", &EngineOptions::defer_bytes)
       .def_readwrite("defer_grace_us", &EngineOptions::defer_grace_us)
+      .def_readwrite("reply_spin_us", &EngineOptions::reply_spin_us)
       .def_readwrite("shm_parallelism", &EngineOptions::shm_parallelism)
       .def_readwrite("enable_cross_memory_attach", &EngineOptions::enable_cross_memory_attach);
 

@@ -29,6 +29,7 @@ struct EngineOptions {
   uint64_t inline_bytes = 64 << 10;
   uint64_t defer_bytes = 16 << 20;
   int defer_grace_us = 200;
+  int reply_spin_us = 100;
   int shm_parallelism = 2;
   bool enable_cross_memory_attach = true;
 };

@@ -167,7 +167,8 @@ bool TcpTransport::step(Group& g, const Deadline& deadline) {
       if (g.window_end <= g.done) begin_window(g);
       if (!send_until(g.conn->fd, g.iov.data(), int(g.iov.size()), &g.iov_next, deadline, peer_name_)) return false;
       while (g.done < g.window_end) {
-        if (deadline && g.conn->reader->buffered() < sizeof(wire::ResponseHeader) &&
+        if (g.conn->reader->buffered() < sizeof(wire::ResponseHeader) &&
+            !spin_until_readable(g.conn->fd, ctx_.options.reply_spin_us) && deadline &&
             !wait_readable(g.conn->fd, *deadline))
           return false;
         handle_reply(g);
@@ -243,6 +244,9 @@ void serve_tcp(int fd, SocketReader& reader, const RegionTable& regions, EngineC
   };
   for (;;) {
     wire::RequestHeader h{};
+    // A peer in a request loop sends its next frame within microseconds: poll a little before
+    // sleeping in recv (a wake-up costs more than the spin).
+    if (reader.buffered() < sizeof(h)) spin_until_readable(fd, ctx.options.reply_spin_us);
     reader.read_exact(&h, sizeof(h), /*at_frame_boundary=*/iov.empty());
     if (h.magic != wire::kMagic || h.op > uint8_t(wire::Op::kWrite))
       TIDEKV_THROW(kTransfer, "malformed frame from " + what + " (bad magic or op)");
