@@ -17,6 +17,9 @@ class EngineOptions:
     inline_bytes: int
     shm_parallelism: int
     enable_cross_memory_attach: bool
+    defer_bytes: int
+    defer_grace_us: int
+    reply_spin_us: int
     def __init__(self) -> None: ...
 
 class Batch:

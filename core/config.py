@@ -89,6 +89,9 @@ class TransferConfig:
     """Threads that share one large same-host batch. Default 2 (1..64)."""
     enable_cross_memory_attach: bool = True
     """Allow same-host peers to copy registered memory with process_vm_readv/writev. Default True."""
+    busy_poll_us: int = 100
+    """tcp: poll for a reply (or the next frame) this long before sleeping; one thread per
+    process at a time. Trades a little CPU for latency. Default 100 µs (0 = never)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.transport, TransportKind):
@@ -103,6 +106,7 @@ class TransferConfig:
         _check_range("unregister_timeout_s", self.unregister_timeout_s, 0, 600)
         _check_range("inline_bytes", self.inline_bytes, 0, 1 << 30)
         _check_range("shm_parallelism", self.shm_parallelism, 1, 64)
+        _check_range("busy_poll_us", self.busy_poll_us, 0, 100_000)
         if self.secret is not None and not self.secret:
             raise ConfigError("secret='' is invalid; use None for no secret")
 

@@ -6,11 +6,13 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <climits>
+#include <atomic>
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -181,12 +183,25 @@ bool send_until(int fd, struct iovec* iov, int count, int* next,
 }
 
 bool spin_until_readable(int fd, int spin_us) {
+  // At most one spinning thread per process: with several connections busy on a 2-core
+  // machine, spinners would steal the cores that the threads doing the copies need.
+  static std::atomic<int> spinners{0};
+  if (spin_us <= 0 || spinners.fetch_add(1, std::memory_order_acq_rel) != 0) {
+    spinners.fetch_sub(1, std::memory_order_acq_rel);
+    return false;
+  }
   auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
   pollfd p{fd, POLLIN, 0};
+  bool ready = false;
   do {
-    if (poll(&p, 1, 0) > 0) return true;
+    if (poll(&p, 1, 0) > 0) {
+      ready = true;
+      break;
+    }
+    sched_yield();  // keeps the core from idling, but hands it over to any thread that has work
   } while (std::chrono::steady_clock::now() < until);
-  return false;
+  spinners.fetch_sub(1, std::memory_order_acq_rel);
+  return ready;
 }
 
 bool wait_readable(int fd, std::chrono::steady_clock::time_point deadline) {
