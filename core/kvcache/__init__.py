@@ -1,0 +1,1 @@
+"""Engine-agnostic KV-cache logic the engine plugins share: block layouts, prefix keys, hand-offs."""

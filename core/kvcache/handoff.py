@@ -1,0 +1,105 @@
+"""The prefill -> decode hand-off of held KV blocks: who holds what, and the "done" signal.
+
+The prefill side holds a finished request's blocks until the decode side confirms it pulled
+them, or until a deadline passes (a decode that never comes leaks nothing). Confirmations
+travel over a ZeroMQ PUSH -> PULL channel: ``HoldTable`` owns the PULL end on the prefill
+worker, ``Confirmer`` the PUSH ends on decode workers. Both are polled, never block a step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import msgspec
+import zmq
+
+logger = logging.getLogger(__name__)
+
+
+class _Done(msgspec.Struct, array_like=True):
+    request_id: str
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(_Done).decode
+
+
+class HoldTable:
+    """Prefill side: held requests, released on confirmation or at their deadline."""
+
+    def __init__(self, host: str, hold_timeout_s: float) -> None:
+        self.hold_timeout_s = hold_timeout_s
+        self._sock = zmq.Context.instance().socket(zmq.PULL)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        port = self._sock.bind_to_random_port(f"tcp://{host}")
+        self.address = f"{host}:{port}"
+        self._deadlines: dict[str, float] = {}
+        self._early: set[str] = set()  # confirmations that arrived before the hold was recorded
+        self._lock = threading.Lock()
+
+    def hold(self, request_id: str) -> None:
+        with self._lock:
+            self._deadlines[request_id] = time.monotonic() + self.hold_timeout_s
+
+    def released(self) -> set[str]:
+        """Requests whose blocks may be freed now (confirmed, or past their deadline)."""
+        with self._lock:
+            while True:
+                try:
+                    done = _decode(self._sock.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                except msgspec.DecodeError:
+                    logger.warning("dropped a malformed hand-off confirmation")
+                    continue
+                self._early.add(done.request_id)
+            now = time.monotonic()
+            out = {r for r in self._deadlines if r in self._early}
+            expired = {r for r, t in self._deadlines.items() if t <= now and r not in out}
+            for r in expired:
+                logger.warning("request %s: decode did not pull its KV within %.1f s; freeing the blocks",
+                               r, self.hold_timeout_s)
+            out |= expired
+            for r in out:
+                del self._deadlines[r]
+                self._early.discard(r)
+            return out
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._deadlines)
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+
+
+class Confirmer:
+    """Decode side: tells a prefill worker that a request's blocks were pulled."""
+
+    def __init__(self) -> None:
+        self._socks: dict[str, zmq.Socket] = {}
+        self._lock = threading.Lock()
+
+    def confirm(self, address: str, request_id: str) -> None:
+        with self._lock:
+            sock = self._socks.get(address)
+            if sock is None:
+                sock = zmq.Context.instance().socket(zmq.PUSH)
+                sock.setsockopt(zmq.LINGER, 1000)
+                sock.setsockopt(zmq.SNDHWM, 100_000)
+                sock.connect(f"tcp://{address}")
+                self._socks[address] = sock
+            try:
+                sock.send(_encode(_Done(request_id)), zmq.NOBLOCK)
+            except zmq.Again:
+                logger.warning("could not confirm request %s to %s (queue full); it frees at its deadline",
+                               request_id, address)
+
+    def close(self) -> None:
+        with self._lock:
+            for sock in self._socks.values():
+                sock.close()
+            self._socks.clear()

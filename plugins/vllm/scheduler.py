@@ -1,0 +1,225 @@
+"""Scheduler side of TidekvConnector (vLLM's engine-core process): decides which tokens come
+from outside (a prefill instance, or the store), which blocks to save, and what to hold.
+
+Side-effect-free lookups in get_num_new_matched_tokens; per-step decisions are handed to the
+workers through TidekvMetadata. A store that cannot be reached only disables reuse (with a
+warning): the engine keeps serving by recomputing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from tidekv.errors import TidekvError
+from tidekv.kvcache import prefix
+from tidekv.kvcache.layout import KVLayout, chunk_keys
+from tidekv.kvcache.settings import KVConnectorConfig
+from tidekv_vllm.metadata import PullJob, StoreJob, TidekvHandshake, TidekvMetadata
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+_WARN_EVERY_S = 30.0
+
+
+class TidekvScheduler:
+    def __init__(self, vllm_config: VllmConfig, settings: KVConnectorConfig, engine_id: str) -> None:
+        self.settings = settings
+        self.engine_id = engine_id
+        self.block_size = vllm_config.cache_config.block_size
+        self.model_tag = f"{vllm_config.model_config.model}|{vllm_config.model_config.dtype}"
+        self.tp_size = vllm_config.parallel_config.tensor_parallel_size
+        self.handshake: TidekvHandshake | None = None
+        self.namespace: str | None = None
+        self._store: Any = None
+        self._warned_at = 0.0
+        self._pulls: dict[str, PullJob] = {}
+        self._loads: dict[str, int] = {}  # request -> external tokens to load from the store
+        self._tokens: dict[str, list[int]] = {}  # prompt tokens of running requests (store mode)
+        self._blocks: dict[str, list[int]] = {}  # block ids of running requests
+        self._saved: dict[str, int] = {}  # full blocks already in the store (saved or loaded)
+        self._had_saves: set[str] = set()
+        self._holds: list[str] = []
+        if settings.master and (settings.save or settings.load):
+            self._connect_store()
+
+    # ---- start-up -----------------------------------------------------------------------
+
+    def set_handshake(self, metadata: dict[int, Any]) -> None:
+        shake = metadata.get(0)
+        if not isinstance(shake, TidekvHandshake):
+            return
+        self.handshake = shake
+        layout = KVLayout.from_wire(shake.layout)
+        self.namespace = prefix.namespace(self.model_tag, "", layout.fingerprint, self.block_size, 0, self.tp_size)
+
+    def _connect_store(self) -> None:
+        from tidekv.store import Store
+
+        try:
+            self._store = Store.connect(self.settings.master or "", segment_size=0)
+        except TidekvError as exc:
+            self._warn("tidekv store at %s unreachable (%s): prefix reuse is off, prompts are recomputed",
+                       self.settings.master, exc)
+            self._store = None
+
+    # ---- per request --------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+        params = request.kv_transfer_params or {}
+        prompt = list(request.prompt_token_ids or [])
+        if params.get("do_remote_prefill") and params.get("remote_engine"):
+            count = len(prompt) - num_computed_tokens
+            return (count, True) if count > 0 else (0, False)
+        hit_blocks = self._stored_prefix_blocks(prompt, num_computed_tokens)
+        tokens = hit_blocks * self.block_size - num_computed_tokens
+        return (tokens, False) if tokens > 0 else (0, False)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        params = request.kv_transfer_params or {}
+        if params.get("do_remote_prefill") and params.get("remote_engine"):
+            params["do_remote_prefill"] = False  # pull once, even if this is called again
+            if num_external_tokens <= 0:
+                return
+            local = blocks.get_unhashed_block_ids()
+            already = len(blocks.get_block_ids()[0]) - len(local)
+            remote = list(params.get("remote_block_ids") or [])[already : already + len(local)]
+            if len(remote) < len(local):
+                local = local[: len(remote)]
+            self._pulls[request.request_id] = PullJob(
+                request.request_id,
+                list(local),
+                str(params["remote_engine"]),
+                remote,
+                dict(params.get("remote_layout") or {}),
+                str(params.get("remote_request_id", "")),
+                str(params.get("remote_confirm", "")),
+            )
+        elif num_external_tokens > 0:
+            self._loads[request.request_id] = num_external_tokens
+
+    def build_connector_meta(self, out: SchedulerOutput) -> TidekvMetadata:
+        meta = TidekvMetadata()
+        meta.pulls = list(self._pulls.values())
+        self._pulls.clear()
+        meta.holds, self._holds = self._holds, []
+        meta.preempted = sorted(getattr(out, "preempted_req_ids", None) or ())
+        for req in out.scheduled_new_reqs:
+            rid = req.req_id
+            tokens = list(req.prompt_token_ids or [])
+            self._tokens[rid] = tokens
+            self._blocks[rid] = list(req.block_ids[0])
+            self._saved[rid] = req.num_computed_tokens // self.block_size
+            ext = self._loads.pop(rid, 0)
+            if ext and self.namespace:
+                first = (req.num_computed_tokens - ext) // self.block_size
+                last = req.num_computed_tokens // self.block_size
+                keys = prefix.block_keys(self.namespace, tokens, self.block_size)[first:last]
+                meta.loads.append(StoreJob(rid, self._blocks[rid][first:last], keys))
+            self._plan_save(meta, rid, req.num_computed_tokens + out.num_scheduled_tokens.get(rid, 0))
+        cached = out.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            if rid not in self._blocks:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if rid in getattr(cached, "resumed_req_ids", set()):
+                self._blocks[rid] = list(new_ids[0]) if new_ids else []
+                self._saved[rid] = 0
+            elif new_ids:
+                self._blocks[rid].extend(new_ids[0])
+            self._plan_save(meta, rid, cached.num_computed_tokens[i] + out.num_scheduled_tokens.get(rid, 0))
+        for rid in out.finished_req_ids:
+            self._forget(rid)
+        return meta
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        rid = request.request_id
+        params = request.kv_transfer_params or {}
+        delay = rid in self._had_saves
+        self._had_saves.discard(rid)
+        result: dict[str, Any] | None = None
+        if params.get("do_remote_decode") and self.handshake is not None and block_ids:
+            from vllm.v1.request import RequestStatus
+
+            if request.status in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED):
+                delay = True
+                self._holds.append(rid)
+                result = {
+                    "do_remote_prefill": True,
+                    "do_remote_decode": False,
+                    "remote_engine": self.handshake.engine,
+                    "remote_engine_id": self.engine_id,
+                    "remote_block_ids": list(block_ids),
+                    "remote_request_id": rid,
+                    "remote_layout": self.handshake.layout,
+                    "remote_confirm": self.handshake.confirm_address,
+                    "remote_num_tokens": request.num_computed_tokens,
+                }
+        return delay, result
+
+    def shutdown(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+    # ---- store --------------------------------------------------------------------------
+
+    def _stored_prefix_blocks(self, prompt: list[int], num_computed_tokens: int) -> int:
+        """Full blocks of the prompt (beyond those computed locally) found in the store."""
+        if self._store is None or not self.settings.load or self.namespace is None or self.handshake is None:
+            return 0
+        # Leave at least one token to compute: vLLM needs a forward step to sample from.
+        limit = (len(prompt) - 1) // self.block_size
+        first = num_computed_tokens // self.block_size
+        if limit <= first:
+            return 0
+        block_keys = prefix.block_keys(self.namespace, prompt, self.block_size)[first:limit]
+        layout = KVLayout.from_wire(self.handshake.layout)
+        per_block = [chunk_keys(k, layout) for k in block_keys]
+        try:
+            present = self._store.exists_many([k for keys in per_block for k in keys])
+        except TidekvError as exc:
+            self._warn("tidekv store lookup failed (%s): recomputing", exc)
+            return 0
+        hits, i = 0, 0
+        for keys in per_block:
+            if not all(present[i : i + len(keys)]):
+                break
+            hits += 1
+            i += len(keys)
+        return first + hits if hits else 0
+
+    def _plan_save(self, meta: TidekvMetadata, rid: str, computed_after_step: int) -> None:
+        if self._store is None or not self.settings.save or self.namespace is None:
+            return
+        tokens = self._tokens.get(rid)
+        blocks = self._blocks.get(rid)
+        if tokens is None or blocks is None:
+            return
+        full = min(computed_after_step, len(tokens)) // self.block_size
+        full = min(full, len(blocks))
+        start = self._saved.get(rid, 0)
+        if full <= start:
+            return
+        keys = prefix.block_keys(self.namespace, tokens, self.block_size)[start:full]
+        meta.saves.append(StoreJob(rid, blocks[start:full], keys))
+        self._saved[rid] = full
+        self._had_saves.add(rid)
+
+    def _forget(self, rid: str) -> None:
+        self._tokens.pop(rid, None)
+        self._blocks.pop(rid, None)
+        self._saved.pop(rid, None)
+        self._loads.pop(rid, None)
+
+    def _warn(self, fmt: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self._warned_at >= _WARN_EVERY_S:
+            self._warned_at = now
+            logger.warning(fmt, *args)

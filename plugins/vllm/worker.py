@@ -1,0 +1,197 @@
+"""Worker side of TidekvConnector (each vLLM worker process): registers the KV cache with a
+TransferEngine, pulls a prefill's blocks (decode), holds blocks for a decode (prefill), and
+moves blocks to and from the store.
+
+Pulls run asynchronously on the engine's threads and are reported from get_finished(); store
+loads are synchronous (before the forward that needs them); store saves run on a background
+thread after the forward, and finished requests keep their blocks until their saves are done.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tidekv.config import TransferConfig, TransportKind
+from tidekv.errors import TidekvError
+from tidekv.kvcache.handoff import Confirmer, HoldTable
+from tidekv.kvcache.layout import KVLayout, chunk_keys
+from tidekv.kvcache.settings import KVConnectorConfig
+from tidekv.transfer import TransferEngine, TransferHandle, TransferOp
+from tidekv_vllm.metadata import PullJob, StoreJob, TidekvHandshake, TidekvMetadata
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pull:
+    job: PullJob
+    handle: TransferHandle | None
+    error: str | None = None
+
+
+class TidekvWorker:
+    def __init__(self, vllm_config: VllmConfig, settings: KVConnectorConfig) -> None:
+        self.settings = settings
+        self.block_size = vllm_config.cache_config.block_size
+        self.model_tag = f"{vllm_config.model_config.model}|{vllm_config.model_config.dtype}"
+        config = TransferConfig.from_env(transport=TransportKind(settings.transport), secret=settings.secret)
+        self.engine = TransferEngine(settings.engine_host, settings.engine_port, config)
+        self.holds = HoldTable(settings.engine_host, settings.hold_timeout_s)
+        self.confirmer = Confirmer()
+        self.layout: KVLayout | None = None
+        self._kv_caches: dict[str, torch.Tensor] = {}
+        self._pulls: dict[str, _Pull] = {}
+        self._load_errors: set[int] = set()
+        self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidekv-save")
+        self._saves: dict[str, list[Future[None]]] = {}
+        self._finished_waiting: set[str] = set()  # finished requests whose saves are still running
+        self._store: Any = None
+        if settings.master and (settings.save or settings.load):
+            self._connect_store()
+
+    def _connect_store(self) -> None:
+        from tidekv.store import Store
+
+        try:
+            self._store = Store.connect(self.settings.master or "", segment_size=self.settings.store_segment_size,
+                                        engine=self.engine)
+        except TidekvError as exc:
+            logger.warning("tidekv store at %s unreachable (%s): prefix reuse is off", self.settings.master, exc)
+
+    # ---- start-up -----------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._kv_caches = kv_caches
+        self.layout = KVLayout.from_tensors(kv_caches, self.block_size, self.model_tag)
+        for address, length in self.layout.memory_ranges():
+            self.engine.register((address, length))
+        logger.info("tidekv: registered KV cache of %d layers (%d blocks, layout %s) on engine %s",
+                    len(self.layout.layers), self.layout.layers[0].num_blocks if self.layout.layers else 0,
+                    self.layout.fingerprint, self.engine.name)
+
+    def handshake(self) -> TidekvHandshake:
+        assert self.layout is not None, "register_kv_caches() comes first"
+        return TidekvHandshake(self.engine.name, self.layout.to_wire(), self.holds.address)
+
+    # ---- per step -----------------------------------------------------------------------
+
+    def bind(self, meta: TidekvMetadata) -> None:
+        for rid in meta.holds:
+            self.holds.hold(rid)
+
+    def handle_preemptions(self, meta: TidekvMetadata) -> None:
+        # A preempted request's blocks are reused right away: its saves must finish first.
+        for rid in meta.preempted:
+            for fut in self._saves.pop(rid, []):
+                fut.result()
+
+    def start_load(self, meta: TidekvMetadata) -> None:
+        for job in meta.pulls:
+            self._start_pull(job)
+        if meta.loads:
+            self._load_from_store(meta.loads)
+
+    def save(self, meta: TidekvMetadata) -> None:
+        if not meta.saves or self._store is None or self.layout is None:
+            return
+        for job in meta.saves:
+            fut = self._saver.submit(self._save_job, job)
+            self._saves.setdefault(job.request_id, []).append(fut)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
+        sending = set(self.holds.released())
+        self._finished_waiting |= {r for r in finished_req_ids if r in self._saves}
+        for rid in list(self._finished_waiting):
+            futures = self._saves.get(rid, [])
+            if all(f.done() for f in futures):
+                self._saves.pop(rid, None)
+                self._finished_waiting.discard(rid)
+                sending.add(rid)
+        for rid in finished_req_ids:
+            if rid not in self._finished_waiting:
+                self._saves.pop(rid, None)
+        recving = set()
+        for rid, pull in list(self._pulls.items()):
+            if pull.handle is not None and not pull.handle.done():
+                continue
+            del self._pulls[rid]
+            recving.add(rid)
+            if pull.handle is not None:
+                try:
+                    pull.handle.wait(0)
+                except TidekvError as exc:
+                    pull.error = str(exc)
+            if pull.error is not None:
+                logger.warning("request %s: pulling KV from %s failed: %s", rid, pull.job.remote_engine, pull.error)
+                self._load_errors.update(pull.job.local_blocks)
+            elif pull.job.confirm_address:
+                self.confirmer.confirm(pull.job.confirm_address, pull.job.remote_request_id)
+        return sending, recving
+
+    def block_ids_with_load_errors(self) -> set[int]:
+        out, self._load_errors = self._load_errors, set()
+        return out
+
+    def shutdown(self) -> None:
+        self._saver.shutdown(wait=True)
+        if self._store is not None:
+            self._store.close()
+        self.holds.close()
+        self.confirmer.close()
+        self.engine.close()
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _start_pull(self, job: PullJob) -> None:
+        assert self.layout is not None
+        try:
+            remote = KVLayout.from_wire(job.remote_layout)
+            self.layout.check_compatible(remote)
+            requests = self.layout.block_requests(TransferOp.READ, job.remote_engine, remote,
+                                                  job.local_blocks, job.remote_blocks)
+            self._pulls[job.request_id] = _Pull(job, self.engine.transfer(requests) if requests else None)
+        except TidekvError as exc:
+            self._pulls[job.request_id] = _Pull(job, None, str(exc))
+
+    def _load_from_store(self, jobs: list[StoreJob]) -> None:
+        assert self.layout is not None
+        if self._store is None:
+            for job in jobs:
+                self._load_errors.update(job.blocks)
+            return
+        keys, spans, owners = [], [], []
+        for job in jobs:
+            for block, key in zip(job.blocks, job.keys):
+                for ck, span in zip(chunk_keys(key, self.layout), self.layout.block_spans(block)):
+                    keys.append(ck)
+                    spans.append(span)
+                    owners.append(block)
+        try:
+            sizes = self._store.get_many_into(keys, spans)
+        except TidekvError as exc:
+            logger.warning("tidekv: loading %d blocks from the store failed (%s); vLLM recomputes them",
+                           len(set(owners)), exc)
+            self._load_errors.update(owners)
+            return
+        for block, size, (_, length) in zip(owners, sizes, spans):
+            if size != length:
+                self._load_errors.add(block)
+
+    def _save_job(self, job: StoreJob) -> None:
+        assert self.layout is not None and self._store is not None
+        keys, spans = [], []
+        for block, key in zip(job.blocks, job.keys):
+            keys.extend(chunk_keys(key, self.layout))
+            spans.extend(self.layout.block_spans(block))
+        try:
+            self._store.put_many_from(keys, spans)
+        except TidekvError as exc:
+            # A failed save only costs a future recompute; never the request.
+            logger.warning("tidekv: saving %d blocks of request %s failed: %s", len(job.blocks), job.request_id, exc)
