@@ -30,6 +30,8 @@ class KVConnectorConfig:
     """Port of the transfer engine (0 = any free). Default 0."""
     transport: str = "auto"
     """auto (shared memory to same-host peers), tcp or shm. Default auto."""
+    store_timeout_s: float = 2.0
+    """A store master that does not answer within this time is skipped (prompts are recomputed). Default 2 s."""
     hold_timeout_s: float = 120.0
     """Prefill frees blocks held for a decode that never pulled them after this long. Default 120 s."""
     secret: str | None = None
@@ -47,6 +49,8 @@ class KVConnectorConfig:
             raise ConfigError(f"engine_port={self.engine_port!r} must be 0..65535")
         if self.transport not in {k.value for k in TransportKind}:
             raise ConfigError(f"transport={self.transport!r} is invalid; allowed {[k.value for k in TransportKind]}")
+        if not isinstance(self.store_timeout_s, (int, float)) or not 0.01 <= self.store_timeout_s <= 600:
+            raise ConfigError(f"store_timeout_s={self.store_timeout_s!r} must be 0.01..600 seconds")
         if not isinstance(self.hold_timeout_s, (int, float)) or not 0.1 <= self.hold_timeout_s <= 86400:
             raise ConfigError(f"hold_timeout_s={self.hold_timeout_s!r} must be 0.1..86400 seconds")
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _WARN_EVERY_S = 30.0
+_STORE_RETRY_S = 10.0  # after a failed lookup, recompute without asking for this long
 
 
 class TidekvScheduler:
@@ -39,6 +40,7 @@ class TidekvScheduler:
         self.handshake: TidekvHandshake | None = None
         self.namespace: str | None = None
         self._store: Any = None
+        self._store_down_until = 0.0
         self._warned_at = 0.0
         self._pulls: dict[str, PullJob] = {}
         self._loads: dict[str, int] = {}  # request -> external tokens to load from the store
@@ -61,10 +63,13 @@ class TidekvScheduler:
         self.namespace = prefix.namespace(self.model_tag, "", layout.fingerprint, self.block_size, 0, self.tp_size)
 
     def _connect_store(self) -> None:
+        from tidekv.config import StoreConfig
         from tidekv.store import Store
 
         try:
-            self._store = Store.connect(self.settings.master or "", segment_size=0)
+            # Lookups sit on the scheduling path: a master that does not answer fast is skipped.
+            self._store = Store.connect(self.settings.master or "", segment_size=0,
+                                        config=StoreConfig(rpc_timeout_s=self.settings.store_timeout_s))
         except TidekvError as exc:
             self._warn("tidekv store at %s unreachable (%s): prefix reuse is off, prompts are recomputed",
                        self.settings.master, exc)
@@ -174,6 +179,8 @@ class TidekvScheduler:
         """Full blocks of the prompt (beyond those computed locally) found in the store."""
         if self._store is None or not self.settings.load or self.namespace is None or self.handshake is None:
             return 0
+        if time.monotonic() < self._store_down_until:
+            return 0
         # Leave at least one token to compute: vLLM needs a forward step to sample from.
         limit = (len(prompt) - 1) // self.block_size
         first = num_computed_tokens // self.block_size
@@ -185,7 +192,8 @@ class TidekvScheduler:
         try:
             present = self._store.exists_many([k for keys in per_block for k in keys])
         except TidekvError as exc:
-            self._warn("tidekv store lookup failed (%s): recomputing", exc)
+            self._store_down_until = time.monotonic() + _STORE_RETRY_S
+            self._warn("tidekv store lookup failed (%s): recomputing prompts, retrying in %.0f s", exc, _STORE_RETRY_S)
             return 0
         hits, i = 0, 0
         for keys in per_block:

@@ -57,11 +57,13 @@ class TidekvWorker:
             self._connect_store()
 
     def _connect_store(self) -> None:
+        from tidekv.config import StoreConfig
         from tidekv.store import Store
 
         try:
+            config = StoreConfig(rpc_timeout_s=self.settings.store_timeout_s)
             self._store = Store.connect(self.settings.master or "", segment_size=self.settings.store_segment_size,
-                                        engine=self.engine)
+                                        config=config, engine=self.engine)
         except TidekvError as exc:
             logger.warning("tidekv store at %s unreachable (%s): prefix reuse is off", self.settings.master, exc)
 
