@@ -1,0 +1,31 @@
+"""``tidekv proxy``: an OpenAI-compatible router for prefill/decode disaggregation (``server``)
+and its routing policies (``routing``)."""
+
+from tidekv.proxy.routing import (
+    PREFILL_KV_PARAMS,
+    PrefixIndex,
+    ProxyConfig,
+    ProxyError,
+    Router,
+    RoutingPolicy,
+    decode_request,
+    normalize_url,
+    prefill_request,
+    prompt_text,
+)
+from tidekv.proxy.server import ProxyServer, add_parser
+
+__all__ = [
+    "PREFILL_KV_PARAMS",
+    "PrefixIndex",
+    "ProxyConfig",
+    "ProxyError",
+    "ProxyServer",
+    "Router",
+    "RoutingPolicy",
+    "add_parser",
+    "decode_request",
+    "normalize_url",
+    "prefill_request",
+    "prompt_text",
+]

@@ -1,0 +1,235 @@
+"""Routing of the PD proxy: its settings, the prefix memory, and which instance gets a request.
+
+Decode instances take turns (round robin). Prefill instances take turns too, or with the
+``prefix`` policy a prompt goes to the prefill instance that already served the longest prefix
+of it: per prefill instance, a bounded LRU set of chained hashes of the prompt text in
+fixed-size character chunks. That is the proxy's own memory — the tidekv store is asked nothing
+and no tokenizer is needed, so one proxy fronts any model. Also: how a client request is turned
+into the prefill and the decode request. No I/O here. Neighbour: ``server`` (the HTTP side).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+import urllib.parse
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tidekv.errors import ConfigError, TidekvError
+
+logger = logging.getLogger(__name__)
+
+PREFILL_KV_PARAMS: dict[str, Any] = {"do_remote_decode": True, "do_remote_prefill": False}
+"""What a prefill request carries: "keep this prompt's KV for a remote decode"."""
+
+
+class RoutingPolicy(enum.Enum):
+    """How the proxy picks a prefill instance (decode instances always take turns)."""
+
+    ROUND_ROBIN = "round_robin"  #: take turns
+    PREFIX = "prefix"  #: the instance that already served the longest prefix of the prompt
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    """Settings of one ``tidekv proxy``."""
+
+    prefill_urls: tuple[str, ...]
+    """Base URLs (``http://host:port``) of the prefill instances; at least one."""
+    decode_urls: tuple[str, ...]
+    """Base URLs of the decode instances; at least one."""
+    host: str = "127.0.0.1"
+    """Address the proxy listens on. Default 127.0.0.1."""
+    port: int = 8000
+    """Port the proxy listens on, 0 = any free. Default 8000."""
+    policy: RoutingPolicy = RoutingPolicy.ROUND_ROBIN
+    """Prefill routing policy. Default round robin."""
+    timeout_s: float = 300.0
+    """Longest a backend may stay silent (connecting, or between two bytes of its answer) before
+    the request fails with 504. Default 300 s (0.1..86400)."""
+    prefix_chunk_chars: int = 256
+    """prefix policy: prompt text is hashed in chunks of this many characters. Default 256 (1..65536)."""
+    prefix_capacity: int = 65536
+    """prefix policy: chunk hashes remembered per prefill instance (LRU). Default 65536 (1..2**24)."""
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_urls", "decode_urls"):
+            urls = getattr(self, name)
+            if not isinstance(urls, tuple) or not urls:
+                raise ConfigError(f"{name}={urls!r} is invalid; give at least one base URL as a tuple")
+            for url in urls:
+                parsed = urllib.parse.urlsplit(url)
+                if parsed.scheme not in ("http", "https") or not parsed.netloc or url.endswith("/"):
+                    raise ConfigError(f"{name} entry {url!r} is invalid; expected http://host:port (no trailing /)")
+        if not isinstance(self.policy, RoutingPolicy):
+            raise ConfigError(f"policy={self.policy!r} is invalid; allowed {[p.value for p in RoutingPolicy]}")
+        for name, low, high in (("port", 0, 65535), ("timeout_s", 0.1, 86400),
+                                ("prefix_chunk_chars", 1, 65536), ("prefix_capacity", 1, 1 << 24)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise ConfigError(f"{name}={value!r} is out of range; allowed {low}..{high}")
+
+
+class ProxyError(TidekvError):
+    """A request the proxy cannot serve; answered as ``{"error": {message, type, code}}``.
+
+    Attributes:
+        status: the HTTP status to answer with (400, 502, 504, or a backend's 4xx).
+        error_type: the OpenAI-style error type.
+        backend_url: the backend that failed, when one did.
+    """
+
+    def __init__(self, message: str, *, status: int, error_type: str, backend_url: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.backend_url = backend_url
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": {"message": str(self), "type": self.error_type, "code": self.status}}
+
+
+def normalize_url(text: str) -> str:
+    """``host:port`` or ``http://host:port/`` -> ``http://host:port`` (argparse type for backends)."""
+    url = text.strip().rstrip("/")
+    return url if "://" in url else f"http://{url}"
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """The text the prefix policy hashes: the prompt, or the concatenated chat message contents.
+
+    Token-id prompts become ``"1,2,3,"`` so that a prefix of the ids is a prefix of the text; of a
+    batch of prompts the first one counts.
+    """
+    if "messages" in body:
+        messages = body["messages"] if isinstance(body["messages"], list) else []
+        return "".join(_content_text(m.get("content")) + "\x1e" for m in messages if isinstance(m, dict))
+    prompt = body.get("prompt")
+    while isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        return "".join(f"{t}," for t in prompt)
+    return prompt if isinstance(prompt, str) else ""
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, list):  # OpenAI content parts; only text parts carry prompt text
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return content if isinstance(content, str) else ""
+
+
+class PrefixIndex:
+    """Per prefill instance, a bounded LRU set of chained chunk hashes of the prompts sent there.
+
+    Hash ``k`` covers the first ``k`` chunks, so finding it in an instance's set means that
+    instance was sent that whole prefix (and, unless evicted, still holds its KV). Only full
+    chunks are hashed: a prompt shorter than one chunk never matches.
+    """
+
+    def __init__(self, num_instances: int, chunk_chars: int, capacity: int) -> None:
+        self.chunk_chars = chunk_chars
+        self.capacity = capacity
+        self._sets: list[OrderedDict[bytes, None]] = [OrderedDict() for _ in range(num_instances)]
+
+    def chain(self, text: str) -> list[bytes]:
+        """Chained hashes of the full chunks of ``text``, shortest prefix first."""
+        hashes: list[bytes] = []
+        prev = b""
+        for start in range(0, len(text) - self.chunk_chars + 1, self.chunk_chars):
+            prev = hashlib.blake2b(prev + text[start:start + self.chunk_chars].encode(), digest_size=16).digest()
+            hashes.append(prev)
+        return hashes
+
+    def longest_match(self, chain: list[bytes]) -> tuple[int, list[int]]:
+        """Returns (matched chunks, instances holding that many); (0, []) without a match."""
+        for k in range(len(chain), 0, -1):
+            holders = [i for i, s in enumerate(self._sets) if chain[k - 1] in s]
+            if holders:
+                return k, holders
+        return 0, []
+
+    def record(self, instance: int, chain: list[bytes]) -> None:
+        """Remembers that ``instance`` was sent every prefix in ``chain``."""
+        seen = self._sets[instance]
+        for h in reversed(chain):  # the shortest prefixes, the most shared ones, are evicted last
+            seen[h] = None
+            seen.move_to_end(h)
+        while len(seen) > self.capacity:
+            seen.popitem(last=False)
+
+
+class Router:
+    """Picks the prefill and decode instance of each request (one event loop: no lock)."""
+
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        self._next_prefill = 0
+        self._next_decode = 0
+        self.prefix_index = (PrefixIndex(len(config.prefill_urls), config.prefix_chunk_chars, config.prefix_capacity)
+                             if config.policy is RoutingPolicy.PREFIX else None)
+
+    def pick_prefill(self, body: dict[str, Any]) -> str:
+        """Chooses the prefill instance for a client request.
+
+        Args:
+            body: the client's request; the prefix policy reads its prompt or messages.
+
+        Returns:
+            The instance's base URL. Under the prefix policy the choice is remembered, so the
+            next request sharing this prompt's prefix goes there too.
+        """
+        urls = self.config.prefill_urls
+        if self.prefix_index is None:
+            return urls[self._take_prefill_turn(range(len(urls)))]
+        chain = self.prefix_index.chain(prompt_text(body))
+        matched, holders = self.prefix_index.longest_match(chain)
+        choice = self._take_prefill_turn(holders or range(len(urls)))
+        logger.debug("prefix policy: %d of %d chunks held by %s; chose %s",
+                     matched, len(chain), [urls[i] for i in holders], urls[choice])
+        self.prefix_index.record(choice, chain)
+        return urls[choice]
+
+    def pick_decode(self) -> str:
+        """The next decode instance's base URL (round robin)."""
+        urls = self.config.decode_urls
+        self._next_decode += 1
+        return urls[(self._next_decode - 1) % len(urls)]
+
+    def _take_prefill_turn(self, candidates: Sequence[int]) -> int:
+        # The turn advances only when it decides, so a repeated prompt that matched does not
+        # make the next unrelated prompt land on the same instance again.
+        if len(candidates) == 1:
+            return candidates[0]
+        self._next_prefill += 1
+        return candidates[(self._next_prefill - 1) % len(candidates)]
+
+
+def prefill_request(body: dict[str, Any]) -> dict[str, Any]:
+    """The copy of a client request sent to a prefill instance: one token, no stream, keep the KV.
+
+    Args:
+        body: the client's request (completions or chat); not modified.
+
+    Returns:
+        A new request with ``max_tokens=1`` (and ``max_completion_tokens=1`` for chat),
+        ``stream=false``, no ``stream_options`` and ``kv_transfer_params=PREFILL_KV_PARAMS``.
+    """
+    request = dict(body, max_tokens=1, stream=False, kv_transfer_params=dict(PREFILL_KV_PARAMS))
+    if "messages" in body:
+        request["max_completion_tokens"] = 1
+    request.pop("stream_options", None)  # vLLM refuses stream_options without stream
+    return request
+
+
+def decode_request(body: dict[str, Any], kv_transfer_params: dict[str, Any] | None) -> dict[str, Any]:
+    """The client request as sent to a decode instance, with the prefill's params when it gave some."""
+    request = {k: v for k, v in body.items() if k != "kv_transfer_params"}
+    if kv_transfer_params is not None:
+        request["kv_transfer_params"] = kv_transfer_params
+    return request
+
+

@@ -1,0 +1,395 @@
+"""The ``tidekv proxy`` subcommand: an OpenAI-compatible router for prefill/decode disaggregation.
+
+Each ``POST /v1/completions`` or ``/v1/chat/completions`` goes to a prefill instance first, as a
+copy with ``max_tokens=1``, ``stream=false`` and ``kv_transfer_params={"do_remote_decode": true}``.
+The ``kv_transfer_params`` of its answer (filled in by ``TidekvConnector.request_finished``)
+are then added to the original request, which goes to a decode instance; the decode pulls the
+prompt's KV instead of recomputing it, and its answer (JSON or an SSE stream) is passed back
+unchanged. Without params in the prefill's answer the decode still runs: it recomputes.
+
+Routing: decode instances take turns (round robin). Prefill instances take turns too, or with
+``--policy prefix`` a prompt goes to the prefill instance that already served the longest prefix
+of it. That is the proxy's own memory of where prefixes went: per prefill instance, a bounded
+LRU set of chained hashes of the prompt text in fixed-size character chunks. The tidekv store
+is asked nothing, and the proxy needs no tokenizer, so one proxy fronts any model or engine.
+
+Failures answer in OpenAI's error shape and name the backend: unreachable or 5xx backends give
+502, a backend silent for ``timeout_s`` gives 504, a backend's 4xx is passed on with its status.
+aiohttp (``pip install 'tidekv[proxy]'``) is imported only when a proxy starts. Everything runs
+on one event loop, so the routing state needs no lock. Neighbours: ``plugins/vllm`` (the
+connector that fills in ``kv_transfer_params``), ``cli`` (registers ``add_parser``), ``routing`` (who gets a request).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from tidekv.errors import ConfigError, TidekvError
+from tidekv.proxy.routing import (
+    ProxyConfig,
+    ProxyError,
+    Router,
+    RoutingPolicy,
+    decode_request,
+    normalize_url,
+    prefill_request,
+)
+
+if TYPE_CHECKING:
+    import aiohttp
+    from aiohttp import web
+
+logger = logging.getLogger(__name__)
+
+COMPLETIONS_PATH = "/v1/completions"
+CHAT_PATH = "/v1/chat/completions"
+_FORWARDED_HEADERS = ("Authorization", "X-Request-Id")
+_MAX_BODY_BYTES = 64 << 20  # long prompts and inline images exceed aiohttp's 1 MiB default
+
+
+
+class ProxyServer:
+    """The proxy's HTTP server: ``await start()``, then ``await stop()``; one event loop."""
+
+    def __init__(self, config: ProxyConfig) -> None:
+        _require_aiohttp()
+        self.config = config
+        self.router = Router(config)
+        self.address: str | None = None
+        """``http://host:port`` once started."""
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self._missing_kv_warned_at = float("-inf")
+        self._missing_kv_suppressed = 0
+
+    async def start(self) -> str:
+        """Binds the socket and serves in the running loop until ``stop()``.
+
+        Returns:
+            The proxy's base URL, ``http://host:port`` (the real port when ``config.port`` is 0).
+
+        Raises:
+            ConfigError: the address cannot be bound (in use, or not local).
+        """
+        import aiohttp
+        from aiohttp import web
+
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.config.timeout_s, sock_read=self.config.timeout_s)
+        self._session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=1024))
+        app = web.Application(middlewares=[web.middleware(_errors_middleware)], client_max_size=_MAX_BODY_BYTES)
+        app.router.add_post(COMPLETIONS_PATH, self._generate)
+        app.router.add_post(CHAT_PATH, self._generate)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
+        try:
+            sock = socket.create_server((self.config.host, self.config.port), family=family)
+        except OSError as exc:
+            await self._session.close()
+            raise ConfigError(f"cannot listen on {self.config.host}:{self.config.port}: {exc}; "
+                              "choose another --host/--port") from None
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock).start()
+        host = f"[{self.config.host}]" if family == socket.AF_INET6 else self.config.host
+        self.address = f"http://{host}:{sock.getsockname()[1]}"
+        logger.info("proxy listening on %s: prefill %s, decode %s, policy %s, timeout %.1f s", self.address,
+                    list(self.config.prefill_urls), list(self.config.decode_urls), self.config.policy.value,
+                    self.config.timeout_s)
+        return self.address
+
+    async def stop(self) -> None:
+        """Stops accepting, gives requests in flight a second to finish, closes backend connections."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+        logger.info("proxy on %s stopped", self.address)
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        body = await _client_json(request)
+        headers = _forwarded_headers(request)
+        prefill_url = self.router.pick_prefill(body)
+        prefill = await self._call("prefill", prefill_url, "POST", request.path, prefill_request(body), headers)
+        kv_params = prefill.get("kv_transfer_params")
+        if not isinstance(kv_params, dict):
+            self._warn_missing_kv(prefill_url)
+            kv_params = None
+        decode_url = self.router.pick_decode()
+        logger.debug("request %s: prefill %s, decode %s, kv_transfer_params %s",
+                     headers["X-Request-Id"], prefill_url, decode_url, kv_params)
+        resp = await self._open("decode", decode_url, "POST", request.path, decode_request(body, kv_params), headers)
+        try:
+            if body.get("stream") is True:
+                return await self._relay_stream(request, resp, decode_url)
+            raw = await self._read("decode", decode_url, resp)
+            return _passthrough(raw, resp)
+        finally:
+            resp.release()
+
+    async def _relay_stream(self, request: web.Request, resp: aiohttp.ClientResponse,
+                            decode_url: str) -> web.StreamResponse:
+        import aiohttp
+        from aiohttp import web
+
+        out = web.StreamResponse(headers={"Content-Type": resp.headers.get("Content-Type", "text/event-stream"),
+                                          "Cache-Control": "no-cache"})
+        await out.prepare(request)
+        chunks = resp.content.iter_any().__aiter__()
+        while True:
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                break
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                # The status line is sent: the failure can only travel in the stream, as vLLM's own errors do.
+                error = _backend_error("decode", decode_url, exc, self.config.timeout_s)
+                logger.warning("stream from %s broke: %s", decode_url, error)
+                await out.write(b"data: " + json.dumps(error.to_json()).encode() + b"\n\n")
+                break
+            try:
+                await out.write(chunk)
+            except ConnectionResetError:
+                # Returning releases resp mid-stream, which closes the connection: the decode aborts
+                # the request instead of generating for nobody.
+                logger.info("client left a stream from %s; aborting it there", decode_url)
+                return out
+        await out.write_eof()
+        return out
+
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        """200 when every backend's /health answers 200, else 503; the body lists each backend."""
+        from aiohttp import web
+
+        roles = [("prefill", u) for u in self.config.prefill_urls] + [("decode", u) for u in self.config.decode_urls]
+        results = await asyncio.gather(*(self._backend_health(role, url) for role, url in roles))
+        healthy = all(r["healthy"] for r in results)
+        body = {"status": "ok" if healthy else "degraded", "proxy": "ok", "backends": results}
+        return web.json_response(body, status=200 if healthy else 503)
+
+    async def _backend_health(self, role: str, url: str) -> dict[str, Any]:
+        import aiohttp
+
+        result: dict[str, Any] = {"role": role, "url": url, "healthy": False, "status": None}
+        timeout_s = min(self.config.timeout_s, 5.0)
+        try:
+            async with self._client.get(url + "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                result.update(status=resp.status, healthy=resp.status == 200)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            result["error"] = str(_backend_error(role, url, exc, timeout_s))
+        return result
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        url = self.router.pick_decode()
+        resp = await self._open("decode", url, "GET", "/v1/models", None, _forwarded_headers(request))
+        try:
+            return _passthrough(await self._read("decode", url, resp), resp)
+        finally:
+            resp.release()
+
+    @property
+    def _client(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "ProxyServer.start() was not called"
+        return self._session
+
+    async def _call(self, role: str, url: str, method: str, path: str, body: dict[str, Any] | None,
+                    headers: dict[str, str]) -> dict[str, Any]:
+        """One backend request whose answer must be a JSON object."""
+        resp = await self._open(role, url, method, path, body, headers)
+        try:
+            raw = await self._read(role, url, resp)
+        finally:
+            resp.release()
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise ProxyError(f"{role} backend {url} answered {path} with something other than a JSON object: "
+                             f"{raw[:200]!r}", status=502, error_type="bad_gateway", backend_url=url)
+        return answer
+
+    async def _open(self, role: str, url: str, method: str, path: str, body: dict[str, Any] | None,
+                    headers: dict[str, str]) -> aiohttp.ClientResponse:
+        """Sends a request; returns the response (status 200, body unread) or raises ProxyError."""
+        import aiohttp
+
+        try:
+            resp = await self._client.request(method, url + path, json=body, headers=headers)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise _backend_error(role, url, exc, self.config.timeout_s) from exc
+        if resp.status == 200:
+            return resp
+        try:
+            detail = _error_detail(await self._read(role, url, resp))
+        finally:
+            resp.release()
+        # A 4xx is about the client's request (e.g. a prompt over max_model_len): pass it on.
+        status = resp.status if 400 <= resp.status < 500 else 502
+        raise ProxyError(f"{role} backend {url} answered {method} {path} with HTTP {resp.status}: {detail}",
+                         status=status, error_type="invalid_request_error" if status < 500 else "bad_gateway",
+                         backend_url=url)
+
+    async def _read(self, role: str, url: str, resp: aiohttp.ClientResponse) -> bytes:
+        import aiohttp
+
+        try:
+            return await resp.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise _backend_error(role, url, exc, self.config.timeout_s) from exc
+
+    def _warn_missing_kv(self, prefill_url: str) -> None:
+        now = time.monotonic()
+        if now - self._missing_kv_warned_at < 30.0:
+            self._missing_kv_suppressed += 1
+            return
+        logger.warning("prefill backend %s answered without kv_transfer_params (is its kv_transfer_config a "
+                       "TidekvConnector with kv_role kv_producer or kv_both?); the decode recomputes the prompt "
+                       "(%d similar warnings suppressed)", prefill_url, self._missing_kv_suppressed)
+        self._missing_kv_warned_at = now
+        self._missing_kv_suppressed = 0
+
+
+def _require_aiohttp() -> None:
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError:
+        raise TidekvError("tidekv proxy needs aiohttp, which is not installed; pip install 'tidekv[proxy]'") from None
+
+
+async def _errors_middleware(request: web.Request,
+                             handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    from aiohttp import web
+
+    try:
+        return await handler(request)
+    except ProxyError as exc:
+        logger.warning("%s %s -> %d: %s", request.method, request.path, exc.status, exc)
+        return web.json_response(exc.to_json(), status=exc.status)
+
+
+async def _client_json(request: web.Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.read())
+    except ValueError as exc:
+        raise ProxyError(f"request body is not valid JSON: {exc}", status=400,
+                         error_type="invalid_request_error") from None
+    if not isinstance(body, dict):
+        raise ProxyError(f"request body must be a JSON object, got {type(body).__name__}", status=400,
+                         error_type="invalid_request_error")
+    return body
+
+
+def _forwarded_headers(request: web.Request) -> dict[str, str]:
+    """Headers both backends get; one request id for both, so their logs line up."""
+    headers = {name: request.headers[name] for name in _FORWARDED_HEADERS if name in request.headers}
+    headers.setdefault("X-Request-Id", uuid.uuid4().hex)
+    return headers
+
+
+def _passthrough(raw: bytes, resp: aiohttp.ClientResponse) -> web.Response:
+    from aiohttp import web
+
+    return web.Response(body=raw, status=resp.status,
+                        headers={"Content-Type": resp.headers.get("Content-Type", "application/json")})
+
+
+def _backend_error(role: str, url: str, exc: BaseException, timeout_s: float) -> ProxyError:
+    if isinstance(exc, TimeoutError):
+        return ProxyError(f"{role} backend {url} was silent for {timeout_s:g} s (timeout_s); it may be overloaded "
+                          "or hung", status=504, error_type="gateway_timeout", backend_url=url)
+    return ProxyError(f"{role} backend {url} is unreachable or broke the connection: {type(exc).__name__}: {exc}",
+                      status=502, error_type="bad_gateway", backend_url=url)
+
+
+def _error_detail(raw: bytes) -> str:
+    try:
+        answer = json.loads(raw)
+        message = answer.get("error", {}).get("message") or answer.get("message")
+        if isinstance(message, str):
+            return message
+    except (ValueError, AttributeError):
+        pass
+    return raw[:500].decode(errors="replace")
+
+
+async def _serve(config: ProxyConfig) -> None:
+    server = ProxyServer(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    address = await server.start()
+    print(f"tidekv proxy listening on {address}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def _run(args: argparse.Namespace) -> int:
+    _require_aiohttp()
+    config = ProxyConfig(
+        prefill_urls=tuple(args.prefill), decode_urls=tuple(args.decode), host=args.host, port=args.port,
+        policy=RoutingPolicy(args.policy), timeout_s=args.timeout_s, prefix_chunk_chars=args.prefix_chunk_chars,
+        prefix_capacity=args.prefix_capacity)
+    asyncio.run(_serve(config))
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    d = ProxyConfig(prefill_urls=("http://p:1",), decode_urls=("http://d:1",))
+    parser = sub.add_parser(
+        "proxy",
+        help="OpenAI-compatible router for prefill/decode disaggregation (needs tidekv[proxy])",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""\
+Serve POST /v1/completions and /v1/chat/completions (streaming or not), GET /health and
+GET /v1/models. Each request is sent to a prefill instance with max_tokens=1 and
+kv_transfer_params={"do_remote_decode": true}; the kv_transfer_params of its answer are
+added to the original request, which a decode instance then serves (pulling the KV through
+tidekv instead of recomputing it). Backends are vLLM servers whose --kv-transfer-config
+uses TidekvConnector (prefill: kv_producer or kv_both; decode: kv_consumer or kv_both).
+
+Errors use OpenAI's shape {"error": {"message", "type", "code"}} and name the backend:
+502 when a backend is unreachable or fails, 504 when it is silent for --timeout-s,
+a backend's 4xx is passed on, 400 for a body that is not a JSON object.
+GET /health answers 200 when every backend's /health does, else 503; its body lists
+each backend's status.
+
+--policy prefix sends a prompt to the prefill instance that already served the longest
+prefix of it. This is the proxy's own memory of where prefixes went (per prefill
+instance, an LRU set of chained hashes of --prefix-chunk-chars character chunks of the
+prompt, or of the concatenated chat message contents); the tidekv store is asked nothing,
+and no tokenizer is needed, so the proxy works for any model. Ties and prompts with no
+remembered prefix go round robin. Decode instances always go round robin.""",
+        epilog="example:\n  tidekv proxy --prefill http://10.0.0.1:8100 --decode http://10.0.0.2:8200 "
+               "http://10.0.0.3:8200 --port 8000 --policy prefix",
+    )
+    parser.add_argument("--prefill", nargs="+", required=True, type=normalize_url, metavar="URL",
+                        help="base URL(s) of the prefill instances, e.g. http://10.0.0.1:8100")
+    parser.add_argument("--decode", nargs="+", required=True, type=normalize_url, metavar="URL",
+                        help="base URL(s) of the decode instances")
+    parser.add_argument("--host", default=d.host, help=f"address to listen on (default {d.host})")
+    parser.add_argument("--port", type=int, default=d.port,
+                        help=f"port to listen on, 0 = any free; the address is printed (default {d.port})")
+    parser.add_argument("--policy", choices=[p.value for p in RoutingPolicy], default=d.policy.value,
+                        help="prefill routing: round_robin, or prefix (see above) (default round_robin)")
+    parser.add_argument("--timeout-s", type=float, default=d.timeout_s,
+                        help=f"a backend silent this long (connecting, or mid-answer) fails the request with "
+                             f"504 (default {d.timeout_s:g})")
+    parser.add_argument("--prefix-chunk-chars", type=int, default=d.prefix_chunk_chars,
+                        help=f"prefix policy: characters per hashed chunk (default {d.prefix_chunk_chars})")
+    parser.add_argument("--prefix-capacity", type=int, default=d.prefix_capacity,
+                        help=f"prefix policy: chunk hashes remembered per prefill instance, LRU "
+                             f"(default {d.prefix_capacity})")
+    parser.set_defaults(func=_run)
