@@ -125,17 +125,22 @@ class TidekvWorker:
                 continue
             del self._pulls[rid]
             recving.add(rid)
-            if pull.handle is not None:
-                try:
-                    pull.handle.wait(0)
-                except TidekvError as exc:
-                    pull.error = str(exc)
-            if pull.error is not None:
-                logger.warning("request %s: pulling KV from %s failed: %s", rid, pull.job.remote_engine, pull.error)
-                self._load_errors.update(pull.job.local_blocks)
-            elif pull.job.confirm_address:
-                self.confirmer.confirm(pull.job.confirm_address, pull.job.remote_request_id)
+            self._finish_pull(pull)
         return sending, recving
+
+    def _finish_pull(self, pull: _Pull) -> None:
+        """Records a finished pull: its blocks as load errors if it failed, else confirms it to the prefill."""
+        if pull.handle is not None:
+            try:
+                pull.handle.wait(0)
+            except TidekvError as exc:
+                pull.error = str(exc)
+        if pull.error is not None:
+            logger.warning("request %s: pulling KV from %s failed: %s", pull.job.request_id, pull.job.remote_engine,
+                           pull.error)
+            self._load_errors.update(pull.job.local_blocks)
+        elif pull.job.confirm_address:
+            self.confirmer.confirm(pull.job.confirm_address, pull.job.remote_request_id)
 
     def block_ids_with_load_errors(self) -> set[int]:
         out, self._load_errors = self._load_errors, set()
