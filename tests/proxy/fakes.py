@@ -136,8 +136,10 @@ class FakeBackend:
                 await asyncio.sleep(self.chunk_interval_s)
             await out.write(b"data: [DONE]\n\n")
         except ConnectionResetError:
+            # The proxy hung up (as it should when its client left): note it and end quietly, as a
+            # real server does, instead of letting aiohttp log the reset as a handler error.
             self.stream_aborted.set()
-            raise
+            return out
         await out.write_eof()
         return out
 
