@@ -35,13 +35,6 @@ class ShmTransport final : public Transport {
   void close() override { closed_.store(true); }
 
  private:
-  struct Slice {
-    uint32_t request;
-    wire::Op op;
-    uint64_t local;
-    uint64_t remote;
-    uint64_t length;
-  };
   struct Mapping {
     uint64_t generation;
     void* base;

@@ -29,13 +29,6 @@ class TcpTransport final : public Transport {
   void close() override;
 
  private:
-  struct Slice {
-    uint32_t request;
-    wire::Op op;
-    uint64_t local;
-    uint64_t remote;
-    uint64_t length;
-  };
   struct Connection {
     TcpTransport* owner = nullptr;
     int fd = -1;

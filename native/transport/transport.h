@@ -11,6 +11,15 @@
 
 namespace tidekv {
 
+// A piece of one request, as a transport moves it: [local, local + length) <-> [remote, ...).
+struct Slice {
+  uint32_t request;  // index into the batch's requests
+  wire::Op op;
+  uint64_t local;
+  uint64_t remote;
+  uint64_t length;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
