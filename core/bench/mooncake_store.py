@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib
 import logging
 import shutil
 import signal
@@ -30,6 +29,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from tidekv.bench import mooncake_te
 from tidekv.bench.mooncake_te import INSTALL_HINT
 from tidekv.bench.process import HelperProcess, send_ready, serve
 from tidekv.bench.store_ops import KeyMaker, Span, StoreOp, time_op
@@ -70,11 +70,7 @@ def check_available() -> None:
     Raises:
         ConfigError: the wheel or a library it needs is missing; the message says how to install.
     """
-    try:
-        importlib.import_module("mooncake.store")
-    except ImportError as e:
-        raise ConfigError(f"--compare mooncake needs the Mooncake wheel, which cannot be imported ({e}); "
-                          f"{INSTALL_HINT}") from None
+    mooncake_te.check_available("mooncake.store")
     master_executable()
 
 

@@ -34,14 +34,14 @@ INSTALL_HINT = (
 _HOST = "127.0.0.1"
 
 
-def check_available() -> None:
-    """Imports ``mooncake.engine`` here, to fail before a long run rather than in a helper.
+def check_available(module: str = "mooncake.engine") -> None:
+    """Imports a Mooncake module here, to fail before a long run rather than in a helper.
 
     Raises:
         ConfigError: the wheel or a library it needs is missing; the message says how to install.
     """
     try:
-        importlib.import_module("mooncake.engine")
+        importlib.import_module(module)
     except ImportError as e:
         raise ConfigError(f"--compare mooncake needs the Mooncake wheel, which cannot be imported ({e}); "
                           f"{INSTALL_HINT}") from None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,6 +170,3 @@ def chunk_keys(block_key: str, layout: KVLayout) -> list[str]:
     """Store keys of one block's runs, in block_spans() order."""
     return [f"{block_key}/{i}" for i in range(sum(len(lay.runs) for lay in layout.layers))]
 
-
-def flatten(items: Iterable[list[Any]]) -> list[Any]:
-    return [x for item in items for x in item]
