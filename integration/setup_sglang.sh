@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Creates or refreshes .venv-sglang, the environment the SGLang integration tests and the
+# HiCache benchmark run in (README: "SGLang plugin").
+#
+# SGLang's own dependency set is CUDA-only (it pins CUDA torch, flashinfer, sglang-kernel, ...),
+# so sglang==0.5.23 goes in with --no-deps next to the small set its storage, disaggregation and
+# cache-controller modules import, with torch pinned to the CPU wheel this machine's pip
+# find-links folder provides. torchvision is not installed (PyPI's is a CUDA build that fails
+# against CPU torch); integration/sglang/conftest.py stubs it for the one import chain that needs it.
+#
+# Idempotent: each step checks whether it is already satisfied and skips if so.
+# Usage: integration/setup_sglang.sh        (from anywhere; works on the repo it lives in)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+SGLANG_VERSION=0.5.23
+VENV=.venv-sglang
+PY=$VENV/bin/python
+CONSTRAINTS=$VENV/constraints.txt
+pip_quiet() {  # pip, minus the warning this machine's pip config prints for every package it looks up
+  PIP_PROGRESS_BAR=off "$PY" -m pip "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+}
+total_start=$(date +%s)
+
+step() {  # step NAME CHECK-COMMAND DO-COMMAND...: runs DO only when CHECK fails, prints how long it took
+  local name=$1 check=$2; shift 2
+  local t0; t0=$(date +%s)
+  if eval "$check" >/dev/null 2>&1; then
+    echo "== $name: already done"
+    return
+  fi
+  echo "== $name"
+  "$@"
+  echo "== $name: $(( $(date +%s) - t0 )) s"
+}
+
+step "create $VENV" "test -x $PY" python3.11 -m venv "$VENV"
+# Keeps every later pip call from swapping in a CUDA torch from PyPI.
+echo "torch==2.13.0+cpu" >"$CONSTRAINTS"
+
+DEPS=(torch==2.13.0+cpu numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic
+      pyzmq tqdm IPython aiohttp
+      # deeper imports: disaggregation.{common,mooncake}.conn, managers.cache_controller
+      transformers==5.19.0 dill apache-tvm-ffi==0.1.11 sentencepiece==0.2.1 compressed-tensors gguf
+      prometheus_client
+      "pytest>=7.4" "pytest-timeout>=2.2")
+has_deps() {
+  "$PY" -c "import torch, numpy, orjson, psutil, pybase64, requests, PIL, starlette, msgspec, pydantic, zmq, tqdm, IPython, aiohttp, transformers, dill, tvm_ffi, sentencepiece, compressed_tensors, gguf, prometheus_client, pytest, pytest_timeout, sys; sys.exit(torch.__version__ != '2.13.0+cpu')"
+}
+step "install CPU torch and sglang's import-time dependencies (~2 min)" has_deps \
+  pip_quiet install -q -c "$CONSTRAINTS" "${DEPS[@]}"
+
+has_sglang() {
+  "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('sglang') != '$SGLANG_VERSION' or m.version('triton') != '3.9.0')"
+}
+step "install sglang==$SGLANG_VERSION and triton==3.9.0 (--no-deps)" has_sglang \
+  pip_quiet install -q --no-deps "sglang==$SGLANG_VERSION" triton==3.9.0
+
+# The editable install's metadata (package mapping) is a copy of pyproject.toml, so it is redone
+# whenever the build files change; code changes need nothing. --no-deps: tidekv's own
+# dependencies (msgspec, pyzmq, tqdm) are in DEPS above.
+stamp=$VENV/.tidekv-build-files.sha256
+has_tidekv() {
+  "$PY" -c "import tidekv, tidekv._native, tidekv_sglang" && sha256sum pyproject.toml setup.py | cmp -s - "$stamp"
+}
+install_tidekv() {
+  # The editable install rebuilds tidekv._native and writes it over core/_native*.so in place,
+  # which would crash processes (say, a test run from .venv) that have it loaded. Swapping in a
+  # copy first leaves them on the old inode and gives pip a file nobody has mapped.
+  local so
+  for so in core/_native*.so; do
+    [ -e "$so" ] && cp -p "$so" "$so.detach" && mv -f "$so.detach" "$so"
+  done
+  pip_quiet install -q --no-deps -e . \
+    || { pip_quiet install -q "setuptools>=68" wheel "pybind11>=2.12" \
+         && pip_quiet install -q --no-deps --no-build-isolation -e .; }
+  sha256sum pyproject.toml setup.py >"$stamp"
+}
+step "install tidekv (editable, --no-deps)" has_tidekv install_tidekv
+
+"$PY" -c "
+import sglang, torch, tidekv, tidekv._native
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+from sglang.srt.mem_cache.storage import StorageBackendFactory
+print('== check: sglang', sglang.__version__, '| torch', torch.__version__, '| tidekv', tidekv.__file__)"
+echo "== setup_sglang: done in $(( $(date +%s) - total_start )) s"
