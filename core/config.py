@@ -237,3 +237,46 @@ class StoreConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> StoreConfig:
         """Builds a config from ``TIDEKV_STORE_*`` variables; keyword overrides win."""
         return _from_env(cls, environ if environ is not None else os.environ, overrides, prefix=ENV_PREFIX + "STORE_")
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsConfig:
+    """Settings of weight broadcast (``tidekv.weights``); env vars ``TIDEKV_WEIGHTS_<FIELD>``.
+
+    The publisher's values of ``chunk_bytes`` and ``fanout`` are the ones that count: it hands
+    them to every receiver in the pull plan.
+    """
+
+    chunk_bytes: int = 16 << 20
+    """Unit of transfer and of fan-out: a receiver serves a chunk on once it holds it. Default 16 MiB."""
+    fanout: int = 0
+    """Children per node of the distribution tree: the publisher serves ``fanout`` receivers, each
+    of them ``fanout`` more, and so on (1 = a chain). 0 = every receiver reads from the publisher
+    (best on one host, where reads are memory copies). Default 0."""
+    window: int = 4
+    """Chunks one receiver keeps in flight. Default 4."""
+    keep_versions: int = 2
+    """Published versions the publisher keeps readable (older ones are freed once no pull holds
+    them). Default 2."""
+    lease_s: float = 300.0
+    """How long a receiver's pull may hold a version before the publisher may free it. Default 300 s."""
+    stall_timeout_s: float = 10.0
+    """A parent receiver that makes no progress for this long is bypassed: the child reads the
+    rest from the publisher. Default 10 s."""
+    rpc_timeout_s: float = 10.0
+    """A publisher that does not answer a control request within this time is unavailable. Default 10 s."""
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check_range("chunk_bytes", self.chunk_bytes, 4096, 1 << 34)
+        _check_range("fanout", self.fanout, 0, 1024)
+        _check_range("window", self.window, 1, 1024)
+        _check_range("keep_versions", self.keep_versions, 1, 1024)
+        _check_range("lease_s", self.lease_s, 0.1, 86400)
+        _check_range("stall_timeout_s", self.stall_timeout_s, 0.01, 3600)
+        _check_range("rpc_timeout_s", self.rpc_timeout_s, 0.01, 3600)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> WeightsConfig:
+        """Builds a config from ``TIDEKV_WEIGHTS_*`` variables; keyword overrides win."""
+        return _from_env(cls, environ if environ is not None else os.environ, overrides, prefix=ENV_PREFIX + "WEIGHTS_")

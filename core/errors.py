@@ -101,3 +101,26 @@ class MasterUnavailableError(StoreError):
 
 class RpcError(StoreError):
     """The master refused a request as malformed (a bug or a version skew)."""
+
+
+class WeightsError(TidekvError):
+    """Base of weight-broadcast errors (``tidekv.weights``)."""
+
+
+class VersionNotFoundError(WeightsError, KeyError):
+    """The publisher holds no such weights version (never published, or already freed)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "version not found"
+
+
+class VersionPendingError(VersionNotFoundError):
+    """The version asked for is newer than any the publisher has published yet."""
+
+
+class PublisherUnavailableError(WeightsError):
+    """The publisher did not answer, or died while its weights were being pulled."""
+
+
+class VersionChangedError(WeightsError):
+    """The bytes being pulled were replaced by another version mid-pull (a lease ran out)."""

@@ -1,0 +1,305 @@
+"""Publisher: the trainer side of weight broadcast.
+
+``publish(version)`` copies the current tensors into a fresh buffer registered with the transfer
+engine (the snapshot; the trainer may change its tensors right after) and makes it pullable.
+Receivers learn the layout and their place in the fan-out tree over a small ZeroMQ control
+socket, then read the bytes one-sidedly -- the publisher's CPU does nothing per byte.
+
+A snapshot is immutable until freed. The newest ``keep_versions`` snapshots stay; older ones are
+freed once no pull holds a lease on them (leases run out after ``lease_s``).
+
+Neighbours: ``subscriber.Subscriber`` is the other end; ``layout`` packs; ``protocol`` is the wire.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import zmq
+
+from tidekv.config import WeightsConfig
+from tidekv.errors import ConfigError, EngineClosedError
+from tidekv.transfer import Region, TransferEngine
+from tidekv.weights import layout
+from tidekv.weights import protocol as p
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Receiver:
+    name: str
+    staging_addr: int
+    lease: int
+    failed: bool = False
+
+
+@dataclass
+class _Version:
+    number: int
+    region: Region
+    specs: list[p.TensorSpec]
+    total_bytes: int
+    leases: dict[int, float] = field(default_factory=dict)  # lease id -> deadline (monotonic)
+    receivers: list[_Receiver] = field(default_factory=list)  # join order = tree order
+
+
+class Publisher:
+    """Publishes versions of a set of named tensors to any number of subscribers.
+
+    Example::
+
+        pub = Publisher(model.state_dict())          # control socket on 127.0.0.1, free port
+        pub.publish(1)                               # snapshot; pullable at pub.address
+        ... train ...
+        pub.publish(2)
+
+    Args:
+        tensors: a state dict or (name, tensor) pairs (torch tensors; GPU ones are copied to
+            host memory at publish time). The same objects are read again at every publish.
+        host: address to listen on and advertise (control socket and transfer engine).
+        port: control socket port; 0 picks a free one.
+        config: settings; default ``WeightsConfig.from_env()``.
+        engine: a transfer engine to use (default: a new one on ``host``, closed with this).
+
+    Raises:
+        ConfigError: bad tensors, settings, or the port cannot be bound.
+    """
+
+    def __init__(
+        self,
+        tensors: Mapping[str, Any] | Iterable[tuple[str, Any]],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        config: WeightsConfig | None = None,
+        engine: TransferEngine | None = None,
+    ) -> None:
+        self.config = config if config is not None else WeightsConfig.from_env()
+        self._pairs = layout.named_tensors(tensors)
+        self._own_engine = engine is None
+        self.engine = engine if engine is not None else TransferEngine(host=host)
+        self._lock = threading.Lock()
+        self._versions: dict[int, _Version] = {}
+        self._spare: list[Region] = []  # buffers of freed versions, reused by publish
+        self._leases = itertools.count(1)
+        self._closed = False
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        try:
+            if port:
+                self._sock.bind(f"tcp://{host}:{port}")
+            else:
+                port = self._sock.bind_to_random_port(f"tcp://{host}")
+        except zmq.ZMQError as exc:
+            self._sock.close()
+            if self._own_engine:
+                self.engine.close()
+            raise ConfigError(f"cannot bind the weights control socket on {host}:{port}: {exc}") from None
+        self.address = f"{host}:{port}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name=f"tidekv-weights-{port}", daemon=True)
+        self._thread.start()
+        logger.info("weights publisher at %s (engine %s)", self.address, self.engine.name)
+
+    def publish(self, version: int | None = None, tensors: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None) -> int:
+        """Snapshots the tensors as ``version`` and makes it pullable; returns the version.
+
+        The version is pullable as soon as the copy starts: receivers already pulling it read
+        each chunk once it is in place, so the copy and the pulls overlap.
+
+        Args:
+            version: a number greater than every published one; None = the last one + 1.
+            tensors: replaces the set of tensors from now on (names, shapes or dtypes may change).
+
+        Raises:
+            ConfigError: the version is not new, or ``tensors`` is malformed.
+        """
+        self._check_open()
+        if tensors is not None:
+            self._pairs = layout.named_tensors(tensors)
+        with self._lock:
+            last = max(self._versions, default=0)
+        number = last + 1 if version is None else version
+        if not isinstance(number, int) or number <= last:
+            raise ConfigError(f"version {version!r} must be an int greater than the last published ({last})")
+        specs, total = layout.plan_layout(self._pairs)
+        self._collect(keep=self.config.keep_versions - 1)
+        region = self._buffer(total)
+        view = region.view()
+        layout.write_header(view, number, 0, layout.STATE_FILLING)
+        with self._lock:  # pullable from now on: receivers stream chunks as they are copied in
+            self._versions[number] = _Version(number, region, specs, total)
+        chunk = self.config.chunk_bytes
+
+        def progress(end: int) -> None:
+            layout.set_progress(view, (end - layout.HEADER_BYTES) // chunk, layout.STATE_FILLING)
+
+        try:
+            layout.pack(layout.buffer_tensor(view), specs, self._pairs, progress, piece_bytes=chunk)
+        except BaseException:
+            layout.set_progress(view, 0, layout.STATE_FAILED)
+            with self._lock:
+                self._versions.pop(number, None)
+                self._spare.append(region)
+            raise
+        layout.set_progress(view, len(layout.chunk_ranges(total, chunk)), layout.STATE_COMPLETE)
+        self._collect()
+        logger.info("published weights version %d (%d tensors, %.1f MiB)", number, len(specs), total / 2**20)
+        return number
+
+    def versions(self) -> list[int]:
+        """Versions that can be pulled now, oldest first."""
+        with self._lock:
+            return sorted(self._versions)
+
+    def close(self) -> None:
+        """Stops serving and frees every snapshot. Pulls in flight fail. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._sock.close()
+        with self._lock:
+            regions = [v.region for v in self._versions.values()] + self._spare
+            self._versions, self._spare = {}, []
+        if self._own_engine:
+            self.engine.close()  # frees every buffer it allocated
+        else:
+            for region in regions:
+                self.engine.unregister(region)
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- control plane -------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        while not self._stop.is_set():
+            if poller.poll(100):
+                while True:
+                    try:
+                        frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    except zmq.ZMQError:
+                        return
+                    reply = self._handle(frames[-1])
+                    self._sock.send_multipart([*frames[:-1], p.encoder.encode(reply)])
+            self._collect()
+
+    def _handle(self, raw: bytes) -> p.Reply:
+        try:
+            req = p.request_decoder.decode(raw)
+        except msgspec.DecodeError as exc:
+            return p.Error("bad_request", f"undecodable request: {exc}")
+        if isinstance(req, (p.Describe, p.Join, p.Versions)) and req.protocol != p.PROTOCOL_VERSION:
+            return p.Error("protocol", f"weights protocol {req.protocol} not supported; publisher speaks {p.PROTOCOL_VERSION}")
+        with self._lock:
+            if isinstance(req, p.Versions):
+                return p.VersionList(sorted(self._versions))
+            if isinstance(req, p.Describe):
+                number = max(self._versions, default=None) if req.version is None else req.version
+                v = self._versions.get(number) if number is not None else None
+                if v is None:
+                    pending = req.version is None or req.version > max(self._versions, default=0)
+                    return p.Error("version_pending" if pending else "version_not_found", self._missing(req.version))
+                return p.Manifest(v.number, v.specs, v.total_bytes)
+            if isinstance(req, p.Join):
+                v = self._versions.get(req.version)
+                if v is None:
+                    return p.Error("version_not_found", self._missing(req.version))
+                return self._join(v, req)
+            self._leave(req)
+            return p.Ok()
+
+    def _missing(self, version: int | None) -> str:
+        held = sorted(self._versions)
+        if version is None:
+            return "nothing published yet"
+        return f"weights version {version} is not held by the publisher (held: {held})"
+
+    def _join(self, v: _Version, req: p.Join) -> p.Plan:
+        lease = next(self._leases)
+        v.leases[lease] = time.monotonic() + self.config.lease_s
+        v.receivers.append(_Receiver(req.receiver, req.staging_addr, lease))
+        parent: _Receiver | None = None
+        if self.config.fanout:
+            node = len(v.receivers)  # the publisher is node 0
+            while node > 0:
+                node = (node - 1) // self.config.fanout
+                if node == 0 or not v.receivers[node - 1].failed:
+                    break
+            parent = v.receivers[node - 1] if node > 0 else None
+        return p.Plan(
+            lease=lease,
+            chunk_bytes=self.config.chunk_bytes,
+            window=self.config.window,
+            stall_timeout_s=self.config.stall_timeout_s,
+            publisher=self.engine.name,
+            snapshot_addr=v.region.address,
+            parent=parent.name if parent else None,
+            parent_addr=parent.staging_addr if parent else 0,
+        )
+
+    def _leave(self, req: p.Leave) -> None:
+        for v in self._versions.values():
+            if v.leases.pop(req.lease, None) is not None:
+                if not req.ok:  # later joiners are not sent to a receiver that failed
+                    for r in v.receivers:
+                        if r.lease == req.lease:
+                            r.failed = True
+                return
+
+    def _buffer(self, size: int) -> Region:
+        """A snapshot buffer of at least ``size`` bytes: a freed one reused, or a new one.
+
+        Reuse keeps the steady state free of page faults and new mappings at the receivers; it
+        is safe because a freed buffer's header no longer names its version (readers re-check).
+        """
+        with self._lock:
+            fits = [r for r in self._spare if r.length >= size]
+            if fits:
+                region = min(fits, key=lambda r: r.length)
+                self._spare.remove(region)
+                return region
+            spare, self._spare = self._spare, []
+        for region in spare:  # none fits: the tensors grew; drop the old sizes
+            self.engine.unregister(region)
+        return self.engine.allocate(size)
+
+    def _collect(self, keep: int | None = None) -> None:
+        """Frees versions beyond ``keep`` (default keep_versions) that no live lease holds."""
+        now = time.monotonic()
+        doomed: list[_Version] = []
+        with self._lock:
+            newest = sorted(self._versions, reverse=True)
+            for number in newest[self.config.keep_versions if keep is None else keep :]:
+                v = self._versions[number]
+                v.leases = {k: d for k, d in v.leases.items() if d > now}
+                if not v.leases:
+                    doomed.append(self._versions.pop(number))
+        for v in doomed:
+            layout.write_header(v.region.view(), 0, 0, layout.STATE_FAILED)  # readers' seqlock check fails
+            with self._lock:
+                self._spare.append(v.region)
+            logger.info("freed weights version %d", v.number)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosedError("weights publisher is closed")

@@ -1,0 +1,344 @@
+"""Subscriber: the rollout-engine side of weight broadcast.
+
+``pull(version)`` asks the publisher for the layout and a place in the fan-out tree, then reads
+the version chunk by chunk into a staging buffer registered with its own transfer engine --
+from its parent receiver when it has one (polling the parent's progress counter, one-sidedly),
+else from the publisher. While it pulls and afterwards (until its next pull) it serves what it
+holds to its own children. Nothing is handed to the caller before every byte of one version is
+in place and verified, so a failed pull never leaves a mix of versions behind.
+
+Failures: a parent that dies, stalls or moves on to another version is bypassed (the chunks
+are read from the publisher instead); a publisher that dies fails the pull with
+PublisherUnavailableError; a version freed mid-pull fails it with VersionChangedError.
+
+Neighbours: ``publisher.Publisher`` is the other end; ``layout`` unpacks; ``protocol`` is the wire.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import zmq
+
+from tidekv.config import WeightsConfig
+from tidekv.errors import (
+    ConfigError,
+    EngineClosedError,
+    ProtocolVersionError,
+    PublisherUnavailableError,
+    SegmentNotRegisteredError,
+    TransferError,
+    VersionChangedError,
+    VersionNotFoundError,
+    VersionPendingError,
+)
+from tidekv.transfer import Region, TransferEngine, TransferOp, TransferRequest
+from tidekv.weights import layout
+from tidekv.weights import protocol as p
+
+logger = logging.getLogger(__name__)
+
+_NAP_MIN_S = 0.0001  # polling a source for progress: first wait ...
+_NAP_MAX_S = 0.002  # ... doubling up to this (a 16 MiB chunk takes a few ms to copy)
+
+
+@dataclass(frozen=True)
+class PulledWeights:
+    """One complete version. ``tensors`` are views into the subscriber's staging buffer: valid
+    until its next ``pull`` or ``close`` (copy them, or load them into a model, before that)."""
+
+    version: int
+    tensors: dict[str, Any]
+    seconds: float  #: wall time of the pull
+    from_parent_bytes: int  #: bytes read from another receiver rather than the publisher
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        return iter(self.tensors.items())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+class _Control:
+    """Request/reply to the publisher's control socket (one call at a time)."""
+
+    def __init__(self, address: str, timeout_s: float) -> None:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigError(f"publisher address {address!r} is not of the form host:port")
+        self.address = address
+        self.timeout_s = timeout_s
+        self._sock = zmq.Context.instance().socket(zmq.REQ)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.REQ_RELAXED, 1)
+        self._sock.setsockopt(zmq.REQ_CORRELATE, 1)
+        self._sock.connect(f"tcp://{address}")
+
+    def call(self, request: p.Request, timeout_s: float | None = None) -> p.Reply:
+        self._sock.send(p.encoder.encode(request))
+        if not self._sock.poll(int(1000 * (timeout_s or self.timeout_s)), zmq.POLLIN):
+            raise PublisherUnavailableError(f"weights publisher {self.address} did not answer within {timeout_s or self.timeout_s} s")
+        try:
+            reply = p.reply_decoder.decode(self._sock.recv())
+        except msgspec.DecodeError as exc:
+            raise PublisherUnavailableError(f"weights publisher {self.address} sent an undecodable reply: {exc}") from None
+        if isinstance(reply, p.Error):
+            if reply.kind == "version_pending":
+                raise VersionPendingError(reply.message)
+            if reply.kind == "version_not_found":
+                raise VersionNotFoundError(reply.message)
+            if reply.kind == "protocol":
+                raise ProtocolVersionError(reply.message)
+            raise ConfigError(f"weights publisher refused the request: {reply.message}")
+        return reply
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class Subscriber:
+    """Pulls weights versions from a Publisher.
+
+    Example::
+
+        sub = Subscriber("10.0.0.1:5555")
+        weights = sub.pull()                         # the latest version
+        model.load_weights(weights)                  # iterable of (name, tensor)
+        sub.pull(7, into=model.state_dict())         # or copy straight into given tensors
+
+    Args:
+        publisher: the publisher's control address, "host:port" (``Publisher.address``).
+        host: address this receiver's transfer engine listens on (its children read from it).
+        config: settings for the control channel (timeouts); chunking and fan-out come from
+            the publisher. Default ``WeightsConfig.from_env()``.
+        engine: a transfer engine to use (default: a new one on ``host``, closed with this).
+    """
+
+    def __init__(
+        self,
+        publisher: str,
+        *,
+        host: str = "127.0.0.1",
+        config: WeightsConfig | None = None,
+        engine: TransferEngine | None = None,
+    ) -> None:
+        self.config = config if config is not None else WeightsConfig.from_env()
+        self._control = _Control(publisher, self.config.rpc_timeout_s)
+        self._own_engine = engine is None
+        self.engine = engine if engine is not None else TransferEngine(host=host)
+        self._header = self.engine.register(bytearray(layout.HEADER_BYTES))
+        self._staging: Region | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def versions(self) -> list[int]:
+        """Versions the publisher holds now, oldest first.
+
+        Raises:
+            PublisherUnavailableError: the publisher did not answer.
+        """
+        reply = self._control.call(p.Versions(p.PROTOCOL_VERSION))
+        assert isinstance(reply, p.VersionList)
+        return reply.versions
+
+    def pull(self, version: int | None = None, *, into: Mapping[str, Any] | None = None, wait_s: float = 0.0) -> PulledWeights:
+        """Pulls one complete version (None = the latest).
+
+        Args:
+            version: which version.
+            wait_s: how long to wait for ``version`` to be published when it is not yet
+                (so engines can be told to pull before the trainer publishes; the pull then
+                streams chunks while the trainer copies them in).
+            into: destination tensors by name; each is overwritten with the pulled tensor of
+                that name (shapes and dtypes must match). Names absent from ``into`` are only
+                returned as views.
+
+        Raises:
+            VersionNotFoundError: the publisher does not hold that version.
+            PublisherUnavailableError: the publisher did not answer or died mid-pull.
+            VersionChangedError: the version was freed while being pulled (lease ran out).
+            ConfigError: ``into`` names an unknown tensor or one of another shape or dtype.
+        """
+        with self._lock:
+            if self._closed:
+                raise EngineClosedError("weights subscriber is closed")
+            started = time.perf_counter()
+            manifest = self._describe(version, wait_s)
+            if into is not None:
+                _check_into(into, manifest.tensors)
+            staging = self._staging_for(manifest.total_bytes)
+            layout.write_header(staging.view(), manifest.version, 0, layout.STATE_FILLING)
+            plan = self._control.call(p.Join(p.PROTOCOL_VERSION, manifest.version, self.engine.name, staging.address))
+            assert isinstance(plan, p.Plan)
+            ok = False
+            try:
+                from_parent = self._fetch(manifest, plan, staging)
+                ok = True
+            finally:
+                if not ok:
+                    layout.set_progress(staging.view(), 0, layout.STATE_FAILED)
+                self._leave(plan.lease, ok)
+            buffer = layout.buffer_tensor(staging.view())
+            tensors = dict(layout.unpack(buffer, manifest.tensors))
+            if into is not None:
+                for name, dst in into.items():
+                    dst.copy_(tensors[name])
+            return PulledWeights(manifest.version, tensors, time.perf_counter() - started, from_parent)
+
+    def _describe(self, version: int | None, wait_s: float) -> p.Manifest:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                manifest = self._control.call(p.Describe(p.PROTOCOL_VERSION, version))
+                assert isinstance(manifest, p.Manifest)
+                return manifest
+            except VersionPendingError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.001)
+
+    def close(self) -> None:
+        """Frees the staging buffer (children still reading it fall back to the publisher). Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._control.close()
+        if self._own_engine:
+            self.engine.close()
+        else:
+            for region in (self._staging, self._header):
+                if region is not None:
+                    self.engine.unregister(region)
+
+    def __enter__(self) -> Subscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the data path -------------------------------------------------------------------
+
+    def _staging_for(self, size: int) -> Region:
+        if self._staging is not None and self._staging.length >= size:
+            return self._staging
+        if self._staging is not None:
+            self.engine.unregister(self._staging)
+            self._staging = None
+        self._staging = self.engine.allocate(size)
+        return self._staging
+
+    def _fetch(self, manifest: p.Manifest, plan: p.Plan, staging: Region) -> int:
+        """Reads every chunk into ``staging``; returns the bytes that came from the parent.
+
+        Both kinds of source are polled the same way: their header says how many chunks they
+        hold (a parent while it pulls, the publisher while it copies the snapshot in).
+        """
+        chunks = layout.chunk_ranges(manifest.total_bytes, plan.chunk_bytes)
+        version = manifest.version
+        parent = (plan.parent, plan.parent_addr) if plan.parent else None
+        publisher = (plan.publisher, plan.snapshot_addr)
+        done = from_parent = 0
+        last_progress = time.monotonic()
+        nap = _NAP_MIN_S
+        while done < len(chunks):
+            source = parent or publisher
+            held = self._held(source, version, len(chunks), is_parent=parent is not None)
+            if held is None:  # only a parent gets here: the publisher's failures raise
+                parent, last_progress = None, time.monotonic()
+                continue
+            if held <= done:
+                if time.monotonic() - last_progress <= plan.stall_timeout_s:
+                    time.sleep(nap)  # back off: pollers must not starve the copy they wait for
+                    nap = min(2 * nap, _NAP_MAX_S)
+                    continue
+                if parent is None:
+                    raise PublisherUnavailableError(
+                        f"publisher {plan.publisher} made no progress on weights version {version} for {plan.stall_timeout_s} s")
+                logger.warning("parent %s stalled for %.1f s; reading from the publisher", parent[0], plan.stall_timeout_s)
+                parent, last_progress = None, time.monotonic()
+                continue
+            batch = chunks[done : min(held, done + plan.window)]
+            peer, base = source
+            requests = [TransferRequest(TransferOp.READ, staging.address + off, n, peer, base + off) for off, n in batch]
+            try:
+                self.engine.transfer(requests).wait()
+            except (TransferError, KeyError) as exc:
+                if parent is None:
+                    raise _publisher_error(plan.publisher, version, exc) from exc
+                logger.warning("reading from parent %s failed (%s); reading from the publisher", parent[0], exc)
+                parent, last_progress = None, time.monotonic()
+                continue
+            if parent is not None:
+                if self._held(parent, version, len(chunks), is_parent=True) is None:
+                    parent = None  # the parent moved on while we copied: these chunks are suspect
+                    continue
+                from_parent += sum(n for _, n in batch)
+            done += len(batch)
+            last_progress, nap = time.monotonic(), _NAP_MIN_S
+            layout.set_progress(staging.view(), done, layout.STATE_FILLING)
+        self._check_source(plan, version)
+        layout.set_progress(staging.view(), len(chunks), layout.STATE_COMPLETE)
+        return from_parent
+
+    def _read_header(self, peer: str, addr: int) -> tuple[int, int, int]:
+        self.engine.transfer([TransferRequest(TransferOp.READ, self._header.address, layout.HEADER_BYTES, peer, addr)]).wait()
+        return layout.read_header(self._header.view())
+
+    def _held(self, source: tuple[str, int], version: int, chunks: int, *, is_parent: bool) -> int | None:
+        """Chunks of ``version`` the source holds. A parent that cannot serve (gone, failed,
+        moved on) gives None; a publisher that cannot raises."""
+        peer, addr = source
+        try:
+            got, done, state = self._read_header(peer, addr)
+        except (TransferError, ConfigError, KeyError) as exc:
+            if not is_parent:
+                raise _publisher_error(peer, version, exc) from exc
+            logger.warning("parent %s unreachable (%s); reading from the publisher", peer, exc)
+            return None
+        if got != version or state == layout.STATE_FAILED:
+            if not is_parent:
+                raise VersionChangedError(f"weights version {version} was freed by the publisher while being pulled")
+            return None
+        return chunks if state == layout.STATE_COMPLETE else done
+
+    def _check_source(self, plan: p.Plan, version: int) -> None:
+        """The publisher's snapshot must still be ``version`` after we copied (seqlock)."""
+        try:
+            got, _, state = self._read_header(plan.publisher, plan.snapshot_addr)
+        except (TransferError, KeyError) as exc:
+            raise _publisher_error(plan.publisher, version, exc) from exc
+        if got != version or state != layout.STATE_COMPLETE:
+            raise VersionChangedError(f"weights version {version} was freed by the publisher while being pulled")
+
+    def _leave(self, lease: int, ok: bool) -> None:
+        try:
+            self._control.call(p.Leave(lease, ok), timeout_s=min(1.0, self.config.rpc_timeout_s))
+        except PublisherUnavailableError:
+            logger.warning("publisher did not acknowledge the end of pull (lease %d); it expires by itself", lease)
+
+
+def _publisher_error(publisher: str, version: int, exc: BaseException) -> Exception:
+    if isinstance(exc, SegmentNotRegisteredError):
+        return VersionChangedError(f"weights version {version} was freed by the publisher while being pulled")
+    return PublisherUnavailableError(f"reading weights version {version} from publisher {publisher} failed: {exc}")
+
+
+def _check_into(into: Mapping[str, Any], specs: list[p.TensorSpec]) -> None:
+    by_name = {s.name: s for s in specs}
+    for name, dst in into.items():
+        spec = by_name.get(name)
+        if spec is None:
+            raise ConfigError(f"into[{name!r}]: the published version has no tensor of that name")
+        dtype = str(dst.dtype).removeprefix("torch.")
+        if list(dst.shape) != spec.shape or dtype != spec.dtype:
+            raise ConfigError(
+                f"into[{name!r}] is {dtype}{list(dst.shape)}, the published tensor is {spec.dtype}{spec.shape}"
+            )
