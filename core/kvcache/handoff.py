@@ -1,9 +1,12 @@
-"""The prefill -> decode hand-off of held KV blocks: who holds what, and the "done" signal.
+"""The prefill -> decode hand-off of held KV blocks: which blocks move, who holds what, and
+the "done" signal.
 
-The prefill side holds a finished request's blocks until the decode side confirms it pulled
-them, or until a deadline passes (a decode that never comes leaks nothing). Confirmations
-travel over a ZeroMQ PUSH -> PULL channel: ``HoldTable`` owns the PULL end on the prefill
-worker, ``Confirmer`` the PUSH ends on decode workers. Both are polled, never block a step.
+The decode side pulls the prefill blocks that hold the prompt tokens it does not have
+(``pull_end``, ``pulled_blocks``). The prefill side holds a finished request's blocks until the
+decode side confirms it pulled them, or until a deadline passes (a decode that never comes
+leaks nothing). Confirmations travel over a ZeroMQ PUSH -> PULL channel: ``HoldTable`` owns the
+PULL end on the prefill worker, ``Confirmer`` the PUSH ends on decode workers. Both are polled,
+never block a step.
 """
 
 from __future__ import annotations
@@ -24,6 +27,36 @@ class _Done(msgspec.Struct, array_like=True):
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(_Done).decode
+
+
+def pull_end(prompt_len: int, remote_num_tokens: int, num_remote_blocks: int, block_size: int, *,
+             is_sync: bool) -> int:
+    """How many prompt tokens (from the first) a decode can take from a prefill's held blocks.
+
+    A synchronous pull stops one token short of the prompt: the step that loads the KV must
+    still compute a token to sample from (vLLM refuses a step with nothing to compute). An
+    asynchronous pull may take every token; the engine recomputes the last one afterwards.
+
+    Args:
+        prompt_len: tokens of the decode's prompt.
+        remote_num_tokens: tokens the prefill computed into its blocks.
+        num_remote_blocks: blocks the prefill holds for the request.
+        block_size: tokens per block (equal on both sides: the layouts match).
+    """
+    end = prompt_len - 1 if is_sync else prompt_len
+    return max(0, min(end, remote_num_tokens, num_remote_blocks * block_size))
+
+
+def pulled_blocks(end_token: int, num_pulled_tokens: int, block_size: int) -> slice:
+    """Positions (in the request's block list, the same on both sides) of the blocks holding
+    prompt tokens ``[end_token - num_pulled_tokens, end_token)``.
+
+    The first pulled token starts a block (vLLM hands connectors a block-aligned local hit),
+    so no pulled block holds tokens computed here; the last block may be partial (the tokens
+    after ``end_token`` are written by this engine's own forward, after the pull).
+    """
+    start = max(0, end_token - num_pulled_tokens)
+    return slice(start // block_size, -(-end_token // block_size))
 
 
 class HoldTable:

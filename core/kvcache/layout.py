@@ -146,14 +146,24 @@ class KVLayout:
     def block_requests(
         self, op: TransferOp, peer: str, remote: KVLayout, local_blocks: Sequence[int], remote_blocks: Sequence[int]
     ) -> list[TransferRequest]:
-        """Requests copying remote block i <-> local block i for every layer (READ pulls remote into local)."""
+        """Requests copying remote block i <-> local block i for every layer (READ pulls remote into local).
+
+        Runs that follow each other on both sides (consecutive blocks, usually) become one
+        request: a 2k-token prompt is a few requests per layer, not one per block.
+        """
         if len(local_blocks) != len(remote_blocks):
             raise ConfigError(f"{len(local_blocks)} local blocks but {len(remote_blocks)} remote blocks")
         out: list[TransferRequest] = []
+        laddr_end = raddr_end = -1
         for mine, theirs in zip(self.layers, remote.layers):
             for lb, rb in zip(local_blocks, remote_blocks):
                 for (laddr, length), (raddr, _) in zip(mine.spans(lb), theirs.spans(rb)):
-                    out.append(TransferRequest(op, laddr, length, peer, raddr))
+                    if laddr == laddr_end and raddr == raddr_end:
+                        last = out[-1]
+                        out[-1] = last._replace(length=last.length + length)
+                    else:
+                        out.append(TransferRequest(op, laddr, length, peer, raddr))
+                    laddr_end, raddr_end = laddr + length, raddr + length
         return out
 
     def block_spans(self, block: int) -> list[tuple[int, int]]:

@@ -13,6 +13,8 @@ from typing import Any
 from tidekv.config import TransportKind
 from tidekv.errors import ConfigError
 
+LOAD_MODES = ("sync", "async")
+
 
 @dataclass(frozen=True, slots=True)
 class KVConnectorConfig:
@@ -36,6 +38,11 @@ class KVConnectorConfig:
     """Prefill frees blocks held for a decode that never pulled them after this long. Default 120 s."""
     secret: str | None = None
     """Shared secret of the transfer engines (all instances must agree). Default None."""
+    load_mode: str = "sync"
+    """How a decode pulls a prefill's blocks: "sync" copies them before the forward of the step
+    that schedules the request (all prompt tokens but the last come from the prefill); "async"
+    copies them in the background and the request waits a step for them (vLLM's
+    WAITING_FOR_REMOTE_KVS), which keeps long pulls off other requests' steps. Default sync."""
 
     def __post_init__(self) -> None:
         if self.master is not None and (not isinstance(self.master, str) or ":" not in self.master):
@@ -53,6 +60,12 @@ class KVConnectorConfig:
             raise ConfigError(f"store_timeout_s={self.store_timeout_s!r} must be 0.01..600 seconds")
         if not isinstance(self.hold_timeout_s, (int, float)) or not 0.1 <= self.hold_timeout_s <= 86400:
             raise ConfigError(f"hold_timeout_s={self.hold_timeout_s!r} must be 0.1..86400 seconds")
+        if self.load_mode not in LOAD_MODES:
+            raise ConfigError(f"load_mode={self.load_mode!r} is invalid; allowed {list(LOAD_MODES)}")
+
+    @property
+    def is_sync_load(self) -> bool:
+        return self.load_mode == "sync"
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None) -> KVConnectorConfig:

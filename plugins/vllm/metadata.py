@@ -11,7 +11,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorHandsha
 
 @dataclass
 class PullJob:
-    """Decode side: pull a finished prefill's blocks into our blocks (asynchronously)."""
+    """Decode side: pull a finished prefill's blocks into our blocks, then confirm to the prefill.
+
+    ``is_sync``: copy before this step's forward (vLLM scheduled the request with the pulled
+    tokens as computed), else in the background (reported from get_finished). No blocks: only
+    confirm, so the prefill frees its hold at once.
+    """
 
     request_id: str
     local_blocks: list[int]
@@ -20,6 +25,7 @@ class PullJob:
     remote_layout: dict[str, Any]
     remote_request_id: str
     confirm_address: str
+    is_sync: bool = False
 
 
 @dataclass

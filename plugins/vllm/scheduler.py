@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidekv.errors import TidekvError
 from tidekv.kvcache import prefix
+from tidekv.kvcache.handoff import pull_end, pulled_blocks
 from tidekv.kvcache.layout import KVLayout, chunk_keys
 from tidekv.kvcache.settings import KVConnectorConfig
 from tidekv_vllm.metadata import PullJob, StoreJob, TidekvHandshake, TidekvMetadata
@@ -80,35 +81,45 @@ class TidekvScheduler:
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
         params = request.kv_transfer_params or {}
         prompt = list(request.prompt_token_ids or [])
-        if params.get("do_remote_prefill") and params.get("remote_engine"):
-            count = len(prompt) - num_computed_tokens
-            return (count, True) if count > 0 else (0, False)
+        if _is_pd_pull(params):
+            count = self._pull_end(len(prompt), params) - num_computed_tokens
+            return (count, not self.settings.is_sync_load) if count > 0 else (0, False)
         hit_blocks = self._stored_prefix_blocks(prompt, num_computed_tokens)
         tokens = hit_blocks * self.block_size - num_computed_tokens
         return (tokens, False) if tokens > 0 else (0, False)
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         params = request.kv_transfer_params or {}
-        if params.get("do_remote_prefill") and params.get("remote_engine"):
+        if _is_pd_pull(params):
             params["do_remote_prefill"] = False  # pull once, even if this is called again
-            if num_external_tokens <= 0:
-                return
-            local = blocks.get_unhashed_block_ids()
-            already = len(blocks.get_block_ids()[0]) - len(local)
-            remote = list(params.get("remote_block_ids") or [])[already : already + len(local)]
-            if len(remote) < len(local):
-                local = local[: len(remote)]
+            remote = list(params.get("remote_block_ids") or [])
+            local: list[int] = []
+            if num_external_tokens > 0:
+                # By block position, not by "unhashed" blocks: a sync load's blocks are already
+                # in the prefix cache (hashed) when this runs; an async load's are not.
+                span = pulled_blocks(self._pull_end(len(request.prompt_token_ids or []), params), num_external_tokens,
+                                     self.block_size)
+                local, remote = list(blocks.get_block_ids()[0][span]), remote[span]
+            else:
+                remote = []  # nothing to pull (a local hit covers it): only release the prefill's hold
             self._pulls[request.request_id] = PullJob(
                 request.request_id,
-                list(local),
+                local,
                 str(params["remote_engine"]),
                 remote,
                 dict(params.get("remote_layout") or {}),
                 str(params.get("remote_request_id", "")),
                 str(params.get("remote_confirm", "")),
+                is_sync=self.settings.is_sync_load or not local,
             )
         elif num_external_tokens > 0:
             self._loads[request.request_id] = num_external_tokens
+
+    def _pull_end(self, prompt_len: int, params: dict[str, Any]) -> int:
+        remote_blocks = params.get("remote_block_ids") or []
+        remote_tokens = int(params.get("remote_num_tokens") or len(remote_blocks) * self.block_size)
+        return pull_end(prompt_len, remote_tokens, len(remote_blocks), self.block_size,
+                        is_sync=self.settings.is_sync_load)
 
     def build_connector_meta(self, out: SchedulerOutput) -> TidekvMetadata:
         meta = TidekvMetadata()
@@ -231,3 +242,7 @@ class TidekvScheduler:
         if now - self._warned_at >= _WARN_EVERY_S:
             self._warned_at = now
             logger.warning(fmt, *args)
+
+
+def _is_pd_pull(params: dict[str, Any]) -> bool:
+    return bool(params.get("do_remote_prefill") and params.get("remote_engine"))

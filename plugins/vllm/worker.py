@@ -2,9 +2,10 @@
 TransferEngine, pulls a prefill's blocks (decode), holds blocks for a decode (prefill), and
 moves blocks to and from the store.
 
-Pulls run asynchronously on the engine's threads and are reported from get_finished(); store
-loads are synchronous (before the forward that needs them); store saves run on a background
-thread after the forward, and finished requests keep their blocks until their saves are done.
+Sync pulls and store loads finish before the forward that needs them (vLLM calls start_load_kv
+before the forward in a step with sync loads); async pulls run on the engine's threads and are
+reported from get_finished(); store saves run on a background thread after the forward, and
+finished requests keep their blocks until their saves are done.
 """
 
 from __future__ import annotations
@@ -95,10 +96,20 @@ class TidekvWorker:
                 fut.result()
 
     def start_load(self, meta: TidekvMetadata) -> None:
+        now: list[_Pull] = []
         for job in meta.pulls:
-            self._start_pull(job)
+            if not job.local_blocks:
+                self._finish_pull(_Pull(job, None))
+            elif job.is_sync:
+                now.append(self._start_pull(job))
+            else:
+                self._pulls[job.request_id] = self._start_pull(job)
         if meta.loads:
             self._load_from_store(meta.loads)
+        for pull in now:
+            # No deadline of our own: a batch given up on could still write into blocks vLLM
+            # reuses; the engine's io_timeout_s fails a stuck peer instead.
+            self._finish_pull(pull, wait=True)
 
     def save(self, meta: TidekvMetadata) -> None:
         if not meta.saves or self._store is None or self.layout is None:
@@ -128,11 +139,12 @@ class TidekvWorker:
             self._finish_pull(pull)
         return sending, recving
 
-    def _finish_pull(self, pull: _Pull) -> None:
-        """Records a finished pull: its blocks as load errors if it failed, else confirms it to the prefill."""
+    def _finish_pull(self, pull: _Pull, wait: bool = False) -> None:
+        """Records a finished pull (waits for it if ``wait``): its blocks as load errors if it
+        failed, else confirms it to the prefill."""
         if pull.handle is not None:
             try:
-                pull.handle.wait(0)
+                pull.handle.wait(None if wait else 0)
             except TidekvError as exc:
                 pull.error = str(exc)
         if pull.error is not None:
@@ -156,16 +168,16 @@ class TidekvWorker:
 
     # ---- internals ----------------------------------------------------------------------
 
-    def _start_pull(self, job: PullJob) -> None:
+    def _start_pull(self, job: PullJob) -> _Pull:
         assert self.layout is not None
         try:
             remote = KVLayout.from_wire(job.remote_layout)
             self.layout.check_compatible(remote)
             requests = self.layout.block_requests(TransferOp.READ, job.remote_engine, remote,
                                                   job.local_blocks, job.remote_blocks)
-            self._pulls[job.request_id] = _Pull(job, self.engine.transfer(requests) if requests else None)
+            return _Pull(job, self.engine.transfer(requests) if requests else None)
         except TidekvError as exc:
-            self._pulls[job.request_id] = _Pull(job, None, str(exc))
+            return _Pull(job, None, str(exc))
 
     def _load_from_store(self, jobs: list[StoreJob]) -> None:
         assert self.layout is not None

@@ -1,4 +1,4 @@
-"""Prefix keys, connector settings and the hold/confirm hand-off."""
+"""Prefix keys, connector settings and the hand-off (which blocks move, hold/confirm)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from tidekv.errors import ConfigError
 from tidekv.kvcache import prefix
-from tidekv.kvcache.handoff import Confirmer, HoldTable
+from tidekv.kvcache.handoff import Confirmer, HoldTable, pull_end, pulled_blocks
 from tidekv.kvcache.settings import KVConnectorConfig
 
 
@@ -43,6 +43,35 @@ def test_settings_refuse_unknown_and_bad_values() -> None:
         KVConnectorConfig.from_mapping({"master": "nohostport"})
     with pytest.raises(ConfigError, match="hold_timeout_s"):
         KVConnectorConfig.from_mapping({"hold_timeout_s": 0})
+    assert KVConnectorConfig().is_sync_load
+    assert not KVConnectorConfig.from_mapping({"load_mode": "async"}).is_sync_load
+    with pytest.raises(ConfigError, match=r"load_mode='later' is invalid; allowed \['sync', 'async'\]"):
+        KVConnectorConfig.from_mapping({"load_mode": "later"})
+
+
+@pytest.mark.parametrize("prompt_len", [64, 65, 66, 2000])
+def test_sync_pull_takes_every_prompt_token_but_the_last(prompt_len: int) -> None:
+    bs = 32
+    blocks = -(-prompt_len // bs)
+    end = pull_end(prompt_len, prompt_len, blocks, bs, is_sync=True)
+    assert end == prompt_len - 1
+    span = pulled_blocks(end, end, bs)  # nothing computed locally
+    assert (span.start, span.stop) == (0, -(-(prompt_len - 1) // bs))
+    # 65 tokens: tokens 0..63 fill blocks 0-1; the last token starts block 2, which the forward writes.
+    if prompt_len == 65:
+        assert span.stop == 2
+    assert pull_end(prompt_len, prompt_len, blocks, bs, is_sync=False) == prompt_len
+
+
+def test_pull_skips_the_local_hit_and_stops_at_what_the_prefill_has() -> None:
+    bs = 32
+    # 2 full blocks hit locally; 100 prompt tokens: blocks 2 and 3 (tokens 64..98) are pulled.
+    end = pull_end(100, 100, 4, bs, is_sync=True)
+    assert pulled_blocks(end, end - 64, bs) == slice(2, 4)
+    # The prefill computed fewer tokens (or holds fewer blocks) than the prompt: pull only those.
+    assert pull_end(100, 70, 4, bs, is_sync=True) == 70
+    assert pull_end(100, 100, 2, bs, is_sync=False) == 64
+    assert pull_end(1, 1, 1, bs, is_sync=True) == 0
 
 
 def test_hold_released_on_confirmation_or_deadline() -> None:
