@@ -1,0 +1,119 @@
+"""Settings of the tidekv HiCache backend: the keys of SGLang's
+``--hicache-storage-backend-extra-config`` that are ours, validated.
+
+SGLang passes the whole extra config to the backend, including the keys it routes on or reads
+itself; those are accepted and ignored here (``SGLANG_KEYS``). Any other unknown key is an error,
+so a typo never silently falls back to a default. Neighbours: ``hicache`` builds the store client
+from these settings; ``tidekv.config`` holds the transfer and store settings underneath.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tidekv.config import TransportKind
+from tidekv.errors import ConfigError
+
+MASTER_ENV = "TIDEKV_MASTER"
+"""Where the master address comes from when the extra config has no ``master`` (what ``tidekv up`` prints)."""
+
+SGLANG_KEYS = frozenset({
+    # routing of the dynamic backend factory and the controller's zero-copy switch
+    "backend_name", "module_path", "class_name", "interface_v1",
+    # read by SGLang's cache controller (normally popped before the backend sees them)
+    "prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
+    "hicache_storage_pass_prefix_keys", "tp_lcm_size",
+})
+"""Extra-config keys that belong to SGLang, not to tidekv."""
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 1000, "kib": 1 << 10, "mb": 1000**2, "mib": 1 << 20, "gb": 1000**3,
+               "gib": 1 << 30, "tb": 1000**4, "tib": 1 << 40}
+
+
+def parse_size(name: str, value: Any) -> int:
+    """Bytes from an int or a string such as "4GiB", "512mb", "1048576".
+
+    Raises:
+        ConfigError: not a non-negative size.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ConfigError(f"{name}={value!r} must be >= 0 bytes")
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
+        if m and m.group(2).lower() in _SIZE_UNITS:
+            return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    raise ConfigError(f"{name}={value!r} is not a size; use bytes (int) or a string like '4GiB' or '512MB'")
+
+
+@dataclass(frozen=True, slots=True)
+class HiCacheSettings:
+    """tidekv's keys in ``--hicache-storage-backend-extra-config``."""
+
+    master: str
+    """Store master "host:port" (``tidekv up`` prints it). Default: $TIDEKV_MASTER; required."""
+    segment_size: int = 0
+    """Bytes of host memory each SGLang rank contributes to the pool (int or "4GiB"). Default 0:
+    the rank only uses memory others contribute (e.g. the ``tidekv up`` process)."""
+    engine_host: str = "127.0.0.1"
+    """Address the rank's transfer engine listens on; other pool members must reach it. Default 127.0.0.1."""
+    transport: str = "auto"
+    """auto (shared memory to same-host peers, tcp otherwise), tcp or shm. Default auto."""
+    replicas: int = 1
+    """Copies of each page, on distinct segments (best effort). Default 1 (1..16)."""
+    rpc_timeout_s: float = 5.0
+    """A master that does not answer within this time fails the call (pages are then recomputed). Default 5 s."""
+    secret: str | None = None
+    """Shared secret of the transfer engines; every pool member must use the same. Default None."""
+    extra_backend_tag: str | None = None
+    """Extra key prefix to separate tenants sharing one pool (as with SGLang's mooncake backend). Default None."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.master, str) or not re.fullmatch(r"\[?[^\s\]]+\]?:\d{1,5}", self.master):
+            raise ConfigError(f"master={self.master!r} must be 'host:port' of a tidekv master")
+        if not isinstance(self.engine_host, str) or not self.engine_host:
+            raise ConfigError(f"engine_host={self.engine_host!r} must be a non-empty address")
+        if self.transport not in {k.value for k in TransportKind}:
+            raise ConfigError(f"transport={self.transport!r} is invalid; allowed {[k.value for k in TransportKind]}")
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or not 1 <= self.replicas <= 16:
+            raise ConfigError(f"replicas={self.replicas!r} must be an integer 1..16")
+        if isinstance(self.rpc_timeout_s, bool) or not isinstance(self.rpc_timeout_s, (int, float)) \
+                or not 0.01 <= self.rpc_timeout_s <= 600:
+            raise ConfigError(f"rpc_timeout_s={self.rpc_timeout_s!r} must be 0.01..600 seconds")
+        if self.secret is not None and (not isinstance(self.secret, str) or not self.secret):
+            raise ConfigError("secret must be a non-empty string (or absent)")
+        if self.extra_backend_tag is not None and (not isinstance(self.extra_backend_tag, str)
+                                                   or not self.extra_backend_tag):
+            raise ConfigError(f"extra_backend_tag={self.extra_backend_tag!r} must be a non-empty string (or absent)")
+
+    @classmethod
+    def from_extra_config(cls, extra_config: Mapping[str, Any] | None,
+                          environ: Mapping[str, str] | None = None) -> HiCacheSettings:
+        """Builds the settings from SGLang's extra config (SGLang's own keys are skipped).
+
+        Raises:
+            ConfigError: an unknown key (the message lists the allowed ones), a bad value, or no
+                master in the config nor in $TIDEKV_MASTER.
+        """
+        values = {k: v for k, v in dict(extra_config or {}).items() if k not in SGLANG_KEYS}
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ConfigError(f"unknown tidekv HiCache setting(s) {unknown} in --hicache-storage-backend-extra-config; "
+                              f"allowed {sorted(names)} (plus SGLang's own {sorted(SGLANG_KEYS)})")
+        if "master" not in values:
+            env = os.environ if environ is None else environ
+            if not env.get(MASTER_ENV):
+                raise ConfigError(f"no tidekv master: put \"master\": \"host:port\" in "
+                                  f"--hicache-storage-backend-extra-config or set ${MASTER_ENV} "
+                                  "(start one with `tidekv up`)")
+            values["master"] = env[MASTER_ENV]
+        if "segment_size" in values:
+            values["segment_size"] = parse_size("segment_size", values["segment_size"])
+        return cls(**values)
