@@ -26,9 +26,15 @@ PROMPT_BYTES = (70, 131, 2000)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    # Both engines' options live here, the conftest pytest always loads for integration/, so either
+    # flag works whether pytest is pointed at integration/ or at integration/sglang/.
     parser.addoption(
         "--require-vllm", action="store_true",
         help="fail instead of skipping when vLLM cannot run here (CI uses this so a broken setup cannot pass as skips)",
+    )
+    parser.addoption(
+        "--require-sglang", action="store_true",
+        help="fail instead of skipping when the SGLang package cannot be used here (see integration/setup_sglang.sh)",
     )
 
 
@@ -39,7 +45,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
-        if here in Path(item.fspath).parents:
+        # integration/sglang/ has its own conftest, markers and skip logic.
+        if here in Path(item.fspath).parents and here / "sglang" not in Path(item.fspath).parents:
             item.add_marker(pytest.mark.vllm)
             item.add_marker(pytest.mark.slow)
 
