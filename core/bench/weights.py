@@ -20,13 +20,14 @@ from typing import Any
 
 from tidekv.bench.report import Column, format_size, format_table, parse_size, progress
 
-_HIDDEN, _FFN, _VOCAB = 2048, 5632, 32000
+# (hidden, ffn, vocab): a 1B-class Llama; the small one keeps tests of the bench quick
+_MODELS = [(2048, 5632, 32000), (256, 704, 4000)]
 
 
 def transformer_shapes(total_bytes: int, element_size: int = 2) -> list[tuple[str, tuple[int, ...]]]:
     """Llama-like (name, shape) pairs -- embeddings, per-layer attention/MLP/norms, lm_head --
     with as many layers as fit in ``total_bytes`` (at least one)."""
-    h, f, v = _HIDDEN, _FFN, _VOCAB
+    h, f, v = next((m for m in _MODELS if 4 * m[2] * m[0] * element_size <= total_bytes), _MODELS[-1])
     layer = [("self_attn.q_proj.weight", (h, h)), ("self_attn.k_proj.weight", (h // 4, h)),
              ("self_attn.v_proj.weight", (h // 4, h)), ("self_attn.o_proj.weight", (h, h)),
              ("mlp.gate_proj.weight", (f, h)), ("mlp.up_proj.weight", (f, h)), ("mlp.down_proj.weight", (h, f)),

@@ -1,0 +1,298 @@
+"""tidekv.weights: publish/pull round trips, fan-out, version consistency and failures, with
+publishers and subscribers in separate processes where the behaviour depends on it."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+import pytest
+import torch
+import zmq
+
+from tests.weights import procs
+from tidekv.config import WeightsConfig
+from tidekv.errors import (
+    ConfigError,
+    PublisherUnavailableError,
+    VersionChangedError,
+    VersionNotFoundError,
+    VersionPendingError,
+    WeightsError,
+)
+from tidekv.weights import Publisher, Subscriber
+from tidekv.weights import protocol as p
+
+CTX = multiprocessing.get_context("spawn")
+SMALL = {"chunk_bytes": 64 << 10}
+
+
+class Proc:
+    def __init__(self, target: Any, *args: Any) -> None:
+        self.conn, child = CTX.Pipe()
+        self.proc = CTX.Process(target=target, args=(child, *args), daemon=True)
+        self.proc.start()
+        self.hello = self.recv(60)
+
+    def recv(self, timeout_s: float = 60) -> Any:
+        if not self.conn.poll(timeout_s):
+            raise AssertionError(f"process {self.proc.pid} did not answer within {timeout_s} s")
+        return self.conn.recv()
+
+    def send(self, msg: Any) -> None:
+        self.conn.send(msg)
+
+    def stop(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self.conn.send(None)
+            except OSError:
+                pass
+            self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+
+
+@pytest.fixture
+def spawn() -> Iterator[Any]:
+    started: list[Proc] = []
+
+    def start(target: Any, *args: Any) -> Proc:
+        proc = Proc(target, *args)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+# -- in one process -----------------------------------------------------------------------
+
+def test_round_trip_every_dtype_shape_and_layout() -> None:
+    tensors = procs.make_tensors(3)
+    tensors["strided"] = torch.arange(60, dtype=torch.float32).reshape(6, 10).t()  # not contiguous
+    with Publisher(tensors, config=WeightsConfig(**SMALL)) as pub, Subscriber(pub.address) as sub:
+        assert pub.publish(3) == 3
+        pulled = sub.pull(3)
+        assert pulled.version == 3
+        assert list(pulled.tensors) == list(tensors)
+        for name, t in tensors.items():
+            assert pulled.tensors[name].dtype == t.dtype and torch.equal(pulled.tensors[name], t), name
+        assert pulled.nbytes == sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def test_snapshot_is_isolated_from_later_changes_and_into_fills_destinations() -> None:
+    tensors = procs.make_tensors(1)
+    with Publisher(tensors, config=WeightsConfig(**SMALL)) as pub, Subscriber(pub.address) as sub:
+        pub.publish(1)
+        original = {n: t.clone() for n, t in tensors.items()}
+        for t in tensors.values():
+            t.zero_()  # the trainer moves on; version 1 stays as published
+        dest = {n: torch.empty_like(t) for n, t in original.items()}
+        assert sub.pull(1, into=dest).version == 1
+        for name, t in original.items():
+            assert torch.equal(dest[name], t), name
+
+
+def test_latest_version_and_versions_list() -> None:
+    with Publisher(procs.make_tensors(1), config=WeightsConfig(keep_versions=2, **SMALL)) as pub, Subscriber(pub.address) as sub:
+        with pytest.raises(VersionPendingError):
+            sub.pull()
+        for v in (1, 2, 5):
+            pub.publish(v, tensors=procs.make_tensors(v))
+        assert pub.versions() == sub.versions() == [2, 5]
+        pulled = sub.pull()
+        assert pulled.version == 5 and torch.equal(pulled.tensors["embed.weight"], procs.make_tensors(5)["embed.weight"])
+        with pytest.raises(VersionNotFoundError, match="version 1 is not held"):
+            sub.pull(1)
+
+
+def test_pull_waits_for_a_version_published_later() -> None:
+    tensors = procs.make_tensors(1)
+    with Publisher(tensors, config=WeightsConfig(**SMALL)) as pub, Subscriber(pub.address) as sub:
+        timer = threading.Timer(0.3, pub.publish, args=(4,))
+        timer.start()
+        pulled = sub.pull(4, wait_s=10)
+        assert pulled.version == 4 and torch.equal(pulled.tensors["lm_head.weight"], tensors["lm_head.weight"])
+        timer.join()
+        with pytest.raises(VersionPendingError):
+            sub.pull(9, wait_s=0.05)
+
+
+def test_bad_input_is_refused_with_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="no tensors"):
+        Publisher({})
+    with pytest.raises(ConfigError, match="expected a torch.Tensor"):
+        Publisher({"w": [1, 2]})
+    with pytest.raises(ConfigError, match="fanout"):
+        WeightsConfig(fanout=-1)
+    with pytest.raises(ConfigError, match="host:port"):
+        Subscriber("nowhere")
+    with Publisher(procs.make_tensors(1), config=WeightsConfig(**SMALL)) as pub, Subscriber(pub.address) as sub:
+        pub.publish(2)
+        with pytest.raises(ConfigError, match="greater than the last published"):
+            pub.publish(2)
+        with pytest.raises(ConfigError, match="no tensor of that name"):
+            sub.pull(2, into={"nope": torch.empty(1)})
+        with pytest.raises(ConfigError, match=r"into\['embed.weight'\] is float32"):
+            sub.pull(2, into={"embed.weight": torch.empty(512, 256)})
+
+
+def test_publisher_survives_garbage_and_refuses_other_protocol_versions() -> None:
+    with Publisher(procs.make_tensors(1), config=WeightsConfig(**SMALL)) as pub:
+        pub.publish(1)
+        sock = zmq.Context.instance().socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://{pub.address}")
+        sock.send(b"\x00garbage")
+        assert sock.poll(5000)
+        reply = p.reply_decoder.decode(sock.recv())
+        assert isinstance(reply, p.Error) and reply.kind == "bad_request"
+        sock.send(msgspec.msgpack.encode(p.Describe(protocol=99, version=None)))
+        assert sock.poll(5000)
+        reply = p.reply_decoder.decode(sock.recv())
+        assert isinstance(reply, p.Error) and reply.kind == "protocol" and "99" in reply.message
+        sock.close()
+        with Subscriber(pub.address) as sub:  # still serving
+            assert sub.pull(1).version == 1
+
+
+def test_unreachable_publisher_is_reported() -> None:
+    with Subscriber("127.0.0.1:9", config=WeightsConfig(rpc_timeout_s=0.3)) as sub:
+        with pytest.raises(PublisherUnavailableError, match="did not answer"):
+            sub.pull(1)
+
+
+def test_lease_holds_a_version_and_freed_buffers_are_detected() -> None:
+    tensors = procs.make_tensors(1)
+    cfg = WeightsConfig(keep_versions=1, lease_s=0.2, **SMALL)
+    with Publisher(tensors, config=cfg) as pub:
+        pub.publish(1)
+        ch = zmq.Context.instance().socket(zmq.REQ)
+        ch.setsockopt(zmq.LINGER, 0)
+        ch.connect(f"tcp://{pub.address}")
+
+        def call(req: Any) -> Any:
+            ch.send(msgspec.msgpack.encode(req))
+            assert ch.poll(5000)
+            return p.reply_decoder.decode(ch.recv())
+
+        plan = call(p.Join(p.PROTOCOL_VERSION, 1, "127.0.0.1:1", 0))
+        assert isinstance(plan, p.Plan)
+        pub.publish(2)
+        assert pub.versions() == [1, 2]  # the lease keeps version 1
+        time.sleep(0.3)
+        pub.publish(3)  # lease ran out: version 1 goes, its buffer is reused
+        assert 1 not in pub.versions()
+        ch.close()
+        with Subscriber(pub.address) as sub:  # a reader with the stale plan finds another version there
+            got = sub._read_header(plan.publisher, plan.snapshot_addr)
+            assert got[0] != 1
+            with pytest.raises(VersionChangedError):
+                sub._check_source(plan, 1)
+
+
+# -- across processes ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("fanout", [0, 1, 2])
+def test_fan_out_to_receiver_processes(spawn: Any, fanout: int) -> None:
+    cfg = WeightsConfig(fanout=fanout, **SMALL)
+    tensors = procs.make_tensors(1, scale=8)
+    with Publisher(tensors, config=cfg) as pub:
+        subs = [spawn(procs.subscriber_main, pub.address, {}) for _ in range(4)]
+        for version in (1, 2):
+            for name, t in procs.make_tensors(version, 8).items():
+                tensors[name].copy_(t)
+            for s in subs:
+                s.send((version, 8))
+            pub.publish(version)
+            replies = [s.recv() for s in subs]
+            assert all(r[0] == "pulled" and r[1] == version and r[3] for r in replies), replies
+            relayed = sum(r[2] for r in replies)
+            if fanout == 0:
+                assert relayed == 0
+            else:  # receivers after the publisher's direct children read from a parent
+                assert relayed > 0
+
+
+def test_a_receiver_killed_mid_pull_does_not_stop_its_children(spawn: Any) -> None:
+    cfg = WeightsConfig(fanout=1, window=1, chunk_bytes=64 << 10)
+    tensors = procs.make_tensors(1, scale=64)  # ~30 MiB: many chunks
+    with Publisher(tensors, config=cfg) as pub:
+        first = spawn(procs.subscriber_main, pub.address, {})
+        second = spawn(procs.subscriber_main, pub.address, {})
+        first.send((1, 64))
+        time.sleep(0.5)  # the first joins first: it is the second's parent in the chain
+        second.send((1, 64))
+        pub.publish(1)
+        time.sleep(0.05)
+        os.kill(first.proc.pid, signal.SIGKILL)
+        reply = second.recv(60)
+        assert reply[0] == "pulled" and reply[1] == 1 and reply[3], reply
+        third = spawn(procs.subscriber_main, pub.address, {})  # not sent to the dead receiver
+        third.send((1, 64))
+        reply = third.recv(60)
+        assert reply[0] == "pulled" and reply[3], reply
+
+
+def test_trainer_killed_mid_publish_fails_the_pull_cleanly(spawn: Any) -> None:
+    publisher = spawn(procs.publisher_main, {"chunk_bytes": 64 << 10, "stall_timeout_s": 1.0}, 64)
+    address = publisher.hello[1]
+    publisher.send(("publish", 1))
+    assert publisher.recv() == ("published", 1)
+    with Subscriber(address, config=WeightsConfig(rpc_timeout_s=2)) as sub:
+        old = {n: t.clone() for n, t in sub.pull(1).tensors.items()}
+        dest = {n: t.clone() for n, t in old.items()}
+        publisher.send(("die_mid_publish", 2))
+        started = time.monotonic()
+        with pytest.raises(WeightsError):
+            sub.pull(2, into=dest, wait_s=10)
+        assert time.monotonic() - started < 15
+        publisher.proc.join(5)
+        assert publisher.proc.exitcode == -signal.SIGKILL
+        for name, t in old.items():  # nothing of the broken version reached the destination
+            assert torch.equal(dest[name], t), name
+
+
+def test_concurrent_publishes_never_give_a_mixed_version(spawn: Any) -> None:
+    """Publishes as fast as possible while receivers pull the latest: every pull is one whole
+    version, or a typed error when the version was freed under it -- never a mix."""
+    tensors = procs.make_tensors(1, scale=4)
+    cfg = WeightsConfig(keep_versions=1, lease_s=0.1, **SMALL)
+    with Publisher(tensors, config=cfg) as pub:
+        pub.publish(1)
+        subs = [spawn(procs.subscriber_main, pub.address, {}) for _ in range(2)]
+        stop = threading.Event()
+
+        def churn() -> None:
+            v = 1
+            while not stop.is_set():
+                v += 1
+                for name, t in procs.make_tensors(v, 4).items():
+                    tensors[name].copy_(t)
+                pub.publish(v)
+
+        thread = threading.Thread(target=churn)
+        thread.start()
+        outcomes: list[Any] = []
+        try:
+            for _ in range(15):
+                for s in subs:
+                    s.send((None, 4))
+                outcomes += [s.recv() for s in subs]
+        finally:
+            stop.set()
+            thread.join()
+        pulled = [o for o in outcomes if o[0] == "pulled"]
+        assert pulled, outcomes
+        assert all(o[3] for o in pulled), [o for o in pulled if not o[3]]
+        errors = [o for o in outcomes if o[0] == "error"]
+        assert all(o[1] in ("VersionChangedError", "VersionNotFoundError") for o in errors), errors
