@@ -1,0 +1,89 @@
+"""PD disaggregation through SGLang's own mooncake connector on tidekv.
+
+Two processes (``pd_peer.py``), a prefill and a decode, each run SGLang's real
+``MooncakeKVManager`` with ``MooncakeKVSender`` / ``MooncakeKVReceiver`` and the prefill's
+``MooncakeKVBootstrapServer``, on SGLang's real ``MHATokenToKVPool`` and ``MetadataBuffers`` (CPU).
+``import mooncake.engine`` resolves to the tidekv shim (``plugins/sglang/mooncake_shim`` on
+``PYTHONPATH``, as ``pip install ./plugins/sglang/mooncake_shim`` would make it), so SGLang's
+unpatched connector moves the KV pages with ``tidekv.compat.mooncake``. Pages are compared by
+digest over every layer's K and V rows.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import sglang_rig
+
+SHIM = sglang_rig.REPO / "plugins" / "sglang" / "mooncake_shim"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("force_tcp", [False, True], ids=["mooncake", "mooncake_tcp"])
+def test_sglang_mooncake_conn_moves_kv_pages_over_tidekv(tmp_path: Path, force_tcp: bool) -> None:
+    port = free_port()
+    env = {"PYTHONPATH": str(SHIM), "HF_HUB_OFFLINE": "1", **({"MC_FORCE_TCP": "1"} if force_tcp else {})}
+    spec = {"bootstrap_port": port, "pages": 64, "model_dir": str(tmp_path / "model")}
+    prefill = sglang_rig.LineChild("pd_peer.py", {**spec, "role": "prefill"}, tmp_path / "prefill.log", env=env,
+                                   start_timeout_s=120)
+    decode = None
+    try:
+        decode = sglang_rig.LineChild("pd_peer.py", {**spec, "role": "decode"}, tmp_path / "decode.log", env=env,
+                                      start_timeout_s=120)
+        for peer in (prefill, decode):
+            assert peer.hello["engine_class"] == "tidekv.compat.mooncake.TransferEngine"
+        # Two requests in flight at once, each with its own room, pages and aux slot.
+        requests = [
+            {"room": 2**62 + 11, "src": [3, 4, 5, 9], "dst": [40, 41, 50, 51], "aux": (0, 2), "token": 1234},
+            {"room": 987654321, "src": [10, 11], "dst": [7, 8], "aux": (1, 3), "token": 77},
+        ]
+        sent = {r["room"]: prefill.call("fill", pages=r["src"], seed=r["room"] % 1000)["digests"] for r in requests}
+        for r in requests:
+            assert prefill.call("sender", room=r["room"], pages=r["src"], aux_index=r["aux"][0],
+                                bootstrap_port=port)["ok"]
+            assert decode.call("receive", room=r["room"], pages=r["dst"], aux_index=r["aux"][1],
+                               bootstrap_port=port)["ok"]
+        for r in requests:
+            reply = prefill.call("send", room=r["room"], pages=r["src"], aux_index=r["aux"][0], first_token=r["token"])
+            assert reply["poll"] == 4, reply  # KVPoll.Success
+            got = decode.call("wait", room=r["room"], pages=r["dst"], aux_index=r["aux"][1])
+            assert got["poll"] == 4, got
+            assert got["digests"] == sent[r["room"]]
+            assert got["first_token"] == r["token"]
+        transport = "tcp" if force_tcp else "shm"
+        assert f"via {transport}" in prefill.log_text()
+    finally:
+        prefill.stop()
+        if decode is not None:
+            decode.stop()
+
+
+def test_the_shim_installs_as_its_own_distribution(tmp_path: Path) -> None:
+    """``pip install ./plugins/sglang/mooncake_shim`` builds, and the installed package routes to tidekv."""
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
+                    str(SHIM)], check=True, timeout=300)
+    (wheel,) = wheels.glob("tidekv_mooncake_shim-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "mooncake/engine.py" in names and "mooncake/__init__.py" in names
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True, timeout=300)
+    probe = ("import mooncake, mooncake.engine as e, tidekv.compat.mooncake as c; "
+             "assert mooncake.IS_TIDEKV_SHIM and e.TransferEngine is c.TransferEngine; "
+             "te = e.TransferEngine(); assert te.initialize('127.0.0.1', 'P2PHANDSHAKE', 'tcp', '') == 0; "
+             "print(te.get_rpc_port())")
+    out = subprocess.run([sys.executable, "-c", probe], env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.strip()) > 0
