@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 from conftest import VllmRunner
 from harness import Phase
 from weights_phase import run_weights_phase

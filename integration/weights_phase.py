@@ -47,12 +47,11 @@ def run_weights_phase(spec: dict[str, Any], timeout_s: float = 300.0) -> tuple[l
 
 def _child_main(spec_path: str, out_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
+    from tidekv_vllm.weights import update_weights
     from vllm import LLM, SamplingParams
 
-    from tidekv_vllm.weights import update_weights
-
-    kwargs: dict[str, Any] = dict(model=spec["model"], dtype="float32", enforce_eager=True, max_model_len=512,
-                                  max_num_seqs=4, block_size=32, seed=0)
+    kwargs: dict[str, Any] = {"model": spec["model"], "dtype": "float32", "enforce_eager": True,
+                              "max_model_len": 512, "max_num_seqs": 4, "block_size": 32, "seed": 0}
     if spec["mode"] == "native":
         kwargs["weight_transfer_config"] = {"backend": "tidekv"}
     else:
@@ -74,7 +73,7 @@ def _child_main(spec_path: str, out_path: str) -> None:
                 version = llm.collective_rpc("tidekv_update_weights", args=(step["publisher"], step["update"]))[0]
                 llm.reset_prefix_cache()
             results.append({"version": version, "seconds": time.monotonic() - t0})
-        except Exception as exc:  # the test asserts on it; the engine must keep serving
+        except Exception as exc:  # noqa: BLE001 - the test asserts on it; the engine must keep serving
             results.append({"error": type(exc).__name__, "message": str(exc)[-2000:]})
         print(f"step {step}: {results[-1]}", flush=True)
     Path(out_path).write_text(json.dumps(results))

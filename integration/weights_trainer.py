@@ -17,7 +17,6 @@ from pathlib import Path
 
 def trainer_main(conn: Connection, model_dir: str, version: int, die: bool) -> None:
     from safetensors.torch import load_file
-
     from tidekv.config import WeightsConfig
     from tidekv.weights import Publisher, layout
 

@@ -240,6 +240,5 @@ def _main(args: argparse.Namespace) -> int:
     print(format_table(rows, cols, title=title, notes=["bar: gloo/tidekv >= 2 at 2 and 4 receivers"]))
     if args.json:
         with open(args.json, "w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+            f.writelines(json.dumps(row) + "\n" for row in rows)
     return 0

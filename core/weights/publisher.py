@@ -23,7 +23,6 @@ from typing import Any
 
 import msgspec
 import zmq
-
 from tidekv.config import WeightsConfig
 from tidekv.errors import ConfigError, EngineClosedError
 from tidekv.transfer import Region, TransferEngine

@@ -25,7 +25,6 @@ from typing import Any
 
 import msgspec
 import zmq
-
 from tidekv.config import WeightsConfig
 from tidekv.errors import (
     ConfigError,

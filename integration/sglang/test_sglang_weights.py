@@ -9,9 +9,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import torch
-
 import sglang_rig
+import torch
 
 CTX = multiprocessing.get_context("spawn")
 
@@ -65,10 +64,11 @@ def trainer() -> Iterator[Any]:
 @pytest.fixture
 def updater() -> tuple[Any, Toy]:
     sglang_rig.stub_torchvision()
-    from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
+    from sglang.srt.model_executor.model_runner_components.weight_updater import (
+        WeightUpdater,
+    )
     from sglang.srt.runtime_context import get_context, get_parallel
     from sglang.srt.server_args import ServerArgs
-
     from tidekv_sglang.weights import LOADER
 
     get_context().set_server_args(ServerArgs(model_path="unused", device="cpu", custom_weight_loader=[LOADER]))
@@ -92,8 +92,8 @@ def test_sglang_weight_updater_pulls_through_tidekv(updater: Any, trainer: Any) 
 
 
 def test_dead_trainer_fails_the_update_and_keeps_the_weights(updater: Any, trainer: Any) -> None:
-    from tidekv.errors import PublisherUnavailableError
     from tidekv.config import WeightsConfig
+    from tidekv.errors import PublisherUnavailableError
     from tidekv_sglang import weights
 
     runner, model = updater
@@ -111,9 +111,7 @@ def test_dead_trainer_fails_the_update_and_keeps_the_weights(updater: Any, train
 def test_http_payload_carries_the_request_through_sglang_serializer() -> None:
     sglang_rig.stub_torchvision()
     from sglang.srt.utils.common import MultiprocessingSerializer
-
     from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
-
     from tidekv_sglang.weights import LOADER, UpdateRequest, update_request_payload
 
     monkey_patch_torch_reductions()  # as SGLang's workers (and verl-style senders) have it

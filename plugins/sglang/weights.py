@@ -17,9 +17,9 @@ mid-update fails the request and the engine keeps its weights.
 
 from __future__ import annotations
 
-import logging
 import base64
 import io
+import logging
 import threading
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler

@@ -25,13 +25,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from tidekv.weights import PulledWeights, Subscriber
+
 from vllm.distributed.weight_transfer.base import (
     WeightTransferEngine,
     WeightTransferInitInfo,
     WeightTransferUpdateInfo,
 )
-
-from tidekv.weights import PulledWeights, Subscriber
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,10 @@ class TidekvWeightTransferUpdateInfo(WeightTransferUpdateInfo):
 
 def load_pulled(model: Any, model_config: Any, pulled: PulledWeights) -> None:
     """Loads a complete pulled version into ``model`` (checkpoint-format names)."""
-    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+    from vllm.model_executor.model_loader.reload import (
+        finalize_layerwise_reload,
+        initialize_layerwise_reload,
+    )
 
     initialize_layerwise_reload(model)
     try:

@@ -13,7 +13,6 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
-
 from tidekv.config import WeightsConfig
 from tidekv.weights import Publisher, Subscriber
 
@@ -48,7 +47,7 @@ def subscriber_main(conn: Connection, address: str, config: dict[str, Any]) -> N
             version, scale = msg
             try:
                 pulled = sub.pull(version, wait_s=30.0)
-            except Exception as exc:  # reported to the test, which asserts on the type
+            except Exception as exc:  # noqa: BLE001 - reported to the test, which asserts on the type
                 conn.send(("error", type(exc).__name__, str(exc)))
                 continue
             want = make_tensors(pulled.version, scale)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from tidekv.bench import weights as bench
 
 

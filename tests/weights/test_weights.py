@@ -15,8 +15,6 @@ import msgspec
 import pytest
 import torch
 import zmq
-
-from tests.weights import procs
 from tidekv.config import WeightsConfig
 from tidekv.errors import (
     ConfigError,
@@ -28,6 +26,8 @@ from tidekv.errors import (
 )
 from tidekv.weights import Publisher, Subscriber
 from tidekv.weights import protocol as p
+
+from tests.weights import procs
 
 CTX = multiprocessing.get_context("spawn")
 SMALL = {"chunk_bytes": 64 << 10}
@@ -166,9 +166,9 @@ def test_publisher_survives_garbage_and_refuses_other_protocol_versions() -> Non
 
 
 def test_unreachable_publisher_is_reported() -> None:
-    with Subscriber("127.0.0.1:9", config=WeightsConfig(rpc_timeout_s=0.3)) as sub:
-        with pytest.raises(PublisherUnavailableError, match="did not answer"):
-            sub.pull(1)
+    with Subscriber("127.0.0.1:9", config=WeightsConfig(rpc_timeout_s=0.3)) as sub, \
+            pytest.raises(PublisherUnavailableError, match="did not answer"):
+        sub.pull(1)
 
 
 def test_lease_holds_a_version_and_freed_buffers_are_detected() -> None:
