@@ -3,7 +3,9 @@
 broadcast (gloo backend, one broadcast per tensor, as RL trainers do) in the same run.
 
 Update time = from the trainer starting the update (tidekv: publish's snapshot copy included)
-to the last receiver holding every byte. Each round publishes a new version; the median round
+to the last receiver holding every byte. Two publish modes: "snapshot" copies the tensors
+first (the trainer may go on at once), "in-place" serves the trainer's tensors directly (no copy;
+the trainer waits for the receivers, as gloo's broadcast makes it wait too). Each round publishes a new version; the median round
 is reported, with the ratio gloo / tidekv and how the time grows with receivers.
 """
 
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tidekv.bench.report import Column, format_size, format_table, parse_size, progress
+from tidekv.errors import ConfigError
 
 # (hidden, ffn, vocab): a 1B-class Llama; the small one keeps tests of the bench quick
 _MODELS = [(2048, 5632, 32000), (256, 704, 4000)]
@@ -74,7 +77,8 @@ def _tidekv_receiver(conn: Any, address: str, fanout: int) -> None:
             conn.send((end, weights.from_parent_bytes, _checksum(weights.tensors) if msg == 1 else None, weights.seconds))
 
 
-def _run_tidekv(tensors: dict[str, Any], receivers: int, rounds: int, fanout: int, bar: Any) -> tuple[list[float], list[float], float, int]:
+def _run_tidekv(tensors: dict[str, Any], receivers: int, rounds: int, fanout: int, in_place: bool,
+                bar: Any) -> tuple[list[float], list[float], float, int]:
     from tidekv.config import WeightsConfig
     from tidekv.weights import Publisher
 
@@ -95,9 +99,11 @@ def _run_tidekv(tensors: dict[str, Any], receivers: int, rounds: int, fanout: in
                 t0 = time.monotonic()
                 for c in conns:  # receivers wait for the version and stream it while it is copied in
                     c.send(version)
-                pub.publish(version)
+                pub.publish(version, in_place=in_place)
                 publishes.append(time.monotonic() - t0)
                 results = [c.recv() for c in conns]
+                if in_place:
+                    pub.retire(version)
                 if os.environ.get("TIDEKV_BENCH_DEBUG"):
                     print(version, "publish", publishes[-1], "pulls", [round(r[3], 3) for r in results], flush=True)
                 if version > 1:
@@ -176,29 +182,35 @@ def _expect(got: Any, want: str) -> None:
         raise RuntimeError(f"receiver process failed: {got!r}")
 
 
-def run(total_bytes: int, receivers: Sequence[int], rounds: int, fanout: int, show_progress: bool = True) -> list[dict[str, Any]]:
-    """Runs the bench; returns one row per receiver count."""
+MODES = ("snapshot", "in-place")
+
+
+def run(total_bytes: int, receivers: Sequence[int], rounds: int, fanout: int, show_progress: bool = True,
+        modes: Sequence[str] = MODES) -> list[dict[str, Any]]:
+    """Runs the bench; returns one row per receiver count and publish mode."""
     import torch
 
     torch.set_num_threads(1)
     tensors = _make_tensors(total_bytes, seed=1)
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     rows: list[dict[str, Any]] = []
-    with progress((2 * rounds + 1) * len(receivers), "bench weights", enabled=show_progress) as bar:
+    with progress((len(modes) * (rounds + 1) + rounds) * len(receivers), "bench weights", enabled=show_progress) as bar:
         for n in receivers:
-            ours, publishes, our_sum, relayed = _run_tidekv(tensors, n, rounds, fanout, bar)
             gloo, gloo_sum = _run_gloo(total_bytes, n, rounds, bar)
-            if abs(our_sum - gloo_sum) > 1e-6 * max(1.0, abs(gloo_sum)):
-                raise RuntimeError(f"tidekv and gloo delivered different bytes (checksums {our_sum} vs {gloo_sum})")
-            t_ours, t_gloo = statistics.median(ours), statistics.median(gloo)
-            rows.append({
-                "receivers": n, "bytes": nbytes, "tensors": len(tensors), "fanout": fanout,
-                "tidekv_s": t_ours, "publish_s": statistics.median(publishes), "gloo_s": t_gloo,
-                "speedup": t_gloo / t_ours, "tidekv_gbps": nbytes / t_ours / 1e9, "gloo_gbps": nbytes / t_gloo / 1e9,
-                "relayed_bytes": relayed,
-            })
-    base = rows[0]
+            t_gloo = statistics.median(gloo)
+            for mode in modes:
+                ours, publishes, our_sum, relayed = _run_tidekv(tensors, n, rounds, fanout, mode == "in-place", bar)
+                if abs(our_sum - gloo_sum) > 1e-6 * max(1.0, abs(gloo_sum)):
+                    raise RuntimeError(f"tidekv and gloo delivered different bytes (checksums {our_sum} vs {gloo_sum})")
+                t_ours = statistics.median(ours)
+                rows.append({
+                    "receivers": n, "mode": mode, "bytes": nbytes, "tensors": len(tensors), "fanout": fanout,
+                    "tidekv_s": t_ours, "publish_s": statistics.median(publishes), "gloo_s": t_gloo,
+                    "speedup": t_gloo / t_ours, "tidekv_gbps": nbytes / t_ours / 1e9, "gloo_gbps": nbytes / t_gloo / 1e9,
+                    "relayed_bytes": relayed,
+                })
     for row in rows:
+        base = next(r for r in rows if r["mode"] == row["mode"])
         row["tidekv_growth"] = row["tidekv_s"] / base["tidekv_s"]
         row["gloo_growth"] = row["gloo_s"] / base["gloo_s"]
     return rows
@@ -216,6 +228,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     parser.add_argument("--rounds", type=int, default=3, help="updates per measurement; the median counts (default 3)")
     parser.add_argument("--fanout", type=int, default=0,
                         help="tidekv distribution tree: children per node, 0 = all read the publisher (default 0)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="publish modes: snapshot (copy, then serve), in-place (serve the trainer's tensors) (default both)")
     parser.add_argument("--json", metavar="FILE", help="write one JSON object per row to FILE")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=_main)
@@ -223,9 +237,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def _main(args: argparse.Namespace) -> int:
     counts = [int(x) for x in args.receivers.split(",") if x.strip()]
-    rows = run(parse_size(args.size), counts, args.rounds, args.fanout, show_progress=not args.no_progress)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        raise ConfigError(f"--modes {sorted(unknown)} unknown; allowed {list(MODES)}")
+    rows = run(parse_size(args.size), counts, args.rounds, args.fanout, show_progress=not args.no_progress, modes=modes)
     cols = [
         Column("receivers", "receivers"),
+        Column("mode", "mode", align="<"),
         Column("tidekv_s", "tidekv s", ".3f"),
         Column("publish_s", "(publish s)", ".3f"),
         Column("gloo_s", "gloo s", ".3f"),

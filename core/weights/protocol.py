@@ -48,7 +48,8 @@ class Plan(msgspec.Struct, tag="plan"):
     window: int
     stall_timeout_s: float
     publisher: str  #: the publisher's transfer engine name
-    snapshot_addr: int  #: the version's buffer at the publisher
+    snapshot_addr: int  #: the version's header at the publisher (a snapshot's data follows it)
+    sources: list[int]  #: where each tensor lives at the publisher when served in place; [] = in the snapshot
     parent: str | None  #: the receiver to read chunks from first; None = the publisher
     parent_addr: int
 

@@ -13,18 +13,19 @@ Neighbours: ``subscriber.Subscriber`` is the other end; ``layout`` packs; ``prot
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import zmq
 from tidekv.config import WeightsConfig
-from tidekv.errors import ConfigError, EngineClosedError
+from tidekv.errors import ConfigError, EngineClosedError, VersionNotFoundError
 from tidekv.transfer import Region, TransferEngine
 from tidekv.weights import layout
 from tidekv.weights import protocol as p
@@ -46,6 +47,7 @@ class _Version:
     region: Region
     specs: list[p.TensorSpec]
     total_bytes: int
+    sources: list[int] = field(default_factory=list)  # in place: each tensor's address; [] = snapshot
     leases: dict[int, float] = field(default_factory=dict)  # lease id -> deadline (monotonic)
     receivers: list[_Receiver] = field(default_factory=list)  # join order = tree order
 
@@ -88,6 +90,7 @@ class Publisher:
         self._lock = threading.Lock()
         self._versions: dict[int, _Version] = {}
         self._spare: list[Region] = []  # buffers of freed versions, reused by publish
+        self._in_place_regions: dict[int, Region] = {}  # storage address -> region, for in-place versions
         self._leases = itertools.count(1)
         self._closed = False
         self._ctx = zmq.Context.instance()
@@ -109,18 +112,27 @@ class Publisher:
         self._thread.start()
         logger.info("weights publisher at %s (engine %s)", self.address, self.engine.name)
 
-    def publish(self, version: int | None = None, tensors: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None) -> int:
+    def publish(self, version: int | None = None, tensors: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None,
+                *, in_place: bool = False) -> int:
         """Snapshots the tensors as ``version`` and makes it pullable; returns the version.
 
         The version is pullable as soon as the copy starts: receivers already pulling it read
         each chunk once it is in place, so the copy and the pulls overlap.
 
+        With ``in_place=True`` there is no snapshot: receivers read the tensors themselves (CPU,
+        contiguous; registered once), which saves a copy of the whole model per update. The
+        tensors must not change until ``retire(version)`` -- or use ``with pub.serve(version):``.
+        A pull still copying when the version is retired fails with VersionChangedError, so a
+        receiver never keeps a mix.
+
         Args:
             version: a number greater than every published one; None = the last one + 1.
             tensors: replaces the set of tensors from now on (names, shapes or dtypes may change).
+            in_place: serve the tensors where they are instead of a snapshot.
 
         Raises:
-            ConfigError: the version is not new, or ``tensors`` is malformed.
+            ConfigError: the version is not new, or ``tensors`` is malformed (or, in place, not
+                contiguous CPU tensors).
         """
         self._check_open()
         if tensors is not None:
@@ -131,6 +143,8 @@ class Publisher:
         if not isinstance(number, int) or number <= last:
             raise ConfigError(f"version {version!r} must be an int greater than the last published ({last})")
         specs, total = layout.plan_layout(self._pairs)
+        if in_place:
+            return self._publish_in_place(number, specs, total)
         self._collect(keep=self.config.keep_versions - 1)
         region = self._buffer(total)
         view = region.view()
@@ -152,8 +166,58 @@ class Publisher:
             raise
         layout.set_progress(view, len(layout.chunk_ranges(total, chunk)), layout.STATE_COMPLETE)
         self._collect()
-        logger.info("published weights version %d (%d tensors, %.1f MiB)", number, len(specs), total / 2**20)
+        logger.debug("published weights version %d (%d tensors, %.1f MiB)", number, len(specs), total / 2**20)
         return number
+
+    def _publish_in_place(self, number: int, specs: list[p.TensorSpec], total: int) -> int:
+        sources = [self._registered(name, tensor) if spec.nbytes else 0 for (name, tensor), spec in zip(self._pairs, specs)]
+        header = self.engine.allocate(layout.HEADER_BYTES)
+        layout.write_header(header.view(), number, len(layout.chunk_ranges(total, self.config.chunk_bytes)), layout.STATE_COMPLETE)
+        with self._lock:
+            self._versions[number] = _Version(number, header, specs, total, sources=sources)
+        logger.debug("serving weights version %d in place (%d tensors)", number, len(specs))
+        return number
+
+    def _registered(self, name: str, tensor: Any) -> int:
+        """Address of ``tensor`` inside a registered region (its whole storage, registered once)."""
+        if tensor.device.type != "cpu" or not tensor.is_contiguous():
+            raise ConfigError(f"in-place publishing needs contiguous CPU tensors; {name!r} is not (publish a snapshot instead)")
+        storage = tensor.untyped_storage()
+        base, size = storage.data_ptr(), storage.nbytes()
+        region = self._in_place_regions.get(base)
+        if region is None or region.length != size:
+            if region is not None:
+                self.engine.unregister(region)
+            region = self._in_place_regions[base] = self.engine.register((base, size))
+        return region.address + (tensor.data_ptr() - base)
+
+    def retire(self, version: int) -> None:
+        """Ends in-place serving of ``version``: from now on the tensors may change.
+
+        Raises:
+            VersionNotFoundError: ``version`` is not being served in place.
+        """
+        with self._lock:
+            v = self._versions.get(version)
+            if v is None or not v.sources:
+                raise VersionNotFoundError(f"weights version {version} is not being served in place")
+            del self._versions[version]
+        layout.write_header(v.region.view(), 0, 0, layout.STATE_FAILED)  # pulls still copying fail their check
+        self.engine.unregister(v.region)
+
+    @contextlib.contextmanager
+    def serve(self, version: int | None = None) -> Iterator[int]:
+        """Serves the tensors in place as ``version`` for the duration of the block::
+
+            with pub.serve(7):
+                update_every_engine(7)        # their pulls read the trainer's tensors directly
+            optimizer.step()                  # safe: version 7 is retired
+        """
+        number = self.publish(version, in_place=True)
+        try:
+            yield number
+        finally:
+            self.retire(number)
 
     def versions(self) -> list[int]:
         """Versions that can be pulled now, oldest first."""
@@ -170,8 +234,8 @@ class Publisher:
         self._thread.join(timeout=5)
         self._sock.close()
         with self._lock:
-            regions = [v.region for v in self._versions.values()] + self._spare
-            self._versions, self._spare = {}, []
+            regions = [v.region for v in self._versions.values()] + self._spare + list(self._in_place_regions.values())
+            self._versions, self._spare, self._in_place_regions = {}, [], {}
         if self._own_engine:
             self.engine.close()  # frees every buffer it allocated
         else:
@@ -252,6 +316,7 @@ class Publisher:
             stall_timeout_s=self.config.stall_timeout_s,
             publisher=self.engine.name,
             snapshot_addr=v.region.address,
+            sources=v.sources,
             parent=parent.name if parent else None,
             parent_addr=parent.staging_addr if parent else 0,
         )
@@ -287,7 +352,7 @@ class Publisher:
         now = time.monotonic()
         doomed: list[_Version] = []
         with self._lock:
-            newest = sorted(self._versions, reverse=True)
+            newest = sorted((n for n, v in self._versions.items() if not v.sources), reverse=True)
             for number in newest[self.config.keep_versions if keep is None else keep :]:
                 v = self._versions[number]
                 v.leases = {k: d for k, d in v.leases.items() if d > now}
@@ -297,7 +362,7 @@ class Publisher:
             layout.write_header(v.region.view(), 0, 0, layout.STATE_FAILED)  # readers' seqlock check fails
             with self._lock:
                 self._spare.append(v.region)
-            logger.info("freed weights version %d", v.number)
+            logger.debug("freed weights version %d", v.number)
 
     def _check_open(self) -> None:
         if self._closed:

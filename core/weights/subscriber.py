@@ -266,9 +266,11 @@ class Subscriber:
                 continue
             batch = chunks[done : min(held, done + plan.window)]
             peer, base = source
-            requests = [TransferRequest(TransferOp.READ, staging.address + off, n, peer, base + off) for off, n in batch]
+            bases = plan.sources if source is publisher and plan.sources else None
+            requests = [r for off, n in batch for r in _chunk_requests(staging.address, off, n, peer, base, bases, manifest.tensors)]
             try:
-                self.engine.transfer(requests).wait()
+                if requests:  # (a range of alignment padding alone needs no copy)
+                    self.engine.transfer(requests).wait()
             except (TransferError, KeyError) as exc:
                 if parent is None:
                     raise _publisher_error(plan.publisher, version, exc) from exc
@@ -322,6 +324,21 @@ class Subscriber:
             self._control.call(p.Leave(lease, ok), timeout_s=min(1.0, self.config.rpc_timeout_s))
         except PublisherUnavailableError:
             logger.warning("publisher did not acknowledge the end of pull (lease %d); it expires by itself", lease)
+
+
+def _chunk_requests(staging: int, off: int, n: int, peer: str, base: int, sources: list[int] | None,
+                    specs: list[p.TensorSpec]) -> list[TransferRequest]:
+    """READs that fill [off, off + n) of the staging buffer: one from a flat buffer (a snapshot
+    or a parent's copy at ``base``), or one per tensor the range covers when the publisher
+    serves its tensors in place (``sources``: each tensor's address; padding is skipped)."""
+    if sources is None:
+        return [TransferRequest(TransferOp.READ, staging + off, n, peer, base + off)]
+    out = []
+    for spec, src in zip(specs, sources):
+        lo, hi = max(off, spec.offset), min(off + n, spec.offset + spec.nbytes)
+        if lo < hi:
+            out.append(TransferRequest(TransferOp.READ, staging + lo, hi - lo, peer, src + (lo - spec.offset)))
+    return out
 
 
 def _publisher_error(publisher: str, version: int, exc: BaseException) -> Exception:

@@ -16,10 +16,10 @@ def test_transformer_shapes_fill_the_size() -> None:
 @pytest.mark.parametrize("fanout", [0, 1])
 def test_bench_rows(fanout: int) -> None:
     rows = bench.run(8 << 20, [1, 2], rounds=1, fanout=fanout, show_progress=False)
-    assert [r["receivers"] for r in rows] == [1, 2]
+    assert [(r["receivers"], r["mode"]) for r in rows] == [(1, "snapshot"), (1, "in-place"), (2, "snapshot"), (2, "in-place")]
     for row in rows:
         assert row["tidekv_s"] > 0 and row["gloo_s"] > 0
         assert row["speedup"] == pytest.approx(row["gloo_s"] / row["tidekv_s"])
-    assert rows[0]["tidekv_growth"] == 1.0
+    assert rows[0]["tidekv_growth"] == rows[1]["tidekv_growth"] == 1.0
     if fanout:
-        assert rows[1]["relayed_bytes"] > 0  # the second receiver read from the first
+        assert rows[2]["relayed_bytes"] > 0 and rows[3]["relayed_bytes"] > 0  # the second receiver read from the first

@@ -296,3 +296,63 @@ def test_concurrent_publishes_never_give_a_mixed_version(spawn: Any) -> None:
         assert all(o[3] for o in pulled), [o for o in pulled if not o[3]]
         errors = [o for o in outcomes if o[0] == "error"]
         assert all(o[1] in ("VersionChangedError", "VersionNotFoundError") for o in errors), errors
+
+
+# -- in-place serving ---------------------------------------------------------------------
+
+def test_in_place_serving_reads_the_trainers_tensors_and_retires(spawn: Any) -> None:
+    tensors = procs.make_tensors(5, scale=8)
+    with Publisher(tensors, config=WeightsConfig(**SMALL)) as pub:
+        with pub.serve(5) as version, Subscriber(pub.address) as sub:
+            assert version == 5 and pub.versions() == [5]
+            pulled = sub.pull(5)
+            for name, t in tensors.items():
+                assert torch.equal(pulled.tensors[name], t), name
+            child = spawn(procs.subscriber_main, pub.address, {})  # another process: cross-memory reads
+            child.send((5, 8))
+            reply = child.recv()
+            assert reply[0] == "pulled" and reply[1] == 5 and reply[3], reply
+        assert pub.versions() == []  # retired: the trainer may change its tensors now
+        with Subscriber(pub.address) as sub, pytest.raises(VersionNotFoundError):
+            sub.pull(5)
+        pub.publish(6)  # snapshots and in-place versions mix
+        with pub.serve(7), Subscriber(pub.address) as sub:
+            assert sub.pull(6).version == 6 and sub.pull(7).version == 7
+        shared = dict(tensors, tied=tensors["embed.weight"], view=tensors["lm_head.weight"][100:200])
+        pub.publish(9, tensors=shared, in_place=True)  # tensors sharing storage: registered once
+        with Subscriber(pub.address) as sub:
+            pulled = sub.pull(9)
+            for name, t in shared.items():
+                assert torch.equal(pulled.tensors[name], t), name
+        pub.retire(9)
+
+
+def test_in_place_pull_racing_a_retire_fails_instead_of_mixing() -> None:
+    tensors = procs.make_tensors(2, scale=64)
+    with Publisher(tensors, config=WeightsConfig(chunk_bytes=64 << 10, window=1)) as pub, Subscriber(pub.address) as sub:
+        pub.publish(2, in_place=True)
+
+        def retire_and_scribble() -> None:
+            time.sleep(0.002)
+            pub.retire(2)
+            for t in tensors.values():
+                t.zero_()
+
+        thread = threading.Thread(target=retire_and_scribble)
+        thread.start()
+        try:
+            pulled = sub.pull(2)
+        except (VersionChangedError, VersionNotFoundError):
+            pass  # the retire came first or mid-pull: refused, never mixed
+        else:  # the pull finished (and checked) before the retire: the whole version 2
+            want = procs.make_tensors(2, scale=64)
+            assert all(torch.equal(pulled.tensors[n], t) for n, t in want.items())
+        thread.join()
+
+
+def test_in_place_refuses_what_it_cannot_serve() -> None:
+    with Publisher({"w": torch.zeros(4, 4).t()}) as pub:
+        with pytest.raises(ConfigError, match="contiguous CPU tensors"):
+            pub.publish(1, in_place=True)
+        with pytest.raises(VersionNotFoundError, match="not being served in place"):
+            pub.retire(1)
