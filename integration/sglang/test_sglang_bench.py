@@ -19,9 +19,9 @@ def test_hicache_bench_runs_small_and_checks_bytes(tmp_path: Path) -> None:
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr[-4000:]
     results = json.loads(out.read_text())
-    assert set(results["backends"]) == {"tidekv", "file"}
+    assert set(results["backends"]) == {"tidekv", "file", "file_cold"}
     for name, r in results["backends"].items():
         assert r["all_calls_ok"] and r["bytes_equal"], (name, r)
         assert r["get_pages_per_s"] > 0 and r["set_pages_per_s"] > 0
     assert results["page_bytes"] == 2 * 4 * 2 * 64 * 16 * 2
-    assert "tidekv / file:" in run.stdout
+    assert "tidekv / HiCacheFile, page cache:" in run.stdout
