@@ -64,7 +64,7 @@ def tidekv_up(segment: str = "256MiB") -> Iterator[str]:
             proc.kill()
 
 
-def run_pd(vllm: VllmRunner, model: str, prompts: list[str], *, transport: str = "auto",
+def run_pd(vllm: VllmRunner, model: str, prompts: list[str], *, transport: str = "auto", load_mode: str = "sync",
            tamper: bool = False) -> tuple[PhaseResult, PhaseResult]:
     prefill = Phase(model=model, prompts=prompts, max_tokens=1, kv_transfer_config=tidekv_config(transport=transport),
                     kv_transfer_params=prefill_params(len(prompts)), hold=True)
@@ -76,14 +76,15 @@ def run_pd(vllm: VllmRunner, model: str, prompts: list[str], *, transport: str =
             for p in params:
                 p["remote_block_ids"] = [b + 1000 for b in p["remote_block_ids"]]  # other (unwritten) blocks
         dec = vllm.run(Phase(model=model, prompts=prompts, max_tokens=MAX_TOKENS,
-                             kv_transfer_config=tidekv_config(transport=transport), kv_transfer_params=params))
+                             kv_transfer_config=tidekv_config(transport=transport, load_mode=load_mode),
+                             kv_transfer_params=params))
     return pre, dec
 
 
-@pytest.mark.parametrize("transport", ["auto", "tcp"])
+@pytest.mark.parametrize(("transport", "load_mode"), [("auto", "sync"), ("tcp", "sync"), ("auto", "async")])
 def test_pd_offline_decode_matches_baseline(vllm: VllmRunner, tiny_model: str, prompts: list[str],
-                                            baseline: PhaseResult, transport: str) -> None:
-    pre, dec = run_pd(vllm, tiny_model, prompts, transport=transport)
+                                            baseline: PhaseResult, transport: str, load_mode: str) -> None:
+    pre, dec = run_pd(vllm, tiny_model, prompts, transport=transport, load_mode=load_mode)
     assert dec.token_ids == baseline.token_ids
     assert all(c.finish_reason == "length" for c in dec.completions)
     for p, c in zip(pre.completions, prompts):
