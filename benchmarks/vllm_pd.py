@@ -16,7 +16,13 @@ Definitions (each engine in its own process, in-process engine core, one request
   ``Timed<Name>`` below): tidekv holds blocks in place; ExampleConnector writes safetensors
   files per layer. (Measured inside the engine because the alternative, the prefill's TTFT
   with the connector minus without, is two ~40 ms timings whose noise dwarfs a 1 ms export.)
-- hand-off = (decode TTFT - its floor) + export.
+- import: the same for the decode side: the time its engine spends in the connector's hooks
+  during the request (tidekv: a synchronous pull in ``start_load_kv``; ExampleConnector:
+  reading the files and injecting them into the KV cache).
+- hand-off (connectors) = export + import: what handing the KV over costs inside the
+  connectors, both sides.
+- hand-off (end to end) = (decode TTFT - its floor) + export: also counts what vLLM itself does
+  to admit an externally loaded request (the same for both connectors, ~4 ms here).
 
 Other work on this 2-core machine stretches any timing, so every prompt is measured ``--repeat``
 times (variants that share no block with each other), the engines of one connector run one
@@ -55,6 +61,7 @@ _HOOKS = ("get_num_new_matched_tokens", "update_state_after_alloc", "build_conne
           "get_transfer_results", "get_block_ids_with_load_errors", "get_kv_connector_stats",
           "build_connector_worker_meta", "take_events", "on_new_request")
 connector_s = 0.0  # seconds spent in connector hooks in this process (engine core and worker)
+hook_s: dict[str, float] = {}  # the same, per hook
 _depth = 0
 
 
@@ -68,7 +75,9 @@ def _timed(fn: Any) -> Any:
         finally:
             _depth -= 1
             if _depth == 0:  # a hook calling another hook counts once
-                connector_s += time.perf_counter() - t0
+                dt = time.perf_counter() - t0
+                connector_s += dt
+                hook_s[fn.__name__] = hook_s.get(fn.__name__, 0.0) + dt
     return wrapper
 
 
@@ -109,11 +118,12 @@ def child(spec: dict[str, Any], reply_fd: int) -> None:
         p = cmd.get("params")
         sp = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True,
                             extra_args=None if p is None else {"kv_transfer_params": p})
-        c0 = timed.connector_s
+        c0, h0 = timed.connector_s, dict(timed.hook_s)
         t0 = time.perf_counter()
         res = llm.generate([TokensPrompt(prompt_token_ids=cmd["prompt"])], sp, use_tqdm=False)[0]
         ttft = time.perf_counter() - t0
-        reply.write(json.dumps({"ttft_s": ttft, "connector_s": timed.connector_s - c0,
+        hooks = {k: v - h0.get(k, 0.0) for k, v in timed.hook_s.items() if v - h0.get(k, 0.0) > 0}
+        reply.write(json.dumps({"ttft_s": ttft, "connector_s": timed.connector_s - c0, "hooks_s": hooks,
                                 "params": res.kv_transfer_params,
                                 "num_cached_tokens": res.num_cached_tokens or 0}) + "\n")
         reply.flush()
@@ -202,7 +212,8 @@ def main() -> int:
 
     raw: dict[str, list[float]] = {k: [] for k in (
         "recompute", "local_hit", "tidekv_prefill", "tidekv_export", "tidekv_decode", "tidekv_floor",
-        "tidekv_cached", "example_producer", "example_export", "example_consumer", "example_floor", "example_cached")}
+        "tidekv_cached", "tidekv_import", "example_producer", "example_export", "example_consumer", "example_floor",
+        "example_cached", "example_import")}
     with tempfile.TemporaryDirectory(prefix="tidekv-vllm-bench-") as tmp:
         model = str(build(Path(tmp, "model"), seed=0))
         import random
@@ -236,6 +247,9 @@ def main() -> int:
                 p["params"].pop("remote_prefill_cached_tokens", None)
                 d = dec.generate(prompt, p["params"])
                 raw["tidekv_decode"].append(d["ttft_s"])
+                raw["tidekv_import"].append(d["connector_s"])
+                if os.environ.get("TIDEKV_BENCH_DEBUG"):
+                    print("decode hooks ms", {k: round(v * 1e3, 2) for k, v in d["hooks_s"].items()}, flush=True)
                 raw["tidekv_cached"].append(d["num_cached_tokens"])
                 raw["tidekv_floor"].append(dec.floor(prompt, d)["ttft_s"])
             for name in ("tidekv-prefill", "tidekv-decode"):
@@ -249,6 +263,7 @@ def main() -> int:
                 raw["example_export"].append(e["connector_s"])
                 c = consumer.generate(prompt)
                 raw["example_consumer"].append(c["ttft_s"])
+                raw["example_import"].append(c["connector_s"])
                 raw["example_cached"].append(c["num_cached_tokens"])
                 raw["example_floor"].append(consumer.floor(prompt, c)["ttft_s"])
         finally:
@@ -272,7 +287,12 @@ def main() -> int:
         "tokens_computed_example": args.tokens - med("example_cached"),
         "export_tidekv_ms": med("tidekv_export") * 1e3,
         "export_example_ms": med("example_export") * 1e3,
+        "import_tidekv_ms": med("tidekv_import") * 1e3,
+        "import_example_ms": med("example_import") * 1e3,
     }
+    rows["handoff_connectors_tidekv_ms"] = rows["export_tidekv_ms"] + rows["import_tidekv_ms"]
+    rows["handoff_connectors_example_ms"] = rows["export_example_ms"] + rows["import_example_ms"]
+    rows["handoff_connectors_speedup"] = rows["handoff_connectors_example_ms"] / max(rows["handoff_connectors_tidekv_ms"], 1e-6)
     rows["handoff_tidekv_ms"] = rows["ttft_tidekv_pulled_ms"] - rows["ttft_tidekv_floor_ms"] + rows["export_tidekv_ms"]
     rows["handoff_example_ms"] = (rows["ttft_example_loaded_ms"] - rows["ttft_example_floor_ms"]
                                   + rows["export_example_ms"])
@@ -281,8 +301,9 @@ def main() -> int:
     rows["prompt_tokens"] = args.tokens
     for k, v in rows.items():
         print(f"{k:32s} {v:10.2f}")
-    print("bars: hand-off >= 5x faster than ExampleConnector:",
-          "PASS" if rows["handoff_speedup_vs_example"] >= 5 else "FAIL",
+    print("bars: hand-off >= 5x faster than ExampleConnector: in the connectors",
+          "PASS" if rows["handoff_connectors_speedup"] >= 5 else "FAIL",
+          "/ end to end", "PASS" if rows["handoff_speedup_vs_example"] >= 5 else "FAIL",
           "| pulled TTFT < recompute TTFT:", "PASS" if rows["ttft_tidekv_pulled_ms"] < rows["ttft_recompute_ms"] else "FAIL")
     if args.json:
         Path(args.json).write_text(json.dumps({**rows, "raw": raw}) + "\n")
