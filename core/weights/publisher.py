@@ -262,7 +262,11 @@ class Publisher:
                         break
                     except zmq.ZMQError:
                         return
-                    reply = self._handle(frames[-1])
+                    try:
+                        reply = self._handle(frames[-1])
+                    except Exception as exc:  # noqa: BLE001 - a bug must not stop the control loop
+                        logger.exception("weights publisher: request failed")
+                        reply = p.Error("bad_request", f"publisher failed on the request: {exc}")
                     self._sock.send_multipart([*frames[:-1], p.encoder.encode(reply)])
             self._collect()
 
