@@ -62,9 +62,19 @@ class LayerLayout:
     def block_bytes(self) -> int:
         return sum(length for _, length in self.runs)
 
+    @property
+    def dense(self) -> bool:
+        """A block is one run filling its whole stride, so consecutive blocks are one run too."""
+        return self.runs == ((0, self.block_stride),)
+
+    def check_blocks(self, first: int, count: int = 1) -> None:
+        """Raises ConfigError unless blocks first .. first + count - 1 exist."""
+        if not (0 <= first and first + count <= self.num_blocks):
+            bad = first if not 0 <= first < self.num_blocks else first + count - 1
+            raise ConfigError(f"block {bad} is out of range for layer {self.name} ({self.num_blocks} blocks)")
+
     def spans(self, block: int) -> list[tuple[int, int]]:
-        if not 0 <= block < self.num_blocks:
-            raise ConfigError(f"block {block} is out of range for layer {self.name} ({self.num_blocks} blocks)")
+        self.check_blocks(block)
         start = self.base + block * self.block_stride
         return [(start + off, length) for off, length in self.runs]
 
@@ -154,21 +164,45 @@ class KVLayout:
         if len(local_blocks) != len(remote_blocks):
             raise ConfigError(f"{len(local_blocks)} local blocks but {len(remote_blocks)} remote blocks")
         out: list[TransferRequest] = []
-        laddr_end = raddr_end = -1
+        ends = [-1, -1]  # where the last request ends, locally and remotely
+
+        def add(laddr: int, length: int, raddr: int) -> None:
+            if laddr == ends[0] and raddr == ends[1]:
+                out[-1] = out[-1]._replace(length=out[-1].length + length)
+            else:
+                out.append(TransferRequest(op, laddr, length, peer, raddr))
+            ends[0], ends[1] = laddr + length, raddr + length
+
+        groups = _consecutive(local_blocks, remote_blocks)
         for mine, theirs in zip(self.layers, remote.layers):
-            for lb, rb in zip(local_blocks, remote_blocks):
-                for (laddr, length), (raddr, _) in zip(mine.spans(lb), theirs.spans(rb)):
-                    if laddr == laddr_end and raddr == raddr_end:
-                        last = out[-1]
-                        out[-1] = last._replace(length=last.length + length)
-                    else:
-                        out.append(TransferRequest(op, laddr, length, peer, raddr))
-                    laddr_end, raddr_end = laddr + length, raddr + length
+            for lb, rb, count in groups:
+                mine.check_blocks(lb, count)
+                theirs.check_blocks(rb, count)
+                if mine.dense and theirs.dense and mine.block_stride == theirs.block_stride:
+                    # whole blocks back to back on both sides: the group is one run per layer
+                    add(mine.base + lb * mine.block_stride, count * mine.block_stride, theirs.base + rb * theirs.block_stride)
+                    continue
+                for i in range(count):
+                    for (laddr, length), (raddr, _) in zip(mine.spans(lb + i), theirs.spans(rb + i)):
+                        add(laddr, length, raddr)
         return out
 
     def block_spans(self, block: int) -> list[tuple[int, int]]:
         """Every (address, length) run of one block, all layers in order."""
         return [span for lay in self.layers for span in lay.spans(block)]
+
+
+def _consecutive(local_blocks: Sequence[int], remote_blocks: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(local start, remote start, count) of the runs where both block lists count up by one."""
+    groups: list[tuple[int, int, int]] = []
+    for lb, rb in zip(local_blocks, remote_blocks):
+        if groups:
+            l0, r0, n = groups[-1]
+            if lb == l0 + n and rb == r0 + n:
+                groups[-1] = (l0, r0, n + 1)
+                continue
+        groups.append((lb, rb, 1))
+    return groups
 
 
 def _layer_order(name: str) -> tuple[int, str]:

@@ -81,3 +81,31 @@ def test_block_requests_move_the_right_blocks(permuted: bool) -> None:
         for lb_, rb in zip([5, 6, 9], [1, 2, 3]):
             assert torch.equal(dst[name][lb_], src[name][rb])
         assert not torch.equal(dst[name][0], src[name][0])  # untouched blocks stay as they were
+
+
+@pytest.mark.parametrize("permuted", [False, True])
+def test_block_requests_cover_exactly_the_per_block_spans(permuted: bool) -> None:
+    """The grouped requests move the same bytes as copying every run of every block one by one."""
+    import random
+
+    def make() -> dict[str, torch.Tensor]:
+        t = [torch.empty(64, 4, 2, 8) for _ in range(3)]
+        return {f"model.layers.{i}.attn": x.permute(0, 2, 1, 3) if permuted else x for i, x in enumerate(t)}
+
+    local, remote = KVLayout.from_tensors(make(), 4, "m"), KVLayout.from_tensors(make(), 4, "m")
+    rng = random.Random(7)
+    for _ in range(20):
+        n = rng.randint(1, 20)
+        lbs = sorted(rng.sample(range(64), n)) if rng.random() < 0.5 else list(range(s := rng.randint(0, 64 - n), s + n))
+        rbs = list(range(s := rng.randint(0, 64 - n), s + n)) if rng.random() < 0.7 else rng.sample(range(64), n)
+        reqs = local.block_requests(TransferOp.READ, "peer:1", remote, lbs, rbs)
+        got = {(r.local_addr + i, r.remote_addr + i) for r in reqs for i in range(0, r.length, 32)}
+        want = set()
+        for mine, theirs in zip(local.layers, remote.layers):
+            for lb, rb in zip(lbs, rbs):
+                for (la, length), (ra, _) in zip(mine.spans(lb), theirs.spans(rb)):
+                    want |= {(la + i, ra + i) for i in range(0, length, 32)}
+        assert got == want
+        assert sum(r.length for r in reqs) == len(lbs) * sum(lay.block_bytes for lay in local.layers)
+    with pytest.raises(ConfigError, match="out of range"):
+        local.block_requests(TransferOp.READ, "peer:1", remote, [63, 64], [0, 1])
