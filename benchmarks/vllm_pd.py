@@ -243,6 +243,8 @@ def main() -> int:
                 p = pre.generate(prompt, {"do_remote_decode": True})
                 raw["tidekv_prefill"].append(p["ttft_s"])
                 raw["tidekv_export"].append(p["connector_s"])
+                if os.environ.get("TIDEKV_BENCH_DEBUG"):
+                    print("prefill hooks ms", {k: round(v * 1e3, 2) for k, v in p["hooks_s"].items()}, flush=True)
                 # Without the prefill's hit count in the params, the decode reports its own.
                 p["params"].pop("remote_prefill_cached_tokens", None)
                 d = dec.generate(prompt, p["params"])
