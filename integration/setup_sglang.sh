@@ -18,22 +18,9 @@ SGLANG_VERSION=0.5.23
 VENV=.venv-sglang
 PY=$VENV/bin/python
 CONSTRAINTS=$VENV/constraints.txt
-pip_quiet() {  # pip, minus the warning this machine's pip config prints for every package it looks up
-  PIP_PROGRESS_BAR=off "$PY" -m pip "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
-}
+# shellcheck source=integration/venv_steps.sh
+source integration/venv_steps.sh
 total_start=$(date +%s)
-
-step() {  # step NAME CHECK-COMMAND DO-COMMAND...: runs DO only when CHECK fails, prints how long it took
-  local name=$1 check=$2; shift 2
-  local t0; t0=$(date +%s)
-  if eval "$check" >/dev/null 2>&1; then
-    echo "== $name: already done"
-    return
-  fi
-  echo "== $name"
-  "$@"
-  echo "== $name: $(( $(date +%s) - t0 )) s"
-}
 
 step "create $VENV" "test -x $PY" python3.11 -m venv "$VENV"
 # Keeps every later pip call from swapping in a CUDA torch from PyPI.
