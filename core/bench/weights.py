@@ -4,9 +4,10 @@ broadcast (gloo backend, one broadcast per tensor, as RL trainers do) in the sam
 
 Update time = from the trainer starting the update (tidekv: publish's snapshot copy included)
 to the last receiver holding every byte. Two publish modes: "snapshot" copies the tensors
-first (the trainer may go on at once), "in-place" serves the trainer's tensors directly (no copy;
-the trainer waits for the receivers, as gloo's broadcast makes it wait too). Each round publishes a new version; the median round
-is reported, with the ratio gloo / tidekv and how the time grows with receivers.
+first (the trainer may go on at once); "in-place" serves the trainer's tensors directly (no
+copy; the trainer waits for the receivers, as gloo's broadcast makes it wait too). Each round
+publishes a new version; the median round is reported, with the ratio gloo / tidekv and how
+the time grows with receivers.
 """
 
 from __future__ import annotations
@@ -256,7 +257,10 @@ def _main(args: argparse.Namespace) -> int:
     ]
     title = (f"weight update, {format_size(rows[0]['bytes'])} in {rows[0]['tensors']} bf16 tensors, "
              f"fanout={args.fanout}, median of {args.rounds} rounds")
-    print(format_table(rows, cols, title=title, notes=["bar: gloo/tidekv >= 2 at 2 and 4 receivers"]))
+    barred = [r for r in rows if r["receivers"] in (2, 4)]
+    verdict = [f"{r['mode']} x{r['receivers']}: {'PASS' if r['speedup'] >= 2 else 'FAIL'}" for r in barred]
+    notes = ["bar: gloo/tidekv >= 2 at 2 and 4 receivers" + (" -- " + ", ".join(verdict) if verdict else "")]
+    print(format_table(rows, cols, title=title, notes=notes))
     if args.json:
         with open(args.json, "w") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
