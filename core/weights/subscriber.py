@@ -193,15 +193,18 @@ class Subscriber:
 
     def _describe(self, version: int | None, wait_s: float) -> p.Manifest:
         deadline = time.monotonic() + wait_s
+        nap = 0.001
         while True:
             try:
                 manifest = self._control.call(p.Describe(p.PROTOCOL_VERSION, version))
                 assert isinstance(manifest, p.Manifest)
                 return manifest
             except VersionPendingError:
-                if time.monotonic() >= deadline:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise
-                time.sleep(0.001)
+                time.sleep(min(nap, left))
+                nap = min(2 * nap, 0.05)  # a long wait (the trainer still training) asks 20 times a second
 
     def close(self) -> None:
         """Frees the staging buffer (children still reading it fall back to the publisher). Idempotent."""
