@@ -44,27 +44,8 @@ has_sglang() {
 step "install sglang==$SGLANG_VERSION and triton==3.9.0 (--no-deps)" has_sglang \
   pip_quiet install -q --no-deps "sglang==$SGLANG_VERSION" triton==3.9.0
 
-# The editable install's metadata (package mapping) is a copy of pyproject.toml, so it is redone
-# whenever the build files change; code changes need nothing. --no-deps: tidekv's own
-# dependencies (msgspec, pyzmq, tqdm) are in DEPS above.
-stamp=$VENV/.tidekv-build-files.sha256
-has_tidekv() {
-  "$PY" -c "import tidekv, tidekv._native, tidekv_sglang" && sha256sum pyproject.toml setup.py | cmp -s - "$stamp"
-}
-install_tidekv() {
-  # The editable install rebuilds tidekv._native and writes it over core/_native*.so in place,
-  # which would crash processes (say, a test run from .venv) that have it loaded. Swapping in a
-  # copy first leaves them on the old inode and gives pip a file nobody has mapped.
-  local so
-  for so in core/_native*.so; do
-    [ -e "$so" ] && cp -p "$so" "$so.detach" && mv -f "$so.detach" "$so"
-  done
-  pip_quiet install -q --no-deps -e . \
-    || { pip_quiet install -q "setuptools>=68" wheel "pybind11>=2.12" \
-         && pip_quiet install -q --no-deps --no-build-isolation -e .; }
-  sha256sum pyproject.toml setup.py >"$stamp"
-}
-step "install tidekv (editable, --no-deps)" has_tidekv install_tidekv
+# --no-deps: tidekv's own dependencies (msgspec, pyzmq, tqdm) are in DEPS above.
+step "install tidekv (editable, --no-deps)" "tidekv_current tidekv_sglang" install_tidekv_editable --no-deps
 
 "$PY" -c "
 import sglang, torch, tidekv, tidekv._native

@@ -39,28 +39,7 @@ step "remove torchvision/torchaudio/torchcodec" no_vision \
 step "install pytest, pytest-timeout" "$PY -c 'import pytest, pytest_timeout'" \
   pip_quiet install -q "pytest>=7.4" "pytest-timeout>=2.2"
 
-# The editable install's metadata (entry points, package mapping) is a copy of pyproject.toml, so
-# it is redone whenever the build files change; code changes need nothing.
-stamp=$VENV/.tidekv-build-files.sha256
-has_tidekv() {
-  "$PY" -c "import tidekv, tidekv._native" && sha256sum pyproject.toml setup.py | cmp -s - "$stamp"
-}
-install_tidekv() {
-  # The editable install rebuilds tidekv._native and writes it over core/_native*.so in place,
-  # which would crash processes (say, a test run from .venv) that have it loaded. Swapping in a
-  # copy first leaves them on the old inode and gives pip a file nobody has mapped.
-  local so
-  for so in core/_native*.so; do
-    [ -e "$so" ] && cp -p "$so" "$so.detach" && mv -f "$so.detach" "$so"
-  done
-  # Build isolation fetches setuptools/pybind11 from the index; without an index reachable,
-  # fall back to building with what the venv has.
-  pip_quiet install -q -e . \
-    || { pip_quiet install -q "setuptools>=68" wheel "pybind11>=2.12" \
-         && pip_quiet install -q --no-build-isolation -e .; }
-  sha256sum pyproject.toml setup.py >"$stamp"
-}
-step "install tidekv (editable)" has_tidekv install_tidekv
+step "install tidekv (editable)" tidekv_current install_tidekv_editable
 
 "$PY" -c "import vllm, tidekv, tidekv._native; print('== check: vllm', vllm.__version__, '| tidekv', tidekv.__file__)"
 echo "== setup_vllm: done in $(( $(date +%s) - total_start )) s"
