@@ -208,6 +208,10 @@ class MasterConfig:
         return _from_env(cls, environ if environ is not None else os.environ, overrides, prefix=ENV_PREFIX + "MASTER_")
 
 
+SEGMENT_MEMORY = ("auto", "shared", "huge")
+"""Values of StoreConfig.segment_memory."""
+
+
 @dataclass(frozen=True, slots=True)
 class StoreConfig:
     """Settings of a store client (``tidekv.Store``); env vars ``TIDEKV_STORE_<FIELD>``."""
@@ -222,16 +226,27 @@ class StoreConfig:
     """How often the client tells the master it is alive. Default 1 s."""
     rpc_timeout_s: float = 5.0
     """A master that does not answer within this time raises MasterUnavailableError. Default 5 s."""
+    rpc_busy_poll_us: int = 50
+    """Poll this long for the master's reply before sleeping (0 = sleep at once): a reply takes
+    ~20 µs, and waking a sleeping thread on a VM costs about as much again. Default 50 µs."""
     prefer_local_segment: bool = True
     """Put replicas in this client's own segment first when it has room. Default True."""
+    segment_memory: str = "auto"
+    """What backs the segment: "shared" (a memfd that same-host peers map), "huge" (private memory
+    on transparent huge pages that same-host peers read by cross-memory attach; reads stay fast
+    after the memory sat idle, which 4 KiB pages do not on some VMs) or "auto" (huge where THP
+    is on and processes of one user may attach to each other's memory, else shared). Default auto."""
 
     def __post_init__(self) -> None:
         _check_types(self)
+        if self.segment_memory not in SEGMENT_MEMORY:
+            raise ConfigError(f"segment_memory={self.segment_memory!r} is not one of {', '.join(SEGMENT_MEMORY)}")
         _check_range("segment_size_bytes", self.segment_size_bytes, 0, 1 << 46)
         _check_range("staging_size_bytes", self.staging_size_bytes, 4096, 1 << 40)
         _check_range("replicas", self.replicas, 1, 16)
         _check_range("heartbeat_interval_s", self.heartbeat_interval_s, 0.01, 3600)
         _check_range("rpc_timeout_s", self.rpc_timeout_s, 0.01, 3600)
+        _check_range("rpc_busy_poll_us", self.rpc_busy_poll_us, 0, 100_000)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> StoreConfig:

@@ -77,7 +77,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "master",
         help="run a store master (metadata, placement, leases, eviction)",
         description="Run the tidekv store master. Settings come from --config FILE, then $TIDEKV_MASTER_* "
-        "variables, then flags. Serves ZeroMQ RPC on --port and Prometheus /metrics + /health on --metrics-port.",
+        "variables, then flags. Serves its RPC (framed msgpack over TCP) on --port and Prometheus /metrics + /health on --metrics-port.",
     )
     _add_master_flags(master)
     master.set_defaults(func=_run_master)

@@ -29,7 +29,6 @@ from tidekv.config import StoreConfig, TransferConfig
 from tidekv.errors import (
     ConfigError,
     LeaseExpiredError,
-    MasterUnavailableError,
     ObjectLeasedError,
     ObjectNotFoundError,
     OutOfSpaceError,
@@ -44,12 +43,23 @@ from tidekv.store.rpc import MasterChannel
 from tidekv.store.staging import StagingArea
 from tidekv.transfer.batch import TransferOp, TransferRequest, TransferState
 from tidekv.transfer.engine import TransferEngine
+from tidekv.transfer.memory import huge_pages_shareable
 from tidekv.transfer.region import Region, buffer_address
 
 logger = logging.getLogger(__name__)
 
 Key = Union[str, bytes]
 Buffer = Union[Region, tuple[int, int], Any]  # a Region, (address, length) or a buffer object
+
+
+def _huge_segment(choice: str) -> bool:
+    """Resolves StoreConfig.segment_memory to whether the segment is allocated on huge pages."""
+    if choice == "auto":
+        return huge_pages_shareable()
+    if choice == "huge" and not huge_pages_shareable():
+        logger.warning("segment_memory=huge: this host restricts cross-memory attach or has THP off; "
+                       "same-host peers may have to read the segment over tcp")
+    return choice == "huge"
 
 
 def _key(key: Key) -> bytes:
@@ -92,7 +102,7 @@ class Store:
         self.client_id = uuid.uuid4().hex[:16]
         self.engine = engine
         self._owns_engine = owns_engine
-        self._rpc = MasterChannel(master, self.client_id, config.rpc_timeout_s)
+        self._rpc = MasterChannel(master, self.client_id, config.rpc_timeout_s, config.rpc_busy_poll_us)
         self._segment: Region | None = None
         self.segment_name = ""
         self._lease_expired = 0
@@ -102,7 +112,7 @@ class Store:
         try:
             self._hello()
             if config.segment_size_bytes > 0:
-                self._segment = engine.allocate(config.segment_size_bytes)
+                self._segment = engine.allocate(config.segment_size_bytes, huge=_huge_segment(config.segment_memory))
                 self.segment_name = f"{engine.name}/{self.client_id}"
                 self._mount()
             self._staging = StagingArea(engine, config.staging_size_bytes)

@@ -2,7 +2,7 @@
 
 It owns the segment table (who contributes which memory, who is alive) and the object table
 (what lives where), answers decoded requests, and runs housekeeping on a timer: dead clients,
-unfinished puts, retired bytes, watermark eviction. ``server`` feeds it from ZeroMQ and serves
+unfinished puts, retired bytes, watermark eviction. ``server`` feeds it from TCP connections and serves
 its metrics over HTTP. Single-threaded: call it from one thread (the server's event loop).
 """
 

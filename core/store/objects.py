@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from tidekv.store import eviction
 from tidekv.store.allocator import align
-from tidekv.store.protocol import GetResult, Location, Pin, PutSlot, Status
+from tidekv.store.protocol import GetResult, Location, PutSlot, Status
 from tidekv.store.segments import SegmentTable
 
 logger = logging.getLogger(__name__)

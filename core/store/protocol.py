@@ -1,6 +1,8 @@
 """Wire messages between store clients and the master: msgspec structs, msgpack-encoded.
 
-Every request travels in an ``Envelope`` carrying ``protocol_version``; the master answers a
+On the wire: a client opens a TCP connection and sends ``MAGIC`` once; then every message in
+either direction is a frame, a 4-byte little-endian length followed by that many bytes of
+msgpack. Replies come back on the connection in the order of the requests. Every request travels in an ``Envelope`` carrying ``protocol_version``; the master answers a
 mismatch with an error naming both versions (and ``Hello`` checks it once at connect). Batch
 requests carry N keys and get N results in one round trip. Neighbours: ``master`` decodes and
 dispatches these, ``rpc`` sends them from clients.
@@ -14,6 +16,16 @@ from typing import Union
 import msgspec
 
 PROTOCOL_VERSION = 1
+
+MAGIC = b"tkv\x01"
+"""First bytes a client sends on a new connection (anything else is not a tidekv store client)."""
+FRAME_HEADER = 4
+"""Bytes of the length prefix of every frame (unsigned, little-endian)."""
+
+
+def frame(payload: bytes) -> bytes:
+    """Prefixes ``payload`` with its length."""
+    return len(payload).to_bytes(FRAME_HEADER, "little") + payload
 
 
 class Status(enum.IntEnum):

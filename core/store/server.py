@@ -1,8 +1,10 @@
-"""MasterServer: puts a MasterService on the network. ZeroMQ ROUTER for RPC, HTTP for metrics.
+"""MasterServer: puts a MasterService on the network. Framed TCP for RPC, HTTP for metrics.
 
-One asyncio event loop does everything: the ROUTER socket's file descriptor is watched by the
-loop and drained without blocking (one reply per request, in order), the housekeeping timer
-runs between batches, and a tiny HTTP server answers ``/metrics`` (Prometheus text) and
+One asyncio event loop does everything: each client connection's frames (see ``protocol``) are
+handled as they arrive, one reply per request, in order; after a request the loop busy-polls its
+sockets for ``busy_poll_us`` before sleeping (a client in a request loop sends the next one
+within microseconds, and waking a sleeping vCPU costs tens of them); the housekeeping timer runs
+between requests, and a tiny HTTP server answers ``/metrics`` (Prometheus text) and
 ``/health`` (JSON). ``run_master`` serves in the foreground (the CLI); ``MasterServer.start()``
 serves from a background thread (``tidekv up``, tests).
 """
@@ -16,15 +18,12 @@ import threading
 import time
 from typing import Any
 
-import zmq
-
 from tidekv.config import MasterConfig
 from tidekv.errors import ConfigError
+from tidekv.store import protocol as p
 from tidekv.store.master import MasterService
 
 logger = logging.getLogger(__name__)
-
-_MAX_DRAIN = 256  # requests handled per wake-up before housekeeping gets a turn
 
 
 class MasterServer:
@@ -35,8 +34,13 @@ class MasterServer:
         self.service = MasterService(config)
         self.rpc_port = 0
         self.metrics_port = 0
-        self._ctx = zmq.Context.instance()
-        self._sock: zmq.Socket | None = None
+        self._rpc: asyncio.Server | None = None
+        self._spin_until = 0.0
+        self._spinning = False
+        # A memory guard only, far above the configured limit: a frame between the two gets a
+        # clear "oversized" reply; a longer one closes its connection.
+        self._max_frame = 2 * config.max_message_bytes + (1 << 20)
+        self._connections: set[asyncio.Transport] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -74,18 +78,18 @@ class MasterServer:
         self._stopped = asyncio.Event()
         http = None
         try:
-            self._bind()
+            self._rpc = await self._loop.create_server(lambda: _Connection(self), self.config.host, self.config.port)
+            self.rpc_port = self._rpc.sockets[0].getsockname()[1]
             if self.config.metrics_port >= 0:
                 http = await asyncio.start_server(self._http, self.config.host, self.config.metrics_port)
                 self.metrics_port = http.sockets[0].getsockname()[1]
         except BaseException as exc:  # noqa: BLE001 - reported to start()'s caller
-            self._error = exc if isinstance(exc, ConfigError) else ConfigError(f"master cannot start: {exc}")
+            reason = f"master cannot listen on {self.config.host}:{self.config.port}: {exc}"
+            self._error = exc if isinstance(exc, ConfigError) else ConfigError(reason)
             self._ready.set()
-            self._close_socket()
+            if self._rpc is not None:
+                self._rpc.close()
             return
-        assert self._sock is not None
-        fd = self._sock.getsockopt(zmq.FD)
-        self._loop.add_reader(fd, self._drain)
         tick = asyncio.ensure_future(self._ticker())
         logger.info(
             "tidekv master %s listening on %s (metrics http port %s)",
@@ -94,70 +98,37 @@ class MasterServer:
             self.metrics_port if http else "off",
         )
         self._ready.set()
-        self._loop.call_soon(self._drain)  # the FD is edge-triggered: pick up anything already queued
         try:
             await self._stopped.wait()
         finally:
             tick.cancel()
-            self._loop.remove_reader(fd)
+            self._rpc.close()
+            for transport in list(self._connections):
+                transport.close()
             if http is not None:
                 http.close()
-            self._close_socket()
             logger.info("tidekv master stopped")
-
-    def _bind(self) -> None:
-        sock = self._ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        # A memory guard only, far above the configured limit: a message between the two gets a
-        # clear "oversized" reply; one beyond this is dropped by ZeroMQ with its connection.
-        sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.config.max_message_bytes + (1 << 20))
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        try:
-            if self.config.port == 0:
-                self.rpc_port = sock.bind_to_random_port(f"tcp://{self.config.host}")
-            else:
-                sock.bind(f"tcp://{self.config.host}:{self.config.port}")
-                self.rpc_port = self.config.port
-        except zmq.ZMQError as exc:
-            sock.close()
-            raise ConfigError(f"master cannot listen on {self.config.host}:{self.config.port}: {exc}") from None
-        self._sock = sock
-
-    def _close_socket(self) -> None:
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
 
     # ---- RPC ----------------------------------------------------------------------------
 
-    def _drain(self) -> None:
-        sock = self._sock
-        if sock is None:
-            return
-        handle = self.service.handle
+    def _handled(self) -> None:
+        """Keeps the loop polling (not sleeping) for busy_poll_us after a request."""
         spin_s = self.config.busy_poll_us * 1e-6
-        spin_until = 0.0
-        for _ in range(_MAX_DRAIN):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
-            except zmq.Again:
-                # Busy-poll a little before sleeping: clients in a request loop send the next
-                # request within microseconds, and waking a sleeping thread costs far more.
-                now = time.perf_counter()
-                if not spin_until:
-                    spin_until = now + spin_s
-                if now < spin_until:
-                    continue
-                return
-            spin_until = 0.0
-            if len(frames) != 2:
-                logger.warning("dropped a message with %d frames (expected identity + payload)", len(frames))
-                continue
-            identity, payload = frames
-            sock.send_multipart((identity, handle(payload)), zmq.NOBLOCK)
-        # More may be queued: the edge-triggered FD will not fire again for it, so come back.
-        assert self._loop is not None
-        self._loop.call_soon(self._drain)
+        if spin_s <= 0:
+            return
+        self._spin_until = time.perf_counter() + spin_s
+        if not self._spinning:
+            self._spinning = True
+            assert self._loop is not None
+            self._loop.call_soon(self._spin)
+
+    def _spin(self) -> None:
+        # While a callback is ready the loop polls its sockets without blocking.
+        if time.perf_counter() < self._spin_until:
+            assert self._loop is not None
+            self._loop.call_soon(self._spin)
+        else:
+            self._spinning = False
 
     async def _ticker(self) -> None:
         while True:
@@ -166,7 +137,6 @@ class MasterServer:
                 self.service.tick()
             except Exception:  # noqa: BLE001 - housekeeping must not die with one bad state
                 logger.exception("master housekeeping failed")
-            self._drain()  # zmq's FD may not wake us for messages queued while we worked
 
     # ---- HTTP ---------------------------------------------------------------------------
 
@@ -200,3 +170,70 @@ class MasterServer:
 def run_master(config: MasterConfig) -> None:
     """Serves a master in the foreground until SIGINT/SIGTERM."""
     MasterServer(config).serve_forever()
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: checks the magic, then answers each whole frame in order."""
+
+    def __init__(self, server: MasterServer) -> None:
+        self._server = server
+        self._handle = server.service.handle
+        self._buf = bytearray()
+        self._greeted = False
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._server._connections.add(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._transport is not None:
+            self._server._connections.discard(self._transport)
+
+    # A client that does not read its replies stops being read from (its requests wait in the
+    # kernel), so the master's memory does not grow with replies nobody collects.
+    def pause_writing(self) -> None:
+        assert self._transport is not None
+        self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        assert self._transport is not None
+        self._transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        if not self._greeted:
+            if len(buf) < len(p.MAGIC):
+                return
+            if buf[: len(p.MAGIC)] != p.MAGIC:
+                self._refuse(f"sent {bytes(buf[:8])!r}, not a tidekv store client's greeting (an older tidekv "
+                             "speaking ZeroMQ, or another service?)")
+                return
+            del buf[: len(p.MAGIC)]
+            self._greeted = True
+        assert self._transport is not None
+        start, end, answered = 0, len(buf), False
+        while end - start >= p.FRAME_HEADER:
+            size = int.from_bytes(buf[start: start + p.FRAME_HEADER], "little")
+            if size > self._server._max_frame:
+                self._refuse(f"sent a frame of {size} bytes, beyond any request the master accepts")
+                return
+            if end - start - p.FRAME_HEADER < size:
+                break
+            payload = bytes(buf[start + p.FRAME_HEADER: start + p.FRAME_HEADER + size])
+            start += p.FRAME_HEADER + size
+            self._transport.write(p.frame(self._handle(payload)))
+            answered = True
+        del buf[:start]
+        if answered:
+            self._server._handled()
+
+    def _refuse(self, why: str) -> None:
+        assert self._transport is not None
+        peer = self._transport.get_extra_info("peername")
+        logger.warning("closed the connection from %s: it %s", peer, why)
+        self._buf.clear()
+        self._transport.close()
+

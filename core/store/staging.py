@@ -2,7 +2,8 @@
 
 A bytes object cannot be the source or target of a one-sided transfer (it is not registered, and
 is immutable), so its bytes pass through here. One registered region, carved up with the offset
-allocator; a request larger than the whole region gets a temporary region of its own.
+allocator; a request larger than the whole region gets a temporary region of its own. Small
+requests (the latency-bound ones) take one of a few fixed slots reserved up front, without a lock.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from tidekv.store.allocator import OffsetAllocator
 from tidekv.transfer.engine import TransferEngine
 from tidekv.transfer.region import Region
 
+SMALL_SLOT = 64 << 10
+"""Requests up to this size take a reserved slot."""
+SMALL_SLOTS = 16
+"""Reserved slots (taken only when the region is at least four times their total)."""
+
 
 class StagingArea:
     def __init__(self, engine: TransferEngine, size: int) -> None:
@@ -23,6 +29,12 @@ class StagingArea:
         self._alloc = OffsetAllocator(size)
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
+        self._small: list[Region] = []
+        if size >= 4 * SMALL_SLOT * SMALL_SLOTS:
+            base = self._alloc.allocate(SMALL_SLOT * SMALL_SLOTS)
+            assert base is not None
+            self._small = [Region(self._region.address + base + i * SMALL_SLOT, SMALL_SLOT, "cpu", True, self._region)
+                           for i in range(SMALL_SLOTS)]
 
     def close(self) -> None:
         """Returns the staging region to the engine (when the engine outlives this store)."""
@@ -30,7 +42,18 @@ class StagingArea:
 
     @contextmanager
     def borrow(self, size: int) -> Iterator[Region]:
-        """A registered region of ``size`` bytes for the duration of the ``with`` block."""
+        """A registered region of at least ``size`` bytes for the duration of the ``with`` block."""
+        if size <= SMALL_SLOT:
+            try:
+                slot = self._small.pop()  # atomic; empty (all in use, or none reserved) -> general path
+            except IndexError:
+                pass
+            else:
+                try:
+                    yield slot
+                finally:
+                    self._small.append(slot)
+                return
         if size > self._region.length:
             region = self._engine.allocate(size)
             try:

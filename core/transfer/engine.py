@@ -161,11 +161,14 @@ class TransferEngine:
         logger.debug("engine %s registered %#x +%d (%s)", self.name, address, length, location)
         return region
 
-    def allocate(self, size: int) -> Region:
-        """Allocates ``size`` bytes of engine-owned shared memory, registered.
+    def allocate(self, size: int, *, huge: bool = False) -> Region:
+        """Allocates ``size`` bytes of engine-owned memory, registered.
 
-        Same-host peers map it and copy with plain memcpy (the fastest path). Free it with
-        ``unregister``; ``close`` frees whatever is left.
+        By default the memory is shared (a memfd): same-host peers map it and copy with plain
+        memcpy. ``huge=True`` takes private memory on transparent huge pages instead; same-host
+        peers reach it by cross-memory attach (where ptrace rules allow it, else over tcp). On
+        VMs that make idle 4 KiB pages slow to read, huge pages keep cold reads at full speed.
+        Free it with ``unregister``; ``close`` frees whatever is left.
 
         Raises:
             ConfigError: size is not positive or the memory cannot be had.
@@ -173,7 +176,7 @@ class TransferEngine:
         self._check_open()
         if size <= 0:
             raise ConfigError(f"allocate(size={size}) needs size > 0")
-        address = self._native.allocate(size)
+        address = self._native.allocate(size, huge)
         region = Region(address, size, "cpu", True, None)
         with self._lock:
             self._regions[address] = region

@@ -20,7 +20,7 @@ class Region:
         address: first byte (a virtual address in the owning process).
         length: size in bytes.
         location: device tag: "cpu" (later "cuda:N").
-        is_shared: True for engine-allocated shared memory (same-host peers map it directly).
+        is_shared: True for engine-allocated memory (``TransferEngine.allocate``).
     """
 
     address: int

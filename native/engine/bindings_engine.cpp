@@ -93,7 +93,7 @@ void register_engine(py::module_& m) {
       .def("descriptor", [](const Engine& e) { return descriptor_bytes(e.descriptor()); })
       .def("register", &Engine::register_region, py::arg("addr"), py::arg("length"), py::arg("location"),
            py::call_guard<py::gil_scoped_release>())
-      .def("allocate", &Engine::allocate, py::arg("length"), py::call_guard<py::gil_scoped_release>())
+      .def("allocate", &Engine::allocate, py::arg("length"), py::arg("huge") = false, py::call_guard<py::gil_scoped_release>())
       .def("unregister", &Engine::unregister_region, py::arg("addr"), py::call_guard<py::gil_scoped_release>())
       .def("fetch_descriptor",
            [](Engine& e, const std::string& host, int port) {

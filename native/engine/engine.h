@@ -34,8 +34,10 @@ class Engine {
   EngineContext& context() { return ctx_; }
 
   void register_region(uint64_t addr, uint64_t length, const std::string& location);
-  // Engine-owned memory in a memfd that same-host peers can map; returns its address.
-  uint64_t allocate(uint64_t length);
+  // Engine-owned registered memory; returns its address. By default a memfd that same-host
+  // peers map; huge: private anonymous memory on transparent huge pages that same-host peers
+  // reach by cross-memory attach.
+  uint64_t allocate(uint64_t length, bool huge = false);
   // Unregisters (and frees, when allocate() made it) the region starting at addr.
   void unregister_region(uint64_t addr);
 
@@ -72,7 +74,13 @@ class Engine {
   RegionTable regions_;
   std::unique_ptr<Server> server_;
   std::mutex alloc_mu_;
-  std::map<uint64_t, std::pair<int, uint64_t>> allocations_;  // addr -> (memfd, length)
+  struct Allocation {
+    void* base = nullptr;  // the mapping (huge: a little larger than asked, for alignment)
+    uint64_t mapped = 0;
+    int memfd = -1;
+    void release();
+  };
+  std::map<uint64_t, Allocation> allocations_;  // by the registered address
 
   std::mutex peers_mu_;
   std::vector<std::unique_ptr<Peer>> peers_;

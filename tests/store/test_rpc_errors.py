@@ -1,7 +1,7 @@
 """Bad RPC traffic: garbage, oversized and wrong-version messages get a clear error reply, and
 the master keeps serving well-behaved clients meanwhile.
 
-Raw ZeroMQ DEALER sockets play the misbehaving peers; a normal Store checks the master after.
+Raw TCP sockets play the misbehaving peers; a normal Store checks the master after.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from collections.abc import Iterator
 
 import msgspec
 import pytest
-import zmq
 
 from tests.store.conftest import Connect, SpawnMaster
 from tests.store.procs import MasterProcess
@@ -24,7 +23,7 @@ from tidekv.store import Store
 from tidekv.store import protocol as p
 
 MAX_MESSAGE = 4096
-REPLY_TIMEOUT_MS = 5000
+REPLY_TIMEOUT_S = 5.0
 
 
 @pytest.fixture
@@ -33,18 +32,34 @@ def master(spawn_master: SpawnMaster) -> MasterProcess:
 
 
 @pytest.fixture
-def raw(master: MasterProcess) -> Iterator[zmq.Socket]:
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(f"tcp://{master.address}")
+def raw(master: MasterProcess) -> Iterator[socket.socket]:
+    host, port = master.address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=REPLY_TIMEOUT_S)
+    sock.sendall(p.MAGIC)
     yield sock
-    sock.close(linger=0)
+    sock.close()
 
 
-def _ask(sock: zmq.Socket, *frames: bytes) -> p.Reply:
-    sock.send_multipart(list(frames))
-    assert sock.poll(REPLY_TIMEOUT_MS, zmq.POLLIN), f"no reply within {REPLY_TIMEOUT_MS} ms"
-    return p.decode_reply(sock.recv())
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, "the master closed the connection"
+        data += chunk
+    return data
+
+
+def _ask(sock: socket.socket, payload: bytes) -> p.Reply:
+    sock.sendall(p.frame(payload))
+    size = int.from_bytes(_recv_exact(sock, p.FRAME_HEADER), "little")
+    return p.decode_reply(_recv_exact(sock, size))
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
 
 
 def _check_serving(st: Store, tag: str) -> None:
@@ -52,7 +67,7 @@ def _check_serving(st: Store, tag: str) -> None:
     assert st.get(f"after-{tag}") == tag.encode()
 
 
-def test_garbage_gets_a_malformed_error(master: MasterProcess, raw: zmq.Socket, connect: Connect) -> None:
+def test_garbage_gets_a_malformed_error(master: MasterProcess, raw: socket.socket, connect: Connect) -> None:
     st = connect(master.address, segment_size=1 << 20)
     rng = random.Random(3)
     for _ in range(20):
@@ -67,7 +82,7 @@ def test_garbage_gets_a_malformed_error(master: MasterProcess, raw: zmq.Socket, 
     _check_serving(st, "garbage")
 
 
-def test_oversized_request_gets_an_error_naming_the_limit(master: MasterProcess, raw: zmq.Socket,
+def test_oversized_request_gets_an_error_naming_the_limit(master: MasterProcess, raw: socket.socket,
                                                           connect: Connect) -> None:
     st = connect(master.address, segment_size=1 << 20)
     body = p.Exists([b"k" * 100] * 50)
@@ -93,7 +108,7 @@ def test_store_batch_over_the_message_limit_fails_fast_and_clearly(master: Maste
     _check_serving(st, "big-batch")
 
 
-def test_wrong_protocol_version_names_both_versions(master: MasterProcess, raw: zmq.Socket,
+def test_wrong_protocol_version_names_both_versions(master: MasterProcess, raw: socket.socket,
                                                     connect: Connect) -> None:
     st = connect(master.address, segment_size=1 << 20)
     for body in (p.Hello("old-client", 99), p.StatsRequest()):
@@ -106,12 +121,29 @@ def test_wrong_protocol_version_names_both_versions(master: MasterProcess, raw: 
     _check_serving(st, "version")
 
 
-def test_multi_frame_message_is_dropped_and_master_keeps_serving(master: MasterProcess, raw: zmq.Socket,
-                                                                 connect: Connect) -> None:
+def test_a_frame_beyond_any_limit_closes_only_that_connection(master: MasterProcess, raw: socket.socket,
+                                                               connect: Connect) -> None:
     st = connect(master.address, segment_size=1 << 20)
-    raw.send_multipart([b"one", b"two"])
-    assert _ask(raw, b"\xc1").error_kind == "malformed", "the next message is answered normally"
-    _check_serving(st, "frames")
+    raw.sendall((1 << 31).to_bytes(p.FRAME_HEADER, "little") + b"x" * 100)
+    assert _closed_by_peer(raw), "a frame no request could fill must end the connection, not be buffered"
+    _check_serving(st, "huge-frame")
+
+
+def test_a_connection_without_the_greeting_is_closed(master: MasterProcess, connect: Connect) -> None:
+    st = connect(master.address, segment_size=1 << 20)
+    host, port = master.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=REPLY_TIMEOUT_S) as sock:
+        sock.sendall(b"\xff\x00\x00\x00\x00\x00\x00\x00\x01\x7f")  # a ZeroMQ greeting: an older tidekv client
+        assert _closed_by_peer(sock)
+    _check_serving(st, "greeting")
+
+
+def test_a_client_that_vanishes_mid_frame_does_not_disturb_others(master: MasterProcess, connect: Connect) -> None:
+    st = connect(master.address, segment_size=1 << 20)
+    host, port = master.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=REPLY_TIMEOUT_S) as sock:
+        sock.sendall(p.MAGIC + (1000).to_bytes(p.FRAME_HEADER, "little") + b"half")
+    _check_serving(st, "vanished")
 
 
 def test_garbage_flood_does_not_disturb_a_working_client(master: MasterProcess, connect: Connect) -> None:
@@ -120,17 +152,20 @@ def test_garbage_flood_does_not_disturb_a_working_client(master: MasterProcess, 
     errors: list[BaseException] = []
 
     def flood() -> None:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(f"tcp://{master.address}")
+        host, port = master.address.rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)), timeout=0.2)
         rng = random.Random(9)
         try:
+            sock.sendall(p.MAGIC)
             while not stop.is_set():
-                sock.send(rng.randbytes(rng.randint(1, 3 * MAX_MESSAGE // 2)))  # replies are never read
+                try:  # replies are never read: the master must stop reading us, not buffer without end
+                    sock.sendall(p.frame(rng.randbytes(rng.randint(1, 3 * MAX_MESSAGE // 2))))
+                except TimeoutError:  # it did (a partial frame may be out, so send no more)
+                    stop.wait()
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
         finally:
-            sock.close(linger=0)
+            sock.close()
 
     thread = threading.Thread(target=flood, daemon=True)
     thread.start()
@@ -149,9 +184,9 @@ class _FutureMaster:
     """A fake master that speaks protocol v(N+1): it answers everything with a version error."""
 
     def __init__(self) -> None:
-        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.05)
+        self.port = self.listener.getsockname()[1]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -159,17 +194,22 @@ class _FutureMaster:
     def _serve(self) -> None:
         theirs = p.PROTOCOL_VERSION + 1
         while not self._stop.is_set():
-            if not self.sock.poll(50, zmq.POLLIN):
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
                 continue
-            identity, data = self.sock.recv_multipart()
-            version, request_id = p.probe_header(data) or (0, 0)
-            message = f"client speaks tidekv store protocol v{version}, this master speaks v{theirs}"
-            self.sock.send_multipart([identity, p.encode(p.Reply(request_id, error_kind="version", error=message))])
+            with conn:
+                conn.settimeout(5)
+                assert _recv_exact(conn, len(p.MAGIC)) == p.MAGIC
+                size = int.from_bytes(_recv_exact(conn, p.FRAME_HEADER), "little")
+                version, request_id = p.probe_header(_recv_exact(conn, size)) or (0, 0)
+                message = f"client speaks tidekv store protocol v{version}, this master speaks v{theirs}"
+                conn.sendall(p.frame(p.encode(p.Reply(request_id, error_kind="version", error=message))))
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        self.sock.close(linger=0)
+        self.listener.close()
 
 
 def test_connecting_to_a_master_of_another_version_raises_protocol_version_error() -> None:
