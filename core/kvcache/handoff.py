@@ -12,6 +12,7 @@ never block a step.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 
@@ -110,14 +111,25 @@ class HoldTable:
 
 
 class Confirmer:
-    """Decode side: tells a prefill worker that a request's blocks were pulled."""
+    """Decode side: tells a prefill worker that a request's blocks were pulled.
+
+    ``confirm`` only queues the message: a sender thread puts it on the wire, so the step that
+    pulled the blocks does not also pay for waking ZeroMQ's I/O thread (~0.1-0.25 ms on a 2-vCPU
+    VM). The prefill frees the blocks a moment later; nothing waits for that.
+    """
 
     def __init__(self) -> None:
         self._socks: dict[str, zmq.Socket] = {}
-        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._send_loop, name="tidekv-confirm", daemon=True)
+        self._thread.start()
 
     def confirm(self, address: str, request_id: str) -> None:
-        with self._lock:
+        self._queue.put((address, request_id))
+
+    def _send_loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            address, request_id = item
             sock = self._socks.get(address)
             if sock is None:
                 sock = zmq.Context.instance().socket(zmq.PUSH)
@@ -132,7 +144,10 @@ class Confirmer:
                                request_id, address)
 
     def close(self) -> None:
-        with self._lock:
-            for sock in self._socks.values():
-                sock.close()
-            self._socks.clear()
+        """Sends what is queued, then closes the sockets."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout=5)
+        for sock in self._socks.values():
+            sock.close()
+        self._socks.clear()

@@ -3,7 +3,7 @@
 from tidekv.transfer.batch import RequestStatus, TransferHandle, TransferOp, TransferRequest, TransferState
 from tidekv.transfer.directory import DirectDirectory, PeerDirectory
 from tidekv.transfer.engine import TransferEngine
-from tidekv.transfer.memory import huge_pages_shareable, promote_to_huge_pages
+from tidekv.transfer.memory import huge_pages_shareable
 from tidekv.transfer.region import Region
 
 __all__ = [
@@ -17,5 +17,4 @@ __all__ = [
     "TransferRequest",
     "TransferState",
     "huge_pages_shareable",
-    "promote_to_huge_pages",
 ]

@@ -95,7 +95,7 @@ void ShmTransport::plan(const std::shared_ptr<Batch>& batch, const std::vector<u
   uint64_t total = 0;
   for (const auto& s : slices) total += s.length;
   size_t tasks = std::min<size_t>(slices.size(), size_t(std::max(1, ctx_.options.shm_parallelism)));
-  if (total < (4ULL << 20)) tasks = 1;
+  if (total < (1ULL << 20)) tasks = 1;  // below this, waking a second thread costs more than it saves
   uint64_t per_task = (total + tasks - 1) / tasks;
   Batch* raw = batch.get();
   std::vector<Slice> part;
@@ -124,7 +124,7 @@ void ShmTransport::run(Batch& batch, const std::vector<Slice>& slices) {
     return std::string(range);
   };
   std::vector<bool> copied(slices.size(), false);
-  for (size_t i = 0; i < slices.size(); ++i) {
+  auto copy_one = [&](size_t i) {
     const Slice& s = slices[i];
     try {
       if (closed_.load()) TIDEKV_THROW(kPeerUnavailable, "engine closed");
@@ -132,6 +132,20 @@ void ShmTransport::run(Batch& batch, const std::vector<Slice>& slices) {
       copied[i] = true;
     } catch (const Error& e) {
       batch.fail_slice(s.request, e.kind(), std::string(e.what()) + describe(s));
+    }
+  };
+  for (size_t i = 0; i < slices.size();) {
+    bool short_copy = false;
+    size_t n = closed_.load() ? 0 : copy_vectored(slices, i, &short_copy);
+    if (n == 0) {
+      copy_one(i++);
+    } else if (short_copy) {
+      // A signal or a vanished peer: redo these one by one, which copies the rest and reports
+      // each failure against its own request.
+      for (size_t end = i + n; i < end; ++i) copy_one(i);
+    } else {
+      std::fill(copied.begin() + long(i), copied.begin() + long(i + n), true);
+      i += n;
     }
   }
   // One liveness check per task: a copy into the memory of a process that has exited may have
@@ -150,6 +164,34 @@ void ShmTransport::run(Batch& batch, const std::vector<Slice>& slices) {
         .fetch_add(s.length, std::memory_order_relaxed);
     batch.complete_slice(s.request, s.length);
   }
+}
+
+size_t ShmTransport::copy_vectored(const std::vector<Slice>& slices, size_t first, bool* short_copy) {
+  // Many small cross-memory-attach copies (a KV hand-off: a few KiB per layer and block) cost
+  // a syscall each; one process_vm_readv/writev takes up to IOV_MAX of them at once.
+  constexpr size_t kMaxIov = 1024;
+  constexpr uint64_t kMaxBytes = 64ULL << 20;
+  if (!cma_ok_) return 0;
+  const wire::Op op = slices[first].op;
+  std::vector<RegionTable::Guard> guards;
+  std::vector<iovec> local, remote;
+  uint64_t total = 0;
+  for (size_t i = first; i < slices.size() && local.size() < kMaxIov && total < kMaxBytes; ++i) {
+    const Slice& s = slices[i];
+    if (s.op != op) break;
+    auto guard = table_.acquire(s.remote, s.length, /*is_local=*/false);
+    if (!guard || guard->view().memfd >= 0) break;  // copy() reports it, or maps the memory
+    local.push_back(iovec{reinterpret_cast<void*>(s.local), s.length});
+    remote.push_back(iovec{reinterpret_cast<void*>(s.remote), s.length});
+    guards.push_back(std::move(*guard));
+    total += s.length;
+  }
+  if (local.size() < 2) return 0;
+  ssize_t n = op == wire::Op::kRead
+                  ? process_vm_readv(pid_, local.data(), local.size(), remote.data(), remote.size(), 0)
+                  : process_vm_writev(pid_, local.data(), local.size(), remote.data(), remote.size(), 0);
+  *short_copy = n != ssize_t(total);
+  return local.size();
 }
 
 void* ShmTransport::map_region(const RegionView& view) {

@@ -44,6 +44,9 @@ class ShmTransport final : public Transport {
   ShmTransport(EngineContext& ctx, std::string peer_name, int pid, int pidfd, RegionTable table, bool cma_ok);
   void run(Batch& batch, const std::vector<Slice>& slices);
   void copy(const Slice& s);
+  // Copies slices[first..first+n) by cross-memory attach in one syscall and returns n (0 when
+  // fewer than two slices from first on are such copies); *short_copy: not every byte arrived.
+  size_t copy_vectored(const std::vector<Slice>& slices, size_t first, bool* short_copy);
   void* map_region(const RegionView& view);
 
   EngineContext& ctx_;

@@ -204,6 +204,30 @@ def test_many_tiny_requests(transport: str, spawn_target: SpawnTarget, make_engi
         run_and_check(engine, target, copies, local, local_model, remote_model, tmp_path)
 
 
+def test_thousands_of_small_requests_to_plain_memory(
+    transport: str, spawn_target: SpawnTarget, make_engine: MakeEngine, tmp_path: Path
+) -> None:
+    """KV-hand-off shaped: 3,000 scattered 1 B..8 KiB copies to memory the target registered but
+    did not allocate (on shm: cross-memory attach, many copies per syscall, more than IOV_MAX)."""
+    rng = random.Random(f"plain-{transport}")
+    size = 16 << 20
+    target = spawn_target({"kv": ("numpy", size, 50), "other": ("bytearray", size, 51)})
+    engine = make_engine(initiator_config(transport))
+    connect(engine, target, transport)
+    local = {"buf": local_region(engine, "numpy", size, 52)}
+    local_model = {"buf": bytearray(pattern(52, size))}
+    remote_model = {"kv": bytearray(pattern(50, size)), "other": bytearray(pattern(51, size))}
+    for op in (READ, WRITE):
+        lengths = [rng.choice([1, 4096, 8192, rng.randint(1, 8192)]) for _ in range(3000)]
+        local_offsets = place_disjoint(rng, lengths, size)
+        remote_offsets = place_disjoint(rng, lengths, size)
+        copies = [
+            Copy(op, "buf", lo, n, "other" if i % 500 == 499 else "kv", ro)
+            for i, (lo, ro, n) in enumerate(zip(local_offsets, remote_offsets, lengths, strict=True))
+        ]
+        run_and_check(engine, target, copies, local, local_model, remote_model, tmp_path)
+
+
 @pytest.mark.parametrize("kind", ["alloc", "bytearray"])
 def test_large_requests_cross_slice_boundaries(
     transport: str, kind: str, spawn_target: SpawnTarget, make_engine: MakeEngine, tmp_path: Path
