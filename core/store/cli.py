@@ -51,6 +51,13 @@ def _add_master_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eviction-ratio", type=float, default=None,
                         help=f"fraction of capacity freed per eviction round (default {d.eviction_ratio})")
     parser.add_argument("--max-key-bytes", type=int, default=None, help=f"longest key accepted (default {d.max_key_bytes})")
+    parser.add_argument("--max-message-bytes", type=int, default=None,
+                        help=f"largest RPC request accepted; larger ones get an error (default {d.max_message_bytes})")
+    parser.add_argument("--tick-s", type=float, default=None,
+                        help=f"period of housekeeping: liveness, reclaim, eviction (default {d.tick_s})")
+    parser.add_argument("--busy-poll-us", type=int, default=None,
+                        help=f"after a request, poll this long for the next before sleeping; 0 = never spin "
+                        f"(default {d.busy_poll_us})")
 
 
 def master_config_from_args(args: argparse.Namespace) -> MasterConfig:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import re
@@ -16,6 +18,7 @@ import pytest
 
 from tests.store.conftest import Connect
 from tests.store.procs import REPO_ROOT
+from tidekv.config import MasterConfig
 from tidekv.store import protocol as p
 from tidekv.store.rpc import MasterChannel
 
@@ -31,8 +34,8 @@ def _tidekv(*args: str) -> subprocess.CompletedProcess[str]:
 def test_help_exits_zero(command: str) -> None:
     result = _tidekv(command, "--help")
     assert result.returncode == 0, result.stderr
-    for flag in ("--port", "--metrics-port", "--client-ttl-s", "--lease-ttl-s", "--put-timeout-s"):
-        assert flag in result.stdout
+    for f in dataclasses.fields(MasterConfig):  # every master setting has a documented flag
+        assert f"--{f.name.replace('_', '-')} " in result.stdout, f.name
     if command == "up":
         assert "--segment-size" in result.stdout and "--selftest" in result.stdout
 
