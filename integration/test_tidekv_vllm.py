@@ -166,12 +166,6 @@ def _stream_text(url: str, body: dict[str, Any]) -> str:
     return "".join(text)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known on this 2-core machine: two multiprocess vLLM servers (6 processes) starve each other - vLLM's "
-    "engine keeps stepping (and its worker spin-waits) while a prefill holds blocks - and a request sometimes "
-    "outlives the client timeout; passes when the cores are not oversubscribed",
-)
 def test_pd_online_through_the_proxy(tiny_model: str, prompts: list[str], baseline: PhaseResult,
                                      tmp_path: Path) -> None:
     import urllib.request

@@ -101,6 +101,10 @@ class HoldTable:
                 self._early.discard(r)
             return out
 
+    def wait(self, timeout_s: float) -> bool:
+        """Sleeps until a confirmation is waiting to be read or ``timeout_s`` passes; True if one is."""
+        return bool(self._sock.poll(max(0, int(timeout_s * 1000)), zmq.POLLIN))
+
     @property
     def pending(self) -> int:
         with self._lock:

@@ -92,7 +92,9 @@ class TidekvConnector(KVConnectorBase_V1):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self._worker is None:
             return None, None
-        sending, recving = self._worker.get_finished(finished_req_ids)
+        meta = self._get_connector_metadata() if self.has_connector_metadata() else None
+        idle = isinstance(meta, TidekvMetadata) and meta.idle
+        sending, recving = self._worker.get_finished(finished_req_ids, idle=idle)
         return sending or None, recving or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:

@@ -44,6 +44,7 @@ class TidekvMetadata(KVConnectorMetadata):
     saves: list[StoreJob] = field(default_factory=list)
     holds: list[str] = field(default_factory=list)  # prefill: finished requests whose blocks we hold
     preempted: list[str] = field(default_factory=list)
+    idle: bool = False  # the step schedules no tokens (vLLM steps anyway while blocks are held)
 
 
 @dataclass

@@ -127,6 +127,7 @@ class TidekvScheduler:
         self._pulls.clear()
         meta.holds, self._holds = self._holds, []
         meta.preempted = sorted(getattr(out, "preempted_req_ids", None) or ())
+        meta.idle = out.total_num_scheduled_tokens == 0
         for req in out.scheduled_new_reqs:
             rid = req.req_id
             tokens = list(req.prompt_token_ids or [])

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+IDLE_WAIT_S = 0.01
+"""Longest sleep in an idle step while holding blocks; a confirmation ends it at once."""
+
 
 @dataclass
 class _Pull:
@@ -118,7 +121,12 @@ class TidekvWorker:
             fut = self._saver.submit(self._save_job, job)
             self._saves.setdefault(job.request_id, []).append(fut)
 
-    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
+    def get_finished(self, finished_req_ids: set[str], idle: bool = False) -> tuple[set[str], set[str]]:
+        if idle and self.holds.pending and not self._pulls:
+            # vLLM steps without pause while blocks are held (it polls us for their release); on
+            # a step with nothing else to do, sleep until a confirmation arrives or IDLE_WAIT_S
+            # passes, instead of spinning a core that the decode side may need.
+            self.holds.wait(IDLE_WAIT_S)
         sending = set(self.holds.released())
         self._finished_waiting |= {r for r in finished_req_ids if r in self._saves}
         for rid in list(self._finished_waiting):

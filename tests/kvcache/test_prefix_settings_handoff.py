@@ -96,3 +96,39 @@ def test_hold_released_on_confirmation_or_deadline() -> None:
     finally:
         confirmer.close()
         table.close()
+
+
+def test_hold_wait_sleeps_until_a_confirmation_arrives() -> None:
+    table = HoldTable("127.0.0.1", hold_timeout_s=60)
+    confirmer = Confirmer()
+    try:
+        table.hold("r")
+        started = time.monotonic()
+        assert table.wait(0.05) is False  # nothing to read: the whole timeout passes
+        assert time.monotonic() - started >= 0.04
+        confirmer.confirm(table.address, "r")
+        started = time.monotonic()
+        assert table.wait(5.0) is True, "a confirmation ends the wait"
+        assert time.monotonic() - started < 2.0
+        assert table.released() == {"r"}
+    finally:
+        confirmer.close()
+        table.close()
+
+
+def test_confirmer_close_sends_what_is_queued() -> None:
+    table = HoldTable("127.0.0.1", hold_timeout_s=60)
+    confirmer = Confirmer()
+    try:
+        for i in range(50):
+            table.hold(f"r{i}")
+            confirmer.confirm(table.address, f"r{i}")
+        confirmer.close()  # flushes the queue before closing its sockets
+        released: set[str] = set()
+        deadline = time.monotonic() + 5
+        while len(released) < 50 and time.monotonic() < deadline:
+            table.wait(0.1)
+            released |= table.released()
+        assert released == {f"r{i}" for i in range(50)}
+    finally:
+        table.close()
