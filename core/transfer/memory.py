@@ -8,6 +8,9 @@ exactly such memory: written once, read whenever someone asks. Neighbours:
 
 from __future__ import annotations
 
+import ctypes
+import os
+
 HUGE_PAGE = 2 << 20
 
 
@@ -26,10 +29,23 @@ def huge_pages_shareable() -> bool:
     True where THP can back anonymous memory and processes of one user may attach to each other's
     memory (no Yama, or ptrace_scope 0); otherwise same-host peers could not reach it without tcp.
     """
-    if not thp_enabled():
+    if not thp_enabled() or not _cross_memory_attach_allowed():
         return False
     try:
         with open("/proc/sys/kernel/yama/ptrace_scope") as f:
             return f.read().strip() == "0"
     except OSError:
         return True  # no Yama: same-uid processes may attach
+
+
+def _cross_memory_attach_allowed() -> bool:
+    """Whether process_vm_readv works at all here (a seccomp profile may forbid the syscall)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    src, dst = ctypes.create_string_buffer(b"tidekv", 8), ctypes.create_string_buffer(8)
+    local, remote = _IoVec(ctypes.addressof(dst), 8), _IoVec(ctypes.addressof(src), 8)
+    n = libc.process_vm_readv(os.getpid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    return n == 8 and dst.raw == src.raw
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
