@@ -26,8 +26,9 @@ def thp_enabled() -> bool:
 def huge_pages_shareable() -> bool:
     """Whether ``allocate(huge=True)`` memory is a good choice for memory other processes read.
 
-    True where THP can back anonymous memory and processes of one user may attach to each other's
-    memory (no Yama, or ptrace_scope 0); otherwise same-host peers could not reach it without tcp.
+    True where THP can back anonymous memory, ``process_vm_readv`` is allowed (no seccomp profile
+    forbids it) and processes of one user may attach to each other's memory (no Yama, or
+    ptrace_scope 0); otherwise same-host peers could not reach it without tcp.
     """
     if not thp_enabled() or not _cross_memory_attach_allowed():
         return False

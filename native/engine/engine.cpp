@@ -4,6 +4,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -143,7 +144,7 @@ uint64_t Engine::allocate(uint64_t length, bool huge) {
     // sat idle (on some VMs idle 4 KiB pages read 3-4x slower the first time; huge pages do not).
     constexpr uint64_t kHuge = 2ull << 20;
     a.mapped = (length + kHuge - 1) / kHuge * kHuge + kHuge;
-    a.base = mmap(nullptr, a.mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    a.base = mmap(nullptr, a.mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (a.base == MAP_FAILED)
       TIDEKV_THROW(kConfig, "cannot map " + std::to_string(length) + " bytes of memory: " + strerror(errno));
     uint64_t b = reinterpret_cast<uint64_t>(a.base);
@@ -151,6 +152,11 @@ uint64_t Engine::allocate(uint64_t length, bool huge) {
     madvise(start, length, MADV_HUGEPAGE);  // advisory: without THP the memory is still usable
     // Fault it in now (huge pages where the kernel has them) rather than inside the first transfers.
     if (madvise(start, length, MADV_POPULATE_WRITE) != 0) {
+      if (errno != EINVAL) {  // EINVAL: a kernel before 5.14; anything else: the memory is not there
+        int err = errno;
+        a.release();
+        TIDEKV_THROW(kConfig, "cannot allocate " + std::to_string(length) + " bytes of memory: " + strerror(err));
+      }
       for (uint64_t off = 0; off < length; off += 4096) start[off] = 0;
     }
   } else {

@@ -45,3 +45,14 @@ def test_huge_pages_are_not_chosen_where_cross_memory_attach_is_forbidden(monkey
     assert isinstance(memory._cross_memory_attach_allowed(), bool)
     monkeypatch.setattr(memory, "_cross_memory_attach_allowed", lambda: False)  # as under a strict seccomp profile
     assert memory.huge_pages_shareable() is False
+
+
+def test_allocate_huge_beyond_memory_is_a_clear_error(make_engine: MakeEngine) -> None:
+    with open("/proc/sys/vm/overcommit_memory") as f:
+        if f.read().strip() != "0":
+            pytest.skip("needs the kernel's heuristic overcommit (vm.overcommit_memory=0) to refuse the mapping")
+    engine = make_engine()
+    with pytest.raises(ConfigError, match="cannot map 70368744177664 bytes"):
+        engine.allocate(1 << 46, huge=True)
+    region = engine.allocate(HUGE_PAGE, huge=True)  # the engine is still fine
+    engine.unregister(region)
