@@ -235,7 +235,9 @@ class StoreConfig:
     """What backs the segment: "shared" (a memfd that same-host peers map), "huge" (private memory
     on transparent huge pages that same-host peers read by cross-memory attach; reads stay fast
     after the memory sat idle, which 4 KiB pages do not on some VMs) or "auto" (huge where THP
-    is on and processes of one user may attach to each other's memory, else shared). Default auto."""
+    is on and processes of one user may attach to each other's memory - process_vm_readv allowed,
+    Yama's ptrace_scope 0 or absent, the engine's enable_cross_memory_attach on - else shared).
+    Default auto."""
 
     def __post_init__(self) -> None:
         _check_types(self)

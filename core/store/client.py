@@ -52,13 +52,17 @@ Key = Union[str, bytes]
 Buffer = Union[Region, tuple[int, int], Any]  # a Region, (address, length) or a buffer object
 
 
-def _huge_segment(choice: str) -> bool:
-    """Resolves StoreConfig.segment_memory to whether the segment is allocated on huge pages."""
+def _huge_segment(choice: str, engine: TransferEngine) -> bool:
+    """Resolves StoreConfig.segment_memory to whether the segment is allocated on huge pages.
+
+    Huge-page segments are read by cross-memory attach, so ``auto`` takes them only where the
+    host allows it and this engine's config has not turned it off."""
+    shareable = engine.config.enable_cross_memory_attach and huge_pages_shareable()
     if choice == "auto":
-        return huge_pages_shareable()
-    if choice == "huge" and not huge_pages_shareable():
-        logger.warning("segment_memory=huge: this host restricts cross-memory attach or has THP off; "
-                       "same-host peers may have to read the segment over tcp")
+        return shareable
+    if choice == "huge" and not shareable:
+        logger.warning("segment_memory=huge: this host restricts cross-memory attach or has THP off, "
+                       "or enable_cross_memory_attach is off; same-host peers may have to read the segment over tcp")
     return choice == "huge"
 
 
@@ -112,7 +116,7 @@ class Store:
         try:
             self._hello()
             if config.segment_size_bytes > 0:
-                self._segment = engine.allocate(config.segment_size_bytes, huge=_huge_segment(config.segment_memory))
+                self._segment = engine.allocate(config.segment_size_bytes, huge=_huge_segment(config.segment_memory, engine))
                 self.segment_name = f"{engine.name}/{self.client_id}"
                 self._mount()
             self._staging = StagingArea(engine, config.staging_size_bytes)

@@ -57,3 +57,17 @@ def test_unknown_segment_memory_is_refused() -> None:
         StoreConfig(segment_memory="tmpfs")
     with pytest.raises(ConfigError, match="segment_memory"):
         StoreConfig.from_env({"TIDEKV_STORE_SEGMENT_MEMORY": "bogus"})
+
+
+def test_auto_stays_shared_when_the_engine_turns_cross_memory_attach_off(spawn_master: SpawnMaster) -> None:
+    from tidekv.config import TransferConfig
+    from tidekv.store import Store
+
+    master = spawn_master()
+    st = Store.connect(master.address, segment_size=4 * MIB, config=StoreConfig(staging_size_bytes=1 << 20),
+                       transfer_config=TransferConfig(enable_cross_memory_attach=False))
+    try:
+        assert st._segment is not None
+        assert "memfd:tidekv-buffer" in _mapping_of(st._segment.address), "peers could not attach to huge pages"
+    finally:
+        st.close()
