@@ -26,11 +26,18 @@ Definitions (each engine in its own process, in-process engine core, one request
 
 Other work on this 2-core machine stretches any timing, so every prompt is measured ``--repeat``
 times (variants that share no block with each other), the engines of one connector run one
-request after the other and are all held alive at once, and each time is the best of its
-samples (the first sample, which warms the engines up and opens the peer connection, is
-dropped). Raw samples go to ``--json``.
+request after the other and are all held alive at once, TTFTs are the best of their samples
+and connector times the median (the first sample, which warms the engines up and opens the
+peer connection, is dropped). Raw samples go to ``--json``.
 
-Usage: .venv-vllm/bin/python benchmarks/vllm_pd.py [--prompts 4] [--repeat 4] [--tokens 2000] [--json FILE]
+Warm-up: by default every measured request follows an untimed 64-token request on the same
+engine, as on an engine that is busy serving. On this VM a process that sat idle for a few ms
+runs its next millisecond several times slower (``benchmarks/idle_memory.py``: a 35 ms sleep
+makes a 1 MiB copy of KV-sized blocks 4-5x slower), which would otherwise be charged to
+whichever hook runs first. Every engine of
+both connectors gets the same warm-up; ``--idle`` measures without it.
+
+Usage: .venv-vllm/bin/python benchmarks/vllm_pd.py [--prompts 4] [--repeat 4] [--tokens 2000] [--idle] [--json FILE]
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[1] / "integration"))
 
 BLOCK_SIZE = 32
+WARM_PROMPT = [257] + [ord("w")] * 63  # the warm-up request: <s> (BOS_ID of the tiny model), then bytes
 REPLY_TIMEOUT_S = 300.0
 _TIMED_BASES = {"TimedTidekvConnector": ("tidekv_vllm.connector", "TidekvConnector"),
                 "TimedExampleConnector": ("vllm.distributed.kv_transfer.kv_connector.v1.example_connector",
@@ -115,6 +123,11 @@ def child(spec: dict[str, Any], reply_fd: int) -> None:
         cmd = json.loads(line)
         if cmd["op"] == "exit":
             break
+        if cmd.get("warm"):
+            # An untimed short request first, as if the engine were busy serving: on this VM a
+            # process that sat idle for a few ms runs its next ms several times slower.
+            llm.generate([TokensPrompt(prompt_token_ids=WARM_PROMPT)], SamplingParams(temperature=0.0, max_tokens=1),
+                         use_tqdm=False)
         p = cmd.get("params")
         sp = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True,
                             extra_args=None if p is None else {"kv_transfer_params": p})
@@ -132,8 +145,9 @@ def child(spec: dict[str, Any], reply_fd: int) -> None:
 class Engine:
     """One held engine process; ``generate`` sends a prompt and waits for its reply."""
 
-    def __init__(self, name: str, spec: dict[str, Any], tmp: str) -> None:
+    def __init__(self, name: str, spec: dict[str, Any], tmp: str, warm: bool = True) -> None:
         self.name = name
+        self.warm = warm
         self.log_path = Path(tmp, name + ".log")
         spec_path = Path(tmp, name + ".spec.json")
         spec_path.write_text(json.dumps(spec))
@@ -159,7 +173,8 @@ class Engine:
 
     def generate(self, prompt: list[int], params: dict[str, Any] | None = None) -> dict[str, Any]:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"op": "generate", "prompt": prompt, "params": params}) + "\n")
+        self.proc.stdin.write(json.dumps({"op": "generate", "prompt": prompt, "params": params,
+                                          "warm": self.warm}) + "\n")
         self.proc.stdin.flush()
         return self._reply()
 
@@ -186,8 +201,8 @@ class Engine:
         self._replies.close()
 
 
-def start(engines: dict[str, dict[str, Any]], tmp: str) -> dict[str, Engine]:
-    started = {name: Engine(name, spec, tmp) for name, spec in engines.items()}
+def start(engines: dict[str, dict[str, Any]], tmp: str, warm: bool) -> dict[str, Engine]:
+    started = {name: Engine(name, spec, tmp, warm) for name, spec in engines.items()}
     try:
         return {name: e.wait_ready() for name, e in started.items()}
     except BaseException:
@@ -201,6 +216,8 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=4, help="distinct prompts")
     ap.add_argument("--repeat", type=int, default=4, help="variants of each prompt measured (samples = prompts x repeat)")
     ap.add_argument("--tokens", type=int, default=2000, help="prompt length in tokens")
+    ap.add_argument("--idle", action="store_true",
+                    help="no warm-up request before each measured one: engines that sat idle between requests")
     ap.add_argument("--json", help="write the result rows (and every raw sample) here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--reply-fd", type=int, help=argparse.SUPPRESS)
@@ -234,7 +251,7 @@ def main() -> int:
         ex = {**here, "kv_connector": "TimedExampleConnector", "kv_connector_extra_config": {"shared_storage_path": store_dir}}
 
         engines = start({"plain": base, "tidekv-prefill": {**base, "kv": tide},
-                         "tidekv-decode": {**base, "kv": tide}}, tmp)
+                         "tidekv-decode": {**base, "kv": tide}}, tmp, not args.idle)
         try:
             plain, pre, dec = engines["plain"], engines["tidekv-prefill"], engines["tidekv-decode"]
             for prompt in prompts:
@@ -257,7 +274,8 @@ def main() -> int:
             for name in ("tidekv-prefill", "tidekv-decode"):
                 engines.pop(name).close()
             engines.update(start({"example-producer": {**base, "kv": {**ex, "kv_role": "kv_producer"}},
-                                  "example-consumer": {**base, "kv": {**ex, "kv_role": "kv_consumer"}}}, tmp))
+                                  "example-consumer": {**base, "kv": {**ex, "kv_role": "kv_consumer"}}}, tmp,
+                                 not args.idle))
             producer, consumer = engines["example-producer"], engines["example-consumer"]
             for prompt in prompts:
                 e = producer.generate(prompt)
@@ -300,6 +318,7 @@ def main() -> int:
                                   + rows["export_example_ms"])
     rows["handoff_speedup_vs_example"] = rows["handoff_example_ms"] / max(rows["handoff_tidekv_ms"], 1e-6)
     rows["samples"] = len(prompts) - 1
+    rows["warm_up"] = 0 if args.idle else 1
     rows["prompt_tokens"] = args.tokens
     for k, v in rows.items():
         print(f"{k:32s} {v:10.2f}")

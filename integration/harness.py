@@ -318,6 +318,8 @@ class OpenAIServer:
         # The server always runs its engine core in a separate process; the env var only
         # matters for offline LLM, but keep the CPU KV cache small either way.
         self._env = phase_env(multiprocessing=True, extra=env)
+        # A log file made here is removed by stop(); one the caller names is the caller's.
+        self._own_log = log_path is None
         self._log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="tidekv-vllm-server-", suffix=".log")[1])
         self._proc: subprocess.Popen[bytes] | None = None
         self.startup_s: float | None = None
@@ -339,26 +341,31 @@ class OpenAIServer:
         deadline = t0 + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise HarnessError(f"vLLM server exited with {self._proc.returncode} before it was healthy; log:\n{_tail(self.log())}")
+                log = self.log()
+                self.stop()
+                raise HarnessError(f"vLLM server exited with {self._proc.returncode} before it was healthy; log:\n{_tail(log)}")
             with contextlib.suppress(OSError):
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
                     if resp.status == 200:
                         self.startup_s = time.monotonic() - t0
                         return
             time.sleep(0.5)
+        log = self.log()
         self.stop()
-        raise HarnessError(f"vLLM server not healthy after {timeout_s:.0f} s; log:\n{_tail(self.log())}")
+        raise HarnessError(f"vLLM server not healthy after {timeout_s:.0f} s; log:\n{_tail(log)}")
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """Stops the server: SIGTERM to its process group, SIGKILL after `grace_s`."""
-        if self._proc is None or self._proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._proc.pid, signal.SIGTERM)
-        try:
-            self._proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(self._proc)
+        """Stops the server: SIGTERM to its process group, SIGKILL after `grace_s`. Removes the
+        log file unless the caller named it."""
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(self._proc)
+        if self._own_log:
+            self._log_path.unlink(missing_ok=True)
 
     def post(self, path: str, body: dict[str, Any], timeout_s: float = 60.0) -> dict[str, Any]:
         """POSTs JSON to the server and returns the decoded reply.

@@ -170,8 +170,8 @@ def test_pd_online_through_the_proxy(tiny_model: str, prompts: list[str], baseli
                                      tmp_path: Path) -> None:
     import urllib.request
 
-    with OpenAIServer(tiny_model, kv_transfer_config=tidekv_config()) as prefill, \
-            OpenAIServer(tiny_model, kv_transfer_config=tidekv_config()) as decode:
+    with OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(), log_path=tmp_path / "prefill.log") as prefill, \
+            OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(), log_path=tmp_path / "decode.log") as decode:
         port = free_port()
         proxy = subprocess.Popen(
             [sys.executable, "-m", "tidekv", "proxy", "--prefill", prefill.url, "--decode", decode.url,

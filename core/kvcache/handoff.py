@@ -78,7 +78,14 @@ class HoldTable:
             self._deadlines[request_id] = time.monotonic() + self.hold_timeout_s
 
     def released(self) -> set[str]:
-        """Requests whose blocks may be freed now (confirmed, or past their deadline)."""
+        """Requests whose blocks may be freed now (confirmed, or past their deadline).
+
+        Reads the confirmations only while something is held: a decode-only engine (and a
+        prefill between requests) polls this every step, and a confirmation that comes
+        before its hold waits on the socket until the hold is recorded.
+        """
+        if not self._deadlines:
+            return set()
         with self._lock:
             while True:
                 try:

@@ -98,6 +98,21 @@ def test_hold_released_on_confirmation_or_deadline() -> None:
         table.close()
 
 
+def test_confirmation_while_nothing_is_held_is_kept_for_its_hold() -> None:
+    table = HoldTable("127.0.0.1", hold_timeout_s=60)
+    confirmer = Confirmer()
+    try:
+        confirmer.confirm(table.address, "r")
+        assert table.wait(5.0) is True  # on the socket, unread
+        assert table.released() == set()  # nothing held: not read yet, not lost
+        table.hold("r")
+        assert table.released() == {"r"}
+        assert table.pending == 0
+    finally:
+        confirmer.close()
+        table.close()
+
+
 def test_hold_wait_sleeps_until_a_confirmation_arrives() -> None:
     table = HoldTable("127.0.0.1", hold_timeout_s=60)
     confirmer = Confirmer()
