@@ -36,7 +36,11 @@ engine, as on an engine that is busy serving. On this VM a process that sat idle
 runs its next millisecond several times slower (``benchmarks/idle_memory.py``: a 35 ms sleep
 makes a 1 MiB copy of KV-sized blocks 4-5x slower), which would otherwise be charged to
 whichever hook runs first. Every engine of
-both connectors gets the same warm-up; ``--idle`` measures without it.
+both connectors gets the same warm-up; ``--idle`` measures without it. With ``--idle`` a decode
+engine sits idle before its measured request while another engine computes the prompt, so its
+floor request follows the same: the plain engine first computes a fresh prompt of the same
+length (otherwise the floor, right after the measured request, would run warm and charge the
+whole wake-up to the connector).
 
 Usage: .venv-vllm/bin/python benchmarks/vllm_pd.py [--prompts 4] [--repeat 4] [--tokens 2000] [--idle] [--json FILE]
 """
@@ -61,6 +65,7 @@ sys.path.insert(0, str(HERE.parents[1] / "integration"))
 BLOCK_SIZE = 32
 WARM_PROMPT = [257] + [ord("w")] * 63  # the warm-up request: <s> (BOS_ID of the tiny model), then bytes
 REPLY_TIMEOUT_S = 300.0
+DEBUG = bool(os.environ.get("TIDEKV_BENCH_DEBUG"))  # print per-hook and per-phase times of each request
 _TIMED_BASES = {"TimedTidekvConnector": ("tidekv_vllm.connector", "TidekvConnector"),
                 "TimedExampleConnector": ("vllm.distributed.kv_transfer.kv_connector.v1.example_connector",
                                           "ExampleConnector")}
@@ -87,6 +92,17 @@ def _timed(fn: Any) -> Any:
                 dt = time.perf_counter() - t0
                 connector_s += dt
                 hook_s[fn.__name__] = hook_s.get(fn.__name__, 0.0) + dt
+    return wrapper
+
+
+def _phase(fn: Any, name: str, into: dict[str, float]) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            into[name] = into.get(name, 0.0) + time.perf_counter() - t0
+            into[name + "_calls"] = into.get(name + "_calls", 0) + 1
     return wrapper
 
 
@@ -117,6 +133,12 @@ def child(spec: dict[str, Any], reply_fd: int) -> None:
 
     llm = LLM(model=spec["model"], dtype="float32", enforce_eager=True, max_model_len=2304, max_num_seqs=4,
               block_size=BLOCK_SIZE, seed=0, kv_transfer_config=spec.get("kv"))
+    phase_s: dict[str, float] = {}  # DEBUG: where a request's time goes in the engine core
+    if DEBUG:
+        core = llm.llm_engine.engine_core.engine_core
+        for owner, attr in ((core.scheduler, "schedule"), (core.scheduler, "update_from_output"),
+                            (core.model_executor, "execute_model"), (core.model_executor, "sample_tokens")):
+            setattr(owner, attr, _phase(getattr(owner, attr), attr, phase_s))
     reply = os.fdopen(reply_fd, "w")
     reply.write(json.dumps({"ready": True}) + "\n")
     reply.flush()
@@ -133,14 +155,20 @@ def child(spec: dict[str, Any], reply_fd: int) -> None:
         sp = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True,
                             extra_args=None if p is None else {"kv_transfer_params": p})
         c0, h0 = timed.connector_s, dict(timed.hook_s)
+        phase_s.clear()
         t0 = time.perf_counter()
         res = llm.generate([TokensPrompt(prompt_token_ids=cmd["prompt"])], sp, use_tqdm=False)[0]
         ttft = time.perf_counter() - t0
         hooks = {k: v - h0.get(k, 0.0) for k, v in timed.hook_s.items() if v - h0.get(k, 0.0) > 0}
         reply.write(json.dumps({"ttft_s": ttft, "connector_s": timed.connector_s - c0, "hooks_s": hooks,
+                                "phases_s": phase_s,
                                 "params": res.kv_transfer_params,
                                 "num_cached_tokens": res.num_cached_tokens or 0}) + "\n")
         reply.flush()
+
+
+def _ms(phases: dict[str, float]) -> dict[str, float]:
+    return {k: (v if k.endswith("_calls") else round(v * 1e3, 2)) for k, v in phases.items()}
 
 
 class Engine:
@@ -239,11 +267,19 @@ def main() -> int:
         # The tiny model's tokenizer is byte-level (token id == byte), <s> first. Variant r of a
         # prompt differs in its first byte, so no two samples share a block.
         letters = "abcdefghijklmnopqrstuvwxyz "
+
+        def text(seed: int, n: int) -> list[int]:
+            rng = random.Random(seed)
+            return [ord(rng.choice(letters)) for _ in range(n)]
+
         prompts = []
         for i in range(args.prompts):
-            rng = random.Random(100 + i)
-            body = [ord(rng.choice(letters)) for _ in range(args.tokens - 2)]
+            body = text(100 + i, args.tokens - 2)
             prompts += [[BOS_ID, ord("A") + r % 26, ord("a") + r // 26] + body[1:] for r in range(args.repeat)]
+        # --idle: before a floor request the plain engine computes one of these (each its own
+        # first block), as the prefill did before the measured request.
+        fillers = iter([[BOS_ID, ord("#"), i % 256] + text(1000 + i, args.tokens - 3)
+                        for i in range(2 * len(prompts))])
         base = {"model": model}
         here = {"kv_connector_module_path": "vllm_pd"}  # the Timed<Connector> wrappers
         tide = {**here, "kv_connector": "TimedTidekvConnector", "kv_role": "kv_both", "kv_connector_extra_config": {}}
@@ -261,17 +297,22 @@ def main() -> int:
                 p = pre.generate(prompt, {"do_remote_decode": True})
                 raw["tidekv_prefill"].append(p["ttft_s"])
                 raw["tidekv_export"].append(p["connector_s"])
-                if os.environ.get("TIDEKV_BENCH_DEBUG"):
+                if DEBUG:
                     print("prefill hooks ms", {k: round(v * 1e3, 2) for k, v in p["hooks_s"].items()}, flush=True)
                 # Without the prefill's hit count in the params, the decode reports its own.
                 p["params"].pop("remote_prefill_cached_tokens", None)
                 d = dec.generate(prompt, p["params"])
                 raw["tidekv_decode"].append(d["ttft_s"])
                 raw["tidekv_import"].append(d["connector_s"])
-                if os.environ.get("TIDEKV_BENCH_DEBUG"):
+                if DEBUG:
                     print("decode hooks ms", {k: round(v * 1e3, 2) for k, v in d["hooks_s"].items()}, flush=True)
+                    print("decode phases ms", _ms(d["phases_s"]), flush=True)
                 raw["tidekv_cached"].append(d["num_cached_tokens"])
+                if args.idle:
+                    plain.generate(next(fillers))
                 f = dec.floor(prompt, d)
+                if DEBUG:
+                    print("floor  phases ms", _ms(f["phases_s"]), "hooks", round(f["connector_s"] * 1e3, 2), flush=True)
                 raw["tidekv_floor"].append(f["ttft_s"])
                 raw["tidekv_floor_hooks"].append(f["connector_s"])
             for name in ("tidekv-prefill", "tidekv-decode"):
@@ -288,7 +329,14 @@ def main() -> int:
                 raw["example_consumer"].append(c["ttft_s"])
                 raw["example_import"].append(c["connector_s"])
                 raw["example_cached"].append(c["num_cached_tokens"])
+                if args.idle:
+                    plain.generate(next(fillers))
+                if DEBUG:
+                    print("example consumer phases ms", _ms(c["phases_s"]), "hooks", round(c["connector_s"] * 1e3, 2))
                 f = consumer.floor(prompt, c)
+                if DEBUG:
+                    print("example floor    phases ms", _ms(f["phases_s"]), "hooks", round(f["connector_s"] * 1e3, 2),
+                          flush=True)
                 raw["example_floor"].append(f["ttft_s"])
                 raw["example_floor_hooks"].append(f["connector_s"])
         finally:

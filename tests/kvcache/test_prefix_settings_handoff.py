@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
+import zmq
 
 from tidekv.errors import ConfigError
-from tidekv.kvcache import prefix
+from tidekv.kvcache import handoff, prefix
 from tidekv.kvcache.handoff import Confirmer, HoldTable, pull_end, pulled_blocks
 from tidekv.kvcache.settings import KVConnectorConfig
 
@@ -103,14 +104,40 @@ def test_confirmation_while_nothing_is_held_is_kept_for_its_hold() -> None:
     confirmer = Confirmer()
     try:
         confirmer.confirm(table.address, "r")
-        assert table.wait(5.0) is True  # on the socket, unread
-        assert table.released() == set()  # nothing held: not read yet, not lost
+        deadline = time.monotonic() + 5
+        while not table._confirmed and time.monotonic() < deadline:  # the receiver thread reads it
+            time.sleep(0.005)
+        assert table.released() == set()  # nothing held: nothing released, and "r" is not lost
         table.hold("r")
+        assert table.wait(0) is True
         assert table.released() == {"r"}
         assert table.pending == 0
     finally:
         confirmer.close()
         table.close()
+
+
+def test_malformed_confirmations_are_dropped_and_stale_ones_pruned(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handoff, "_MAX_UNPAIRED", 2)
+    table = HoldTable("127.0.0.1", hold_timeout_s=0.05)
+    sender = zmq.Context.instance().socket(zmq.PUSH)
+    sender.setsockopt(zmq.LINGER, 0)
+    sender.connect(f"tcp://{table.address}")
+    try:
+        sender.send(b"\xff not msgpack")
+        sender.send(b"")  # an empty frame from a peer is just as malformed; it must not stop the receiver
+        for rid in ("stray1", "stray2"):
+            sender.send(handoff._encode(handoff._Done(rid)))
+        time.sleep(0.1)  # older than the hold timeout now
+        table.hold("r")
+        sender.send(handoff._encode(handoff._Done("r")))
+        assert table.wait(5.0) is True, "the receiver survived the malformed frames"
+        assert table.released() == {"r"}
+        assert set(table._confirmed) == set(), "stale unpaired confirmations were pruned"
+    finally:
+        sender.close()
+        table.close()
+    assert not table._thread.is_alive(), "close() stops the receiver thread"
 
 
 def test_hold_wait_sleeps_until_a_confirmation_arrives() -> None:
