@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 
 import pytest
 import zmq
@@ -75,46 +76,60 @@ def test_pull_skips_the_local_hit_and_stops_at_what_the_prefill_has() -> None:
     assert pull_end(1, 1, 1, bs, is_sync=True) == 0
 
 
-def test_hold_released_on_confirmation_or_deadline() -> None:
-    table = HoldTable("127.0.0.1", hold_timeout_s=0.5)
-    confirmer = Confirmer()
-    try:
-        table.hold("a")
-        table.hold("b")
-        confirmer.confirm(table.address, "a")
-        confirmer.confirm(table.address, "early")  # before its hold: remembered
-        deadline = time.monotonic() + 5
-        released: set[str] = set()
-        while "a" not in released and time.monotonic() < deadline:
-            released |= table.released()
-            time.sleep(0.01)
-        assert "a" in released and "b" not in released
-        table.hold("early")
-        assert "early" in table.released()
-        time.sleep(0.6)
-        assert table.released() == {"b"}  # the deadline freed it
-        assert table.pending == 0
-    finally:
+@pytest.fixture
+def hand_off() -> Iterator[Callable[..., tuple[HoldTable, Confirmer]]]:
+    """Makes a prefill-side HoldTable and a decode-side Confirmer; closes both afterwards."""
+    made: list[tuple[HoldTable, Confirmer]] = []
+
+    def make(hold_timeout_s: float = 60.0) -> tuple[HoldTable, Confirmer]:
+        made.append((HoldTable("127.0.0.1", hold_timeout_s), Confirmer()))
+        return made[-1]
+
+    yield make
+    for table, confirmer in made:
         confirmer.close()
         table.close()
 
 
-def test_confirmation_while_nothing_is_held_is_kept_for_its_hold() -> None:
-    table = HoldTable("127.0.0.1", hold_timeout_s=60)
-    confirmer = Confirmer()
-    try:
-        confirmer.confirm(table.address, "r")
-        deadline = time.monotonic() + 5
-        while not table._confirmed and time.monotonic() < deadline:  # the receiver thread reads it
-            time.sleep(0.005)
-        assert table.released() == set()  # nothing held: nothing released, and "r" is not lost
-        table.hold("r")
-        assert table.wait(0) is True
-        assert table.released() == {"r"}
-        assert table.pending == 0
-    finally:
-        confirmer.close()
-        table.close()
+def _released_until(table: HoldTable, want: set[str], timeout_s: float = 5.0) -> set[str]:
+    released: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    while not want <= released and time.monotonic() < deadline:
+        table.wait(0.05)
+        released |= table.released()
+    return released
+
+
+def test_hold_released_on_confirmation_or_deadline(hand_off: Callable[..., tuple[HoldTable, Confirmer]]) -> None:
+    table, confirmer = hand_off(hold_timeout_s=0.5)
+    held_at = time.monotonic()
+    table.hold("a")
+    table.hold("b")
+    confirmer.confirm(table.address, "a")
+    confirmer.confirm(table.address, "early")  # before its hold: remembered
+    released = _released_until(table, {"a"})
+    assert "a" in released and "b" not in released
+    table.hold("early")
+    later = _released_until(table, {"early"}, timeout_s=0.4)  # inside its own deadline: confirmed
+    assert "early" in later
+    later |= _released_until(table, {"b"})
+    assert later == {"early", "b"}
+    assert time.monotonic() - held_at >= 0.5, "only the deadline freed b"
+    assert table.pending == 0
+
+
+def test_confirmation_while_nothing_is_held_is_kept_for_its_hold(
+        hand_off: Callable[..., tuple[HoldTable, Confirmer]]) -> None:
+    table, confirmer = hand_off()
+    confirmer.confirm(table.address, "r")
+    deadline = time.monotonic() + 5
+    while not table._confirmed and time.monotonic() < deadline:  # the receiver thread reads it
+        time.sleep(0.005)
+    assert table.released() == set()  # nothing held: nothing released, and "r" is not lost
+    table.hold("r")
+    assert table.wait(0) is True
+    assert table.released() == {"r"}
+    assert table.pending == 0
 
 
 def test_malformed_confirmations_are_dropped_and_stale_ones_pruned(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -140,37 +155,23 @@ def test_malformed_confirmations_are_dropped_and_stale_ones_pruned(monkeypatch: 
     assert not table._thread.is_alive(), "close() stops the receiver thread"
 
 
-def test_hold_wait_sleeps_until_a_confirmation_arrives() -> None:
-    table = HoldTable("127.0.0.1", hold_timeout_s=60)
-    confirmer = Confirmer()
-    try:
-        table.hold("r")
-        started = time.monotonic()
-        assert table.wait(0.05) is False  # nothing to read: the whole timeout passes
-        assert time.monotonic() - started >= 0.04
-        confirmer.confirm(table.address, "r")
-        started = time.monotonic()
-        assert table.wait(5.0) is True, "a confirmation ends the wait"
-        assert time.monotonic() - started < 2.0
-        assert table.released() == {"r"}
-    finally:
-        confirmer.close()
-        table.close()
+def test_hold_wait_sleeps_until_a_confirmation_arrives(hand_off: Callable[..., tuple[HoldTable, Confirmer]]) -> None:
+    table, confirmer = hand_off()
+    table.hold("r")
+    started = time.monotonic()
+    assert table.wait(0.05) is False  # nothing confirmed: the whole timeout passes
+    assert time.monotonic() - started >= 0.04
+    confirmer.confirm(table.address, "r")
+    started = time.monotonic()
+    assert table.wait(5.0) is True, "a confirmation ends the wait"
+    assert time.monotonic() - started < 2.0
+    assert table.released() == {"r"}
 
 
-def test_confirmer_close_sends_what_is_queued() -> None:
-    table = HoldTable("127.0.0.1", hold_timeout_s=60)
-    confirmer = Confirmer()
-    try:
-        for i in range(50):
-            table.hold(f"r{i}")
-            confirmer.confirm(table.address, f"r{i}")
-        confirmer.close()  # flushes the queue before closing its sockets
-        released: set[str] = set()
-        deadline = time.monotonic() + 5
-        while len(released) < 50 and time.monotonic() < deadline:
-            table.wait(0.1)
-            released |= table.released()
-        assert released == {f"r{i}" for i in range(50)}
-    finally:
-        table.close()
+def test_confirmer_close_sends_what_is_queued(hand_off: Callable[..., tuple[HoldTable, Confirmer]]) -> None:
+    table, confirmer = hand_off()
+    for i in range(50):
+        table.hold(f"r{i}")
+        confirmer.confirm(table.address, f"r{i}")
+    confirmer.close()  # flushes the queue before closing its sockets
+    assert _released_until(table, {f"r{i}" for i in range(50)}) == {f"r{i}" for i in range(50)}
