@@ -197,3 +197,54 @@ def test_pd_online_through_the_proxy(tiny_model: str, prompts: list[str], baseli
         finally:
             proxy.terminate()
             proxy.wait(timeout=15)
+
+
+def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        answer = json.loads(resp.read())
+    assert isinstance(answer, dict)
+    return answer
+
+
+def test_proxy_store_policy_locates_what_a_real_prefill_saved(tiny_model: str, prompts: list[str],
+                                                              tmp_path: Path) -> None:
+    """What `tidekv proxy --policy store` relies on, on real vLLM: a prefill that saves to the store
+    names its card in kv_transfer_params, its /tokenize gives the ids it computed, and the master
+    places every full block of the prompt on that prefill's own engine. (The routing decision on top
+    of this is tested against fake backends in tests/proxy/test_store_policy.py.)"""
+    from tidekv.proxy.routing import prefill_request
+    from tidekv.proxy.store_policy import StoreCard, StoreLocator, leading_held, tokenize_request
+
+    with tidekv_up() as master, \
+            OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(master=master, store_segment_size=64 << 20),
+                         log_path=tmp_path / "prefill.log") as prefill:
+        locator = StoreLocator(master)
+        try:
+            for prompt in prompts:
+                body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0}
+                answer = _post(prefill.url + "/v1/completions", prefill_request(body))
+                card = StoreCard.from_params(answer["kv_transfer_params"])
+                assert card is not None and card.block_size == 32, answer["kv_transfer_params"]
+                tokens = _post(prefill.url + "/tokenize", tokenize_request(body) or {})["tokens"]
+                assert len(tokens) == answer["usage"]["prompt_tokens"]
+                keys = card.first_chunk_keys(tokens)
+                deadline = time.monotonic() + 30  # saves finish on a background thread
+                held = -1
+                while time.monotonic() < deadline:
+                    located = locator.locate(keys) if keys else []
+                    assert located is not None, "the master did not answer"
+                    held = leading_held(located, card.engine)
+                    if held == len(keys):
+                        break
+                    time.sleep(0.2)
+                assert held == len(tokens) // 32, (held, len(tokens))
+            unrelated = StoreCard(card.namespace, 32, card.engine).first_chunk_keys(list(range(64)))
+            assert leading_held(locator.locate(unrelated) or [], card.engine) == 0
+        except BaseException:
+            print("----- prefill server log\n" + prefill.log()[-15000:])
+            raise
+        finally:
+            locator.close()

@@ -212,5 +212,10 @@ def _layer_order(name: str) -> tuple[int, str]:
 
 def chunk_keys(block_key: str, layout: KVLayout) -> list[str]:
     """Store keys of one block's runs, in block_spans() order."""
-    return [f"{block_key}/{i}" for i in range(sum(len(lay.runs) for lay in layout.layers))]
+    return [chunk_key(block_key, i) for i in range(sum(len(lay.runs) for lay in layout.layers))]
+
+
+def chunk_key(block_key: str, index: int) -> str:
+    """Store key of run ``index`` of the block keyed ``block_key`` (run 0 exists for every block)."""
+    return f"{block_key}/{index}"
 

@@ -4,8 +4,10 @@ Decode instances take turns (round robin). Prefill instances take turns too, or 
 ``prefix`` policy a prompt goes to the prefill instance that already served the longest prefix
 of it: per prefill instance, a bounded LRU set of chained hashes of the prompt text in
 fixed-size character chunks. That is the proxy's own memory — the tidekv store is asked nothing
-and no tokenizer is needed, so one proxy fronts any model. Also: how a client request is turned
-into the prefill and the decode request. No I/O here. Neighbour: ``server`` (the HTTP side).
+and no tokenizer is needed, so one proxy fronts any model. With the ``store`` policy the master
+is asked instead which instance's store segment holds the longest run of the prompt's KV blocks
+(``store_policy``). Also: how a client request is turned into the prefill and the decode
+request. No I/O here. Neighbours: ``server`` (the HTTP side), ``store_policy``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidekv.errors import ConfigError, TidekvError
+from tidekv.proxy.store_policy import StoreCard
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +35,7 @@ class RoutingPolicy(enum.Enum):
 
     ROUND_ROBIN = "round_robin"  #: take turns
     PREFIX = "prefix"  #: the instance that already served the longest prefix of the prompt
+    STORE = "store"  #: the instance whose store segment holds the most leading KV blocks (asks the master)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,9 @@ class ProxyConfig:
     """prefix policy: prompt text is hashed in chunks of this many characters. Default 256 (1..65536)."""
     prefix_capacity: int = 65536
     """prefix policy: chunk hashes remembered per prefill instance (LRU). Default 65536 (1..2**24)."""
+    master: str = ""
+    """store policy: the tidekv master (``host:port``) asked where a prompt's KV blocks are.
+    Required by the store policy, refused by the others."""
 
     def __post_init__(self) -> None:
         for name in ("prefill_urls", "decode_urls"):
@@ -67,6 +74,14 @@ class ProxyConfig:
                     raise ConfigError(f"{name} entry {url!r} is invalid; expected http://host:port (no trailing /)")
         if not isinstance(self.policy, RoutingPolicy):
             raise ConfigError(f"policy={self.policy!r} is invalid; allowed {[p.value for p in RoutingPolicy]}")
+        if self.policy is RoutingPolicy.STORE:
+            host, sep, port = self.master.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ConfigError(f"master={self.master!r} is invalid; the store policy needs the tidekv master "
+                                  "as host:port")
+        elif self.master:
+            raise ConfigError(f"master={self.master!r} is set but policy={self.policy.value!r} does not use it; "
+                              "use policy 'store'")
         for name, low, high in (("port", 0, 65535), ("timeout_s", 0.1, 86400),
                                 ("prefix_chunk_chars", 1, 65536), ("prefix_capacity", 1, 1 << 24)):
             value = getattr(self, name)
@@ -171,6 +186,8 @@ class Router:
         self._next_decode = 0
         self.prefix_index = (PrefixIndex(len(config.prefill_urls), config.prefix_chunk_chars, config.prefix_capacity)
                              if config.policy is RoutingPolicy.PREFIX else None)
+        self.cards: dict[int, StoreCard] = {}
+        """store policy: what each prefill instance (by index) said about where it saves blocks."""
 
     def pick_prefill(self, body: dict[str, Any]) -> str:
         """Chooses the prefill instance for a client request.
@@ -191,6 +208,25 @@ class Router:
         logger.debug("prefix policy: %d of %d chunks held by %s; chose %s",
                      matched, len(chain), [urls[i] for i in holders], urls[choice])
         self.prefix_index.record(choice, chain)
+        return urls[choice]
+
+    def learn(self, prefill_url: str, kv_params: dict[str, Any]) -> None:
+        """store policy: notes the store card in a prefill instance's answer (the latest wins)."""
+        if self.config.policy is not RoutingPolicy.STORE:
+            return
+        card = StoreCard.from_params(kv_params)
+        if card is not None:
+            self.cards[self.config.prefill_urls.index(prefill_url)] = card
+
+    def pick_prefill_held(self, held: dict[int, int]) -> str:
+        """store policy: the instance holding the most leading blocks (``held``: instance index ->
+        blocks); ties, and no instance holding any, take turns."""
+        urls = self.config.prefill_urls
+        best = max(held.values(), default=0)
+        candidates = [i for i, n in sorted(held.items()) if n == best] if best > 0 else range(len(urls))
+        choice = self._take_prefill_turn(candidates)
+        logger.debug("store policy: leading blocks held %s; chose %s", {urls[i]: n for i, n in held.items()},
+                     urls[choice])
         return urls[choice]
 
     def pick_decode(self) -> str:

@@ -12,6 +12,9 @@ Routing: decode instances take turns (round robin). Prefill instances take turns
 of it. That is the proxy's own memory of where prefixes went: per prefill instance, a bounded
 LRU set of chained hashes of the prompt text in fixed-size character chunks. The tidekv store
 is asked nothing, and the proxy needs no tokenizer, so one proxy fronts any model or engine.
+With ``--policy store --master HOST:PORT`` the master is asked instead: the prompt goes to the
+prefill instance whose store segment holds the longest run of its KV blocks (``store_policy``;
+token ids from the instance's ``/tokenize``).
 
 Failures answer in OpenAI's error shape and name the backend: unreachable or 5xx backends give
 502, a backend silent for ``timeout_s`` gives 504, a backend's 4xx is passed on with its status.
@@ -43,6 +46,13 @@ from tidekv.proxy.routing import (
     normalize_url,
     prefill_request,
 )
+from tidekv.proxy.store_policy import (
+    STORE_TIMEOUT_S,
+    StoreLocator,
+    leading_held,
+    prompt_token_ids,
+    tokenize_request,
+)
 
 if TYPE_CHECKING:
     import aiohttp
@@ -70,6 +80,9 @@ class ProxyServer:
         self._runner: web.AppRunner | None = None
         self._missing_kv_warned_at = float("-inf")
         self._missing_kv_suppressed = 0
+        self._locator = StoreLocator(config.master) if config.policy is RoutingPolicy.STORE else None
+        self._tokenize_warned_at = float("-inf")
+        self._tokenize_turn = 0
 
     async def start(self) -> str:
         """Binds the socket and serves in the running loop until ``stop()``.
@@ -113,17 +126,21 @@ class ProxyServer:
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
+        if self._locator is not None:
+            self._locator.close()
         logger.info("proxy on %s stopped", self.address)
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await _client_json(request)
         headers = _forwarded_headers(request)
-        prefill_url = self.router.pick_prefill(body)
+        prefill_url = await self._pick_prefill(body, headers)
         prefill = await self._call("prefill", prefill_url, "POST", request.path, prefill_request(body), headers)
         kv_params = prefill.get("kv_transfer_params")
         if not isinstance(kv_params, dict):
             self._warn_missing_kv(prefill_url)
             kv_params = None
+        else:
+            self.router.learn(prefill_url, kv_params)
         decode_url = self.router.pick_decode()
         logger.debug("request %s: prefill %s, decode %s, kv_transfer_params %s",
                      headers["X-Request-Id"], prefill_url, decode_url, kv_params)
@@ -135,6 +152,45 @@ class ProxyServer:
             return _passthrough(raw, resp)
         finally:
             resp.release()
+
+    async def _pick_prefill(self, body: dict[str, Any], headers: dict[str, str]) -> str:
+        if self._locator is None:
+            return self.router.pick_prefill(body)
+        cards = dict(self.router.cards)
+        tokens = prompt_token_ids(body) if cards else None
+        if cards and tokens is None:
+            # Any instance that saves to the store tokenizes (same model); they take turns.
+            self._tokenize_turn += 1
+            tokenizer = sorted(cards)[self._tokenize_turn % len(cards)]
+            tokens = await self._tokenize(self.config.prefill_urls[tokenizer], body, headers)
+        keys_of = {i: card.first_chunk_keys(tokens) for i, card in cards.items()} if tokens else {}
+        keys = sorted({k for ks in keys_of.values() for k in ks})
+        located = await asyncio.to_thread(self._locator.locate, keys) if keys else None
+        if located is None:
+            return self.router.pick_prefill_held({})
+        where = dict(zip(keys, located))
+        return self.router.pick_prefill_held(
+            {i: leading_held([where[k] for k in ks], cards[i].engine) for i, ks in keys_of.items()})
+
+    async def _tokenize(self, url: str, body: dict[str, Any], headers: dict[str, str]) -> list[int] | None:
+        """The prompt's token ids from a prefill instance's ``/tokenize``; None (and a warning at
+        most every 30 s) when it cannot say."""
+        request = tokenize_request(body)
+        if request is None:
+            return None
+        try:
+            answer = await self._call("prefill", url, "POST", "/tokenize", request, headers, STORE_TIMEOUT_S)
+        except ProxyError as exc:
+            problem = str(exc)
+        else:
+            tokens = answer.get("tokens")
+            if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens):
+                return tokens
+            problem = f"{url}/tokenize answered without a list of token ids"
+        if time.monotonic() - self._tokenize_warned_at > 30.0:
+            self._tokenize_warned_at = time.monotonic()
+            logger.warning("store policy: cannot tokenize the prompt (%s); routing round robin", problem)
+        return None
 
     async def _relay_stream(self, request: web.Request, resp: aiohttp.ClientResponse,
                             decode_url: str) -> web.StreamResponse:
@@ -202,9 +258,9 @@ class ProxyServer:
         return self._session
 
     async def _call(self, role: str, url: str, method: str, path: str, body: dict[str, Any] | None,
-                    headers: dict[str, str]) -> dict[str, Any]:
-        """One backend request whose answer must be a JSON object."""
-        resp = await self._open(role, url, method, path, body, headers)
+                    headers: dict[str, str], timeout_s: float | None = None) -> dict[str, Any]:
+        """One backend request whose answer must be a JSON object (within ``timeout_s`` if given)."""
+        resp = await self._open(role, url, method, path, body, headers, timeout_s)
         try:
             raw = await self._read(role, url, resp)
         finally:
@@ -219,14 +275,16 @@ class ProxyServer:
         return answer
 
     async def _open(self, role: str, url: str, method: str, path: str, body: dict[str, Any] | None,
-                    headers: dict[str, str]) -> aiohttp.ClientResponse:
+                    headers: dict[str, str], timeout_s: float | None = None) -> aiohttp.ClientResponse:
         """Sends a request; returns the response (status 200, body unread) or raises ProxyError."""
         import aiohttp
 
+        # (timeout=None would lift the session's timeouts: pass one only when asked to)
+        extra = {} if timeout_s is None else {"timeout": aiohttp.ClientTimeout(total=timeout_s)}
         try:
-            resp = await self._client.request(method, url + path, json=body, headers=headers)
+            resp = await self._client.request(method, url + path, json=body, headers=headers, **extra)
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise _backend_error(role, url, exc, self.config.timeout_s) from exc
+            raise _backend_error(role, url, exc, timeout_s or self.config.timeout_s) from exc
         if resp.status == 200:
             return resp
         try:
@@ -341,7 +399,7 @@ def _run(args: argparse.Namespace) -> int:
     config = ProxyConfig(
         prefill_urls=tuple(args.prefill), decode_urls=tuple(args.decode), host=args.host, port=args.port,
         policy=RoutingPolicy(args.policy), timeout_s=args.timeout_s, prefix_chunk_chars=args.prefix_chunk_chars,
-        prefix_capacity=args.prefix_capacity)
+        prefix_capacity=args.prefix_capacity, master=args.master or "")
     asyncio.run(_serve(config))
     return 0
 
@@ -371,9 +429,21 @@ prefix of it. This is the proxy's own memory of where prefixes went (per prefill
 instance, an LRU set of chained hashes of --prefix-chunk-chars character chunks of the
 prompt, or of the concatenated chat message contents); the tidekv store is asked nothing,
 and no tokenizer is needed, so the proxy works for any model. Ties and prompts with no
-remembered prefix go round robin. Decode instances always go round robin.""",
-        epilog="example:\n  tidekv proxy --prefill http://10.0.0.1:8100 --decode http://10.0.0.2:8200 "
-               "http://10.0.0.3:8200 --port 8000 --policy prefix",
+remembered prefix go round robin.
+
+--policy store --master HOST:PORT asks the tidekv master instead: the prompt goes to the
+prefill instance whose own store segment holds the longest run of the prompt's leading KV
+blocks. Prefill instances that save to the store (kv_connector_extra_config "master", and
+"store_segment_size" > 0 so that they hold a segment) name their key namespace in their
+answers; the proxy learns it from each instance's first answer, gets the prompt's token ids
+from the instance's POST /tokenize (token-id prompts are used as given) and asks the master
+where each block's first chunk lives (one round trip, no lease). Instances not yet heard
+from, a master that does not answer, and prompts nobody holds go round robin.
+Decode instances always go round robin.""",
+        epilog="examples:\n  tidekv proxy --prefill http://10.0.0.1:8100 --decode http://10.0.0.2:8200 "
+               "http://10.0.0.3:8200 --port 8000 --policy prefix\n"
+               "  tidekv proxy --prefill http://10.0.0.1:8100 http://10.0.0.4:8100 --decode http://10.0.0.2:8200 "
+               "--policy store --master 10.0.0.9:50051",
     )
     parser.add_argument("--prefill", nargs="+", required=True, type=normalize_url, metavar="URL",
                         help="base URL(s) of the prefill instances, e.g. http://10.0.0.1:8100")
@@ -383,7 +453,9 @@ remembered prefix go round robin. Decode instances always go round robin.""",
     parser.add_argument("--port", type=int, default=d.port,
                         help=f"port to listen on, 0 = any free; the address is printed (default {d.port})")
     parser.add_argument("--policy", choices=[p.value for p in RoutingPolicy], default=d.policy.value,
-                        help="prefill routing: round_robin, or prefix (see above) (default round_robin)")
+                        help="prefill routing: round_robin, prefix or store (see above) (default round_robin)")
+    parser.add_argument("--master", metavar="HOST:PORT",
+                        help="store policy: the tidekv master to ask where a prompt's KV blocks are")
     parser.add_argument("--timeout-s", type=float, default=d.timeout_s,
                         help=f"a backend silent this long (connecting, or mid-answer) fails the request with "
                              f"504 (default {d.timeout_s:g})")

@@ -297,6 +297,11 @@ class Store:
         """Whether each key holds a complete object (one round trip; grants no lease)."""
         return list(self._rpc.call(p.Exists([_key(k) for k in keys])))
 
+    def locate_many(self, keys: Sequence[Key]) -> list[list[str]]:
+        """Names of the transfer engines whose segments hold each key's replicas (empty: no
+        complete object); one round trip, grants no lease."""
+        return [list(engines) for engines in self._rpc.call(p.Locate([_key(k) for k in keys]))]
+
     def remove(self, key: Key, *, force: bool = False) -> None:
         """Deletes an object.
 

@@ -71,6 +71,7 @@ class MasterService:
             p.PutRevoke: self._put_revoke,
             p.Get: self._get,
             p.Exists: self._exists,
+            p.Locate: self._locate,
             p.Remove: self._remove,
             p.StatsRequest: self._stats,
         }
@@ -184,6 +185,11 @@ class MasterService:
         self._items.inc(len(m.keys), type="Exists")
         exists = self.objects.exists
         return [exists(k) for k in m.keys]
+
+    def _locate(self, m: p.Locate, now: float) -> list[list[str]]:
+        self._items.inc(len(m.keys), type="Locate")
+        engines = self.objects.engines
+        return [engines(k) for k in m.keys]
 
     def _remove(self, m: p.Remove, now: float) -> list[int]:
         self._items.inc(len(m.keys), type="Remove")

@@ -155,6 +155,14 @@ class ObjectTable:
         meta = self.objects.get(key)
         return meta is not None and meta.put is None
 
+    def engines(self, key: bytes) -> list[str]:
+        """Transfer engines whose segments hold a replica of the complete object ``key``
+        (none if absent); no lease, no LRU touch."""
+        meta = self.objects.get(key)
+        if meta is None or meta.put is not None:
+            return []
+        return list(dict.fromkeys(loc.engine for loc in self._locations(meta)))
+
     # ---- housekeeping -------------------------------------------------------------------
 
     def reclaim_stale_puts(self, now: float, put_timeout_s: float, dead_writers: set[str]) -> int:

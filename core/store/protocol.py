@@ -117,6 +117,10 @@ class Exists(msgspec.Struct, tag="exists", array_like=True):
     keys: list[bytes]
 
 
+class Locate(msgspec.Struct, tag="locate", array_like=True):
+    keys: list[bytes]
+
+
 class Remove(msgspec.Struct, tag="remove", array_like=True):
     keys: list[bytes]
     force: bool = False
@@ -137,6 +141,7 @@ Body = Union[
     PutRevoke,
     Get,
     Exists,
+    Locate,
     Remove,
     StatsRequest,
 ]
@@ -173,7 +178,8 @@ class Reply(msgspec.Struct, array_like=True):
     error: str = ""
     # Per request type: Hello -> master id (str); Mount -> None; Heartbeat -> need_remount (bool);
     # PutStart -> list[PutSlot]; PutEnd/PutRevoke/Remove -> list[int] statuses;
-    # Get -> [lease_ttl_s, list[GetResult]]; Exists -> list[bool]; Stats -> dict.
+    # Get -> [lease_ttl_s, list[GetResult]]; Exists -> list[bool];
+    # Locate -> list[list[str]] (engines holding each key's replicas); Stats -> dict.
     result: object = None
 
 

@@ -11,6 +11,8 @@ name; ``"kv_connector_module_path": "tidekv_vllm.connector"`` works too). Extra-
   instead of recomputing the prompt.
 - Prefix reuse: with ``master`` set, computed prompt blocks are saved to the tidekv store under
   a chained prefix hash, and any instance on the same master loads the longest stored prefix.
+  With both, a prefill's params also name its key namespace and block size, so that
+  ``tidekv proxy --policy store`` can ask the master which instance holds a prompt's blocks.
 
 vLLM builds one instance per role: SCHEDULER (engine core) and WORKER (each worker process);
 each delegates to TidekvScheduler or TidekvWorker.

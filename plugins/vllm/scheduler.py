@@ -179,6 +179,11 @@ class TidekvScheduler:
                     "remote_confirm": self.handshake.confirm_address,
                     "remote_num_tokens": request.num_computed_tokens,
                 }
+                if self.settings.master and self.settings.save and self.namespace is not None:
+                    # Where this instance saves the prompt's blocks (the store segment of
+                    # remote_engine, if it contributes one): `tidekv proxy --policy store` routes by it.
+                    result["prefix_namespace"] = self.namespace
+                    result["block_size"] = self.block_size
         return delay, result
 
     def shutdown(self) -> None:

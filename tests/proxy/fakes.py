@@ -75,6 +75,10 @@ class FakeBackend:
     received: list[Received] = field(default_factory=list)
     stream_aborted: threading.Event = field(default_factory=threading.Event)
     """decode streams: set when a write failed because the reader (the proxy) closed the connection."""
+    tokenize_mode: Mode = Mode.OK
+    """How POST /tokenize answers: OK, FAIL (HTTP 500) or HANG."""
+    kv_extra: dict[str, Any] = field(default_factory=dict)
+    """prefill: added to the kv_transfer_params of every answer (e.g. a store card)."""
     url: str = ""
     _runner: web.AppRunner | None = None
 
@@ -84,6 +88,7 @@ class FakeBackend:
         app.router.add_post("/v1/chat/completions", self._generate)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/tokenize", self._tokenize)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -116,7 +121,8 @@ class FakeBackend:
             answer: dict[str, Any] = {"id": f"{self.name}-{n}", "choices": [{"text": "p"}]}
             if self.mode is not Mode.NO_KV:
                 answer["kv_transfer_params"] = {"do_remote_prefill": True, "do_remote_decode": False,
-                                                "remote_engine": self.name, "remote_request_id": f"{self.name}-{n}"}
+                                                "remote_engine": self.name, "remote_request_id": f"{self.name}-{n}",
+                                                **self.kv_extra}
             return web.json_response(answer)
         if body.get("stream"):
             return await self._stream(request)
@@ -142,6 +148,19 @@ class FakeBackend:
             return out
         await out.write_eof()
         return out
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """Like vLLM's /tokenize for a byte-level tokenizer: a token per UTF-8 byte of the prompt
+        (chat: of the message contents, one after the other)."""
+        body = await request.json()
+        self._record(request, body)
+        if self.tokenize_mode is Mode.HANG:
+            await asyncio.sleep(HANG_S)
+        if self.tokenize_mode is Mode.FAIL:
+            return web.json_response({"error": {"message": f"{self.name} says no", "type": "x", "code": 500}},
+                                     status=500)
+        text = body.get("prompt") if "prompt" in body else "".join(m["content"] for m in body["messages"])
+        return web.json_response({"count": len(text.encode()), "tokens": list(text.encode())})
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({}, status=503 if self.mode is Mode.FAIL else 200)

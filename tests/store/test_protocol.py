@@ -19,6 +19,7 @@ REQUESTS = [
     p.PutRevoke("c1", [b"a", b"b"], [7, 8]),
     p.Get([b"a", b"b"]),
     p.Exists([b"a"]),
+    p.Locate([b"a", b"b"]),
     p.Remove([b"a"], force=True),
     p.StatsRequest(),
 ]

@@ -65,3 +65,20 @@ def test_reads_survive_sigkill_of_one_replica_holder(spawn_master: SpawnMaster, 
     writer.put("after", b"z" * 5000, replicas=2)  # best effort: one segment left, one replica
     assert [loc.segment for loc in _locations(master.address, ["after"])[0]] == [holder_b.segment]
     assert reader.call("get", key="after")["size"] == 5000
+
+
+def test_locate_names_the_engines_holding_each_object_and_grants_no_lease(
+        spawn_master: SpawnMaster, spawn_agent: SpawnAgent, connect: Connect) -> None:
+    master = spawn_master()
+    holder_a = spawn_agent(master.address, 16 * MIB)
+    holder_b = spawn_agent(master.address, 16 * MIB)
+    writer = connect(master.address)
+    writer.put("two", b"x" * 1000, replicas=2)
+    holder_a.call("put", key="only-on-a", size=1000, seed=5, replicas=1)  # prefers its own segment
+    located = writer.locate_many(["two", "only-on-a", "absent"])
+    assert sorted(located[0]) == sorted([holder_a.engine, holder_b.engine])
+    assert located[1] == [holder_a.engine]
+    assert located[2] == []
+    assert writer.locate_many([]) == []
+    writer.remove("only-on-a")  # a Get would have leased it; Locate did not
+    assert writer.locate_many(["only-on-a"]) == [[]]

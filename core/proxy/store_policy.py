@@ -1,0 +1,127 @@
+"""The proxy's ``store`` routing policy: send a prompt to the prefill instance whose own store
+segment holds the longest run of the prompt's leading KV blocks, as the tidekv master says.
+
+A prefill instance that saves to the store says so in the ``kv_transfer_params`` of its
+answers (``prefix_namespace``, ``block_size``, and ``remote_engine``: the transfer engine whose
+segment its saves prefer); the proxy learns that card from the first answer of each instance.
+For a new request it gets the prompt's token ids (given, or from the instance's own
+``/tokenize``, so chat templates match), derives the block keys exactly as the connector does
+(``tidekv.kvcache.prefix``), and asks the master where the first chunk of each block lives
+(``Locate``: one round trip, no lease). Instances without a card, a master that is down, or a
+prompt no instance holds fall back to round robin; routing never fails a request.
+
+Neighbours: ``routing`` (the Router that takes the turn), ``server`` (the HTTP calls).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tidekv.errors import TidekvError
+from tidekv.kvcache import prefix
+from tidekv.kvcache.layout import chunk_key
+
+logger = logging.getLogger(__name__)
+
+STORE_TIMEOUT_S = 2.0
+"""Longest the proxy waits for the master's answer, or for a prefill's /tokenize, before routing round robin."""
+STORE_RETRY_S = 10.0
+"""After the master failed to answer, route round robin without asking for this long."""
+_CHAT_TOKENIZE_FIELDS = ("messages", "add_generation_prompt", "continue_final_message", "chat_template",
+                         "chat_template_kwargs", "tools", "add_special_tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCard:
+    """Where one prefill instance saves KV blocks: its key namespace, block size, and the
+    transfer engine whose store segment holds what it saves."""
+
+    namespace: str
+    block_size: int
+    engine: str
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> StoreCard | None:
+        """The card in a prefill's ``kv_transfer_params``; None if it does not save to the store."""
+        ns, bs, engine = params.get("prefix_namespace"), params.get("block_size"), params.get("remote_engine")
+        if not (isinstance(ns, str) and ns and isinstance(engine, str) and engine):
+            return None
+        if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0:
+            return None
+        return cls(ns, bs, engine)
+
+    def first_chunk_keys(self, token_ids: Sequence[int]) -> list[str]:
+        """Store keys of the first chunk of each full block of ``token_ids``, in order."""
+        return [chunk_key(k, 0) for k in prefix.block_keys(self.namespace, token_ids, self.block_size)]
+
+
+def leading_held(engines_per_key: Sequence[Sequence[str]], engine: str) -> int:
+    """How many leading keys have a replica on ``engine`` (the run stops at the first that has not)."""
+    n = 0
+    for engines in engines_per_key:
+        if engine not in engines:
+            break
+        n += 1
+    return n
+
+
+def prompt_token_ids(body: dict[str, Any]) -> list[int] | None:
+    """The token ids of a completions prompt given as ids (the first prompt of a batch); None for text."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return list(prompt)
+    return None
+
+
+def tokenize_request(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The body of a vLLM ``POST /tokenize`` for a client's request; None if it has no prompt text."""
+    request: dict[str, Any] = {"model": body["model"]} if "model" in body else {}
+    if "messages" in body:
+        request.update({k: body[k] for k in _CHAT_TOKENIZE_FIELDS if k in body})
+        return request
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        return None
+    request["prompt"] = prompt
+    return request
+
+
+class StoreLocator:
+    """Asks the master which engines hold keys; backs off after a failure. Thread-safe (the
+    channel locks), blocking: the proxy calls it from a worker thread."""
+
+    def __init__(self, master: str) -> None:
+        from tidekv.store.rpc import MasterChannel
+
+        self._channel = MasterChannel(master, f"tidekv-proxy-{uuid.uuid4().hex[:8]}", STORE_TIMEOUT_S)
+        self._down_until = 0.0
+        self._warned_at = float("-inf")
+
+    def locate(self, keys: list[str]) -> list[list[str]] | None:
+        """Engines holding each key; None while the master is unreachable (a warning says so)."""
+        from tidekv.store import protocol as p
+
+        if not keys or time.monotonic() < self._down_until:
+            return None
+        try:
+            raw = self._channel.call(p.Locate([k.encode() for k in keys]))
+        except TidekvError as exc:
+            self._down_until = time.monotonic() + STORE_RETRY_S
+            if time.monotonic() - self._warned_at > 30.0:
+                self._warned_at = time.monotonic()
+                logger.warning("store policy: master %s did not answer (%s); routing round robin for %.0f s",
+                               self._channel.address, exc, STORE_RETRY_S)
+            return None
+        return [[str(e) for e in engines] for engines in raw]
+
+    def close(self) -> None:
+        self._channel.close()

@@ -1,0 +1,160 @@
+"""``--policy store``: the prefill instance whose store segment holds the most leading KV blocks
+of the prompt, asked of a real master; fake prefill/decode backends over loopback HTTP."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from tests.proxy.conftest import MakeBackend, StartProxy
+from tests.proxy.fakes import FakeBackend, Mode, http_request
+from tests.store.conftest import connect, spawn_master  # noqa: F401 (fixtures)
+from tests.store.conftest import Connect, SpawnMaster
+from tidekv.errors import ConfigError
+from tidekv.proxy import ProxyConfig, Router, RoutingPolicy
+from tidekv.proxy.store_policy import STORE_TIMEOUT_S, StoreCard, leading_held, prompt_token_ids, tokenize_request
+
+MIB = 1 << 20
+NS = "kv/test-namespace"
+BLOCK = 4
+PROMPT = "shared system prompt: be brief. "  # 32 bytes = 32 tokens of the fake tokenizer = 8 blocks
+
+
+# ---- pieces -------------------------------------------------------------------------------
+
+
+def test_store_card_is_read_from_a_prefills_params_or_not_at_all() -> None:
+    card = StoreCard.from_params({"prefix_namespace": NS, "block_size": BLOCK, "remote_engine": "127.0.0.1:7"})
+    assert card == StoreCard(NS, BLOCK, "127.0.0.1:7")
+    for bad in ({"block_size": BLOCK, "remote_engine": "e"},  # saves nothing to the store
+                {"prefix_namespace": NS, "block_size": 0, "remote_engine": "e"},
+                {"prefix_namespace": NS, "block_size": True, "remote_engine": "e"},
+                {"prefix_namespace": NS, "block_size": "4", "remote_engine": "e"},
+                {"prefix_namespace": NS, "block_size": BLOCK}):
+        assert StoreCard.from_params(bad) is None, bad
+
+
+def test_first_chunk_keys_follow_the_connectors_block_keys() -> None:
+    from tidekv.kvcache import prefix
+
+    card = StoreCard(NS, BLOCK, "e")
+    tokens = list(range(10))  # two full blocks, a partial third has no key
+    assert card.first_chunk_keys(tokens) == [k + "/0" for k in prefix.block_keys(NS, tokens, BLOCK)]
+    assert len(card.first_chunk_keys(tokens)) == 2
+
+
+def test_leading_held_counts_until_the_first_block_not_on_the_engine() -> None:
+    assert leading_held([["a", "b"], ["a"], ["b"], ["a"]], "a") == 2
+    assert leading_held([["b"], ["a"]], "a") == 0
+    assert leading_held([], "a") == 0
+
+
+def test_prompt_ids_and_tokenize_bodies() -> None:
+    assert prompt_token_ids({"prompt": [1, 2, 3]}) == [1, 2, 3]
+    assert prompt_token_ids({"prompt": [[4, 5], [6]]}) == [4, 5]
+    assert prompt_token_ids({"prompt": "text"}) is None
+    assert prompt_token_ids({"prompt": [True, 2]}) is None
+    assert tokenize_request({"model": "m", "prompt": "hi", "max_tokens": 3}) == {"model": "m", "prompt": "hi"}
+    assert tokenize_request({"model": "m", "prompt": ["a", "b"]}) == {"model": "m", "prompt": "a"}
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"k": 1},
+            "temperature": 0}
+    assert tokenize_request(chat) == {"model": "m", "messages": chat["messages"], "chat_template_kwargs": {"k": 1}}
+    assert tokenize_request({"model": "m", "prompt": 7}) is None
+
+
+def test_store_policy_needs_a_master_and_only_it_takes_one() -> None:
+    urls = {"prefill_urls": ("http://p:1",), "decode_urls": ("http://d:1",)}
+    with pytest.raises(ConfigError, match="needs the tidekv master"):
+        ProxyConfig(**urls, policy=RoutingPolicy.STORE)
+    with pytest.raises(ConfigError, match="host:port"):
+        ProxyConfig(**urls, policy=RoutingPolicy.STORE, master="nohost")
+    with pytest.raises(ConfigError, match="does not use it"):
+        ProxyConfig(**urls, policy=RoutingPolicy.PREFIX, master="127.0.0.1:5")
+    assert ProxyConfig(**urls, policy=RoutingPolicy.STORE, master="127.0.0.1:5").master == "127.0.0.1:5"
+
+
+def test_router_prefers_the_most_held_blocks_and_takes_turns_otherwise() -> None:
+    router = Router(ProxyConfig(prefill_urls=("http://a:1", "http://b:1", "http://c:1"), decode_urls=("http://d:1",),
+                                policy=RoutingPolicy.STORE, master="127.0.0.1:5"))
+    router.learn("http://b:1", {"prefix_namespace": NS, "block_size": BLOCK, "remote_engine": "eb"})
+    router.learn("http://c:1", {"remote_engine": "ec"})  # saves nothing: no card
+    assert router.cards == {1: StoreCard(NS, BLOCK, "eb")}
+    assert [router.pick_prefill_held({0: 1, 1: 5, 2: 2}) for _ in range(3)] == ["http://b:1"] * 3
+    assert {router.pick_prefill_held({0: 3, 1: 3, 2: 0}) for _ in range(2)} == {"http://a:1", "http://b:1"}
+    assert {router.pick_prefill_held({0: 0, 1: 0}) for _ in range(3)} == {"http://a:1", "http://b:1", "http://c:1"}
+
+
+# ---- through the proxy, with a real master -------------------------------------------------
+
+
+def _send(proxy: str, prefills: list[FakeBackend], body: dict[str, object]) -> str:
+    before = [len(p.bodies()) for p in prefills]
+    answer = http_request(proxy + "/v1/completions", body=body)
+    assert answer.status == 200, answer.body
+    [name] = [p.name for p, n in zip(prefills, before)
+              if any(b.get("kv_transfer_params") for b in p.bodies()[n:])]
+    return name
+
+
+def test_prompt_goes_to_the_prefill_whose_segment_holds_its_longest_prefix(
+        backend: MakeBackend, start_proxy: StartProxy, spawn_master: SpawnMaster, connect: Connect,  # noqa: F811
+        caplog: pytest.LogCaptureFixture) -> None:
+    master = spawn_master()
+    pools = [connect(master.address, 8 * MIB), connect(master.address, 8 * MIB)]  # each instance's segment
+    prefills = [backend("prefill", kv_extra={"prefix_namespace": NS, "block_size": BLOCK,
+                                             "remote_engine": pool.engine.name}) for pool in pools]
+    proxy = start_proxy(prefills, [backend("decode")], policy=RoutingPolicy.STORE, master=master.address)
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 5}
+
+    # Nothing learned yet: turns, and each answer teaches the proxy that instance's card.
+    assert {_send(proxy, prefills, body) for _ in range(2)} == {"prefill0", "prefill1"}
+    # prefill1's pool holds the first 5 blocks of the prompt, prefill0's only the first 2.
+    keys = StoreCard(NS, BLOCK, "").first_chunk_keys(list(PROMPT.encode()))
+    for key in keys[:5]:
+        pools[1].put(key, b"kv" * 64)
+    for key in keys[:2]:
+        pools[0].put(key[:-1] + "1", b"x")  # a block's other chunks do not decide
+    assert [_send(proxy, prefills, body) for _ in range(3)] == ["prefill1"] * 3
+    tokenized = [b for b in prefills[0].bodies() if "prompt" in b and "max_tokens" not in b]
+    tokenized += [b for b in prefills[1].bodies() if "prompt" in b and "max_tokens" not in b]
+    assert tokenized and all(b == {"model": "tiny", "prompt": PROMPT} for b in tokenized), "instances with a card tokenize"
+
+    # A longer prompt with the same start still matches; token-id prompts need no /tokenize.
+    tokenize_calls = len(prefills[0].bodies())
+    ids = list((PROMPT + "and then some more text").encode())
+    assert _send(proxy, prefills, {"model": "tiny", "prompt": ids, "max_tokens": 5}) == "prefill1"
+    assert len(prefills[0].bodies()) == tokenize_calls, "no /tokenize for a token-id prompt"
+
+    # A prompt nobody holds goes round robin.
+    assert {_send(proxy, prefills, {**body, "prompt": f"unrelated {i} " * 8}) for i in range(2)} == \
+        {"prefill0", "prefill1"}
+
+    # The master goes away: requests still succeed, round robin, with a warning.
+    for pool in pools:
+        pool.close()
+    master.stop()
+    with caplog.at_level(logging.WARNING, logger="tidekv.proxy.store_policy"):
+        assert {_send(proxy, prefills, body) for _ in range(2)} == {"prefill0", "prefill1"}
+    assert "did not answer" in caplog.text and "round robin" in caplog.text
+
+
+@pytest.mark.parametrize("mode", [Mode.FAIL, Mode.HANG])
+def test_tokenize_failure_routes_round_robin_and_warns(mode: Mode, backend: MakeBackend, start_proxy: StartProxy,
+                                                       spawn_master: SpawnMaster,  # noqa: F811
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    master = spawn_master()
+    prefills = [backend("prefill", kv_extra={"prefix_namespace": NS, "block_size": BLOCK, "remote_engine": "e0"}),
+                backend("prefill", kv_extra={"prefix_namespace": NS, "block_size": BLOCK, "remote_engine": "e1"})]
+    proxy = start_proxy(prefills, [backend("decode")], policy=RoutingPolicy.STORE, master=master.address)
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 5}
+    assert {_send(proxy, prefills, body) for _ in range(2)} == {"prefill0", "prefill1"}  # cards learned
+    for prefill in prefills:
+        prefill.tokenize_mode = mode
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="tidekv.proxy.server"):
+        assert {_send(proxy, prefills, body) for _ in range(2)} == {"prefill0", "prefill1"}
+    assert "cannot tokenize" in caplog.text
+    assert ("HTTP 500" if mode is Mode.FAIL else "silent for 2 s") in caplog.text
+    assert time.monotonic() - started < 2 * STORE_TIMEOUT_S + 3, "a hung /tokenize costs at most its own timeout"
