@@ -49,7 +49,7 @@ from tidekv.proxy.routing import (
 from tidekv.proxy.store_policy import (
     STORE_TIMEOUT_S,
     StoreLocator,
-    leading_held,
+    held_by_instance,
     prompt_token_ids,
     tokenize_request,
 )
@@ -163,14 +163,9 @@ class ProxyServer:
             self._tokenize_turn += 1
             tokenizer = sorted(cards)[self._tokenize_turn % len(cards)]
             tokens = await self._tokenize(self.config.prefill_urls[tokenizer], body, headers)
-        keys_of = {i: card.first_chunk_keys(tokens) for i, card in cards.items()} if tokens else {}
-        keys = sorted({k for ks in keys_of.values() for k in ks})
-        located = await asyncio.to_thread(self._locator.locate, keys) if keys else None
-        if located is None:
-            return self.router.pick_prefill_held({})
-        where = dict(zip(keys, located))
-        return self.router.pick_prefill_held(
-            {i: leading_held([where[k] for k in ks], cards[i].engine) for i, ks in keys_of.items()})
+        # Hashing a long prompt's blocks and the master's round trip stay off the event loop.
+        held = await asyncio.to_thread(held_by_instance, cards, tokens, self._locator.locate) if tokens else {}
+        return self.router.pick_prefill_held(held)
 
     async def _tokenize(self, url: str, body: dict[str, Any], headers: dict[str, str]) -> list[int] | None:
         """The prompt's token ids from a prefill instance's ``/tokenize``; None (and a warning at

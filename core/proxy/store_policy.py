@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +68,19 @@ def leading_held(engines_per_key: Sequence[Sequence[str]], engine: str) -> int:
             break
         n += 1
     return n
+
+
+def held_by_instance(cards: dict[int, StoreCard], token_ids: Sequence[int],
+                     locate: Callable[[list[str]], list[list[str]] | None]) -> dict[int, int]:
+    """Per instance (the keys of ``cards``), how many leading blocks of the prompt its engine holds,
+    with one ``locate`` call for every instance's keys; empty if ``locate`` cannot say."""
+    keys_of = {i: card.first_chunk_keys(token_ids) for i, card in cards.items()}
+    keys = sorted({k for ks in keys_of.values() for k in ks})
+    located = locate(keys) if keys else None
+    if located is None:
+        return {}
+    where = dict(zip(keys, located))
+    return {i: leading_held([where[k] for k in ks], cards[i].engine) for i, ks in keys_of.items()}
 
 
 def prompt_token_ids(body: dict[str, Any]) -> list[int] | None:

@@ -14,7 +14,14 @@ from tests.store.conftest import connect, spawn_master  # noqa: F401 (fixtures)
 from tests.store.conftest import Connect, SpawnMaster
 from tidekv.errors import ConfigError
 from tidekv.proxy import ProxyConfig, Router, RoutingPolicy
-from tidekv.proxy.store_policy import STORE_TIMEOUT_S, StoreCard, leading_held, prompt_token_ids, tokenize_request
+from tidekv.proxy.store_policy import (
+    STORE_TIMEOUT_S,
+    StoreCard,
+    held_by_instance,
+    leading_held,
+    prompt_token_ids,
+    tokenize_request,
+)
 
 MIB = 1 << 20
 NS = "kv/test-namespace"
@@ -49,6 +56,24 @@ def test_leading_held_counts_until_the_first_block_not_on_the_engine() -> None:
     assert leading_held([["a", "b"], ["a"], ["b"], ["a"]], "a") == 2
     assert leading_held([["b"], ["a"]], "a") == 0
     assert leading_held([], "a") == 0
+
+
+def test_held_by_instance_asks_once_for_every_instances_keys() -> None:
+    tokens = list(range(12))  # three blocks
+    cards = {0: StoreCard(NS, BLOCK, "e0"), 2: StoreCard(NS, BLOCK, "e2"), 3: StoreCard("kv/other", BLOCK, "e3")}
+    keys = cards[0].first_chunk_keys(tokens)
+    placed = {keys[0]: ["e0", "e2"], keys[1]: ["e2"], keys[2]: ["e2"]}
+    calls: list[list[str]] = []
+
+    def locate(asked: list[str]) -> list[list[str]]:
+        calls.append(asked)
+        return [placed.get(k, []) for k in asked]
+
+    assert held_by_instance(cards, tokens, locate) == {0: 1, 2: 3, 3: 0}
+    assert len(calls) == 1 and len(calls[0]) == 6, "one round trip; shared namespaces share keys"
+    assert held_by_instance(cards, tokens, lambda asked: None) == {}  # the master cannot say
+    assert held_by_instance(cards, tokens[:3], locate) == {}  # no full block: nothing to ask
+    assert len(calls) == 1
 
 
 def test_prompt_ids_and_tokenize_bodies() -> None:
