@@ -168,8 +168,6 @@ def _stream_text(url: str, body: dict[str, Any]) -> str:
 
 def test_pd_online_through_the_proxy(tiny_model: str, prompts: list[str], baseline: PhaseResult,
                                      tmp_path: Path) -> None:
-    import urllib.request
-
     with OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(), log_path=tmp_path / "prefill.log") as prefill, \
             OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(), log_path=tmp_path / "decode.log") as decode:
         port = free_port()
@@ -183,11 +181,7 @@ def test_pd_online_through_the_proxy(tiny_model: str, prompts: list[str], baseli
             for prompt, expected in zip(prompts, baseline.completions):
                 body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
                         "ignore_eos": True}
-                req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                             headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(req, timeout=120) as resp:
-                    answer = json.loads(resp.read())
-                assert answer["choices"][0]["text"] == expected.text
+                assert _post_json(url, body)["choices"][0]["text"] == expected.text
                 assert _stream_text(url, body) == expected.text
             assert "pulling KV from" not in decode.log()  # no pull failed (tidekv warns on each)
         except BaseException:
@@ -199,52 +193,121 @@ def test_pd_online_through_the_proxy(tiny_model: str, prompts: list[str], baseli
             proxy.wait(timeout=15)
 
 
-def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+
+def _wait_placed(locator: Any, card: Any, tokens: list[int], timeout_s: float = 30.0) -> int:
+    """Leading blocks of ``tokens`` on ``card``'s engine once every full block is there (saves run
+    on a background thread), or what is there at the timeout."""
+    from tidekv.proxy.store_policy import held_by_instance
+
+    held, deadline = -1, time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        held = held_by_instance({0: card}, tokens, locator.locate).get(0, 0)
+        if held == len(tokens) // card.block_size:
+            break
+        time.sleep(0.2)
+    return held
+
+
+def _post_json(url: str, body: dict[str, Any]) -> dict[str, Any]:
     import urllib.request
 
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as resp:
         answer = json.loads(resp.read())
-    assert isinstance(answer, dict)
+    assert isinstance(answer, dict), answer
     return answer
 
 
-def test_proxy_store_policy_locates_what_a_real_prefill_saved(tiny_model: str, prompts: list[str],
-                                                              tmp_path: Path) -> None:
-    """What `tidekv proxy --policy store` relies on, on real vLLM: a prefill that saves to the store
-    names its card in kv_transfer_params, its /tokenize gives the ids it computed, and the master
-    places every full block of the prompt on that prefill's own engine. (The routing decision on top
-    of this is tested against fake backends in tests/proxy/test_store_policy.py.)"""
-    from tidekv.proxy.routing import prefill_request
-    from tidekv.proxy.store_policy import StoreCard, StoreLocator, leading_held, tokenize_request
+def _prompt_tokens(server: OpenAIServer) -> tuple[float, float]:
+    """vLLM's counters of prompt tokens (all, and those taken from its own prefix cache)."""
+    import urllib.request
 
+    with urllib.request.urlopen(server.url + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    totals = {"vllm:prompt_tokens_total": 0.0, "vllm:prompt_tokens_cached_total": 0.0}
+    for line in text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals["vllm:prompt_tokens_total"], totals["vllm:prompt_tokens_cached_total"]
+
+
+def test_proxy_store_policy_on_real_vllm(tiny_model: str, prompts: list[str], baseline: PhaseResult,
+                                         tmp_path: Path) -> None:
+    """`tidekv proxy --policy store` in front of two real prefill servers, each saving into its own
+    store segment, and a decode: once a prompt's blocks sit in one prefill's segment, the prompt goes
+    back to that prefill (where round robin would send it to the other), and the answer is still the
+    baseline's. Also the pieces on real vLLM: each prefill names its card, its /tokenize gives the
+    ids it computed, and the master places every full block on the engine the card names."""
+    from tidekv.proxy.routing import prefill_request
+    from tidekv.proxy.store_policy import StoreCard, StoreLocator, tokenize_request
+
+    segment = 64 << 20  # each prefill's own share of the pool, where its saves go
     with tidekv_up() as master, \
-            OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(master=master, store_segment_size=64 << 20),
-                         log_path=tmp_path / "prefill.log") as prefill:
+            OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(master=master, store_segment_size=segment),
+                         log_path=tmp_path / "prefill0.log") as p0, \
+            OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(master=master, store_segment_size=segment),
+                         log_path=tmp_path / "prefill1.log") as p1, \
+            OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(), log_path=tmp_path / "decode.log") as dec:
+        servers = {"prefill0": p0, "prefill1": p1, "decode": dec}
         locator = StoreLocator(master)
+        port = free_port()
+        proxy = subprocess.Popen(
+            [sys.executable, "-m", "tidekv", "proxy", "--prefill", p0.url, p1.url, "--decode", dec.url,
+             "--policy", "store", "--master", master, "--port", str(port)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            for prompt in prompts:
-                body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0}
-                answer = _post(prefill.url + "/v1/completions", prefill_request(body))
-                card = StoreCard.from_params(answer["kv_transfer_params"])
-                assert card is not None and card.block_size == 32, answer["kv_transfer_params"]
-                tokens = _post(prefill.url + "/tokenize", tokenize_request(body) or {})["tokens"]
-                assert len(tokens) == answer["usage"]["prompt_tokens"]
-                keys = card.first_chunk_keys(tokens)
-                deadline = time.monotonic() + 30  # saves finish on a background thread
-                held = -1
-                while time.monotonic() < deadline:
-                    located = locator.locate(keys) if keys else []
-                    assert located is not None, "the master did not answer"
-                    held = leading_held(located, card.engine)
-                    if held == len(keys):
-                        break
-                    time.sleep(0.2)
-                assert held == len(tokens) // 32, (held, len(tokens))
-            unrelated = StoreCard(card.namespace, 32, card.engine).first_chunk_keys(list(range(64)))
-            assert leading_held(locator.locate(unrelated) or [], card.engine) == 0
+            assert proxy.stdout is not None
+            assert "listening" in proxy.stdout.readline()
+
+            def through_proxy(i: int) -> str:
+                body = {"model": "tiny", "prompt": prompts[i], "max_tokens": MAX_TOKENS, "temperature": 0.0,
+                        "ignore_eos": True}
+                return str(_post_json(f"http://127.0.0.1:{port}/v1/completions", body)["choices"][0]["text"])
+
+            # Each prefill's card, from a prefill request of its own (a prompt used nowhere else).
+            cards = []
+            for server in (p0, p1):
+                params = server.post("/v1/completions", prefill_request(
+                    {"model": "tiny", "prompt": f"card of {server.url} " * 8}))["kv_transfer_params"]
+                card = StoreCard.from_params(params)
+                assert card is not None and card.block_size == 32, params
+                cards.append(card)
+            assert cards[0].engine != cards[1].engine and cards[0].namespace == cards[1].namespace
+
+            # Nothing learned yet: the first two requests take turns (prefill0, then prefill1).
+            assert through_proxy(1) == baseline.completions[1].text
+            assert through_proxy(2) == baseline.completions[2].text
+            tokens = {i: p0.post("/tokenize", tokenize_request({"model": "tiny", "prompt": prompts[i]}) or {})["tokens"]
+                      for i in (1, 2)}
+            assert _wait_placed(locator, cards[0], tokens[1]) == len(tokens[1]) // 32 > 0
+            assert _wait_placed(locator, cards[1], tokens[2]) == len(tokens[2]) // 32 > 0
+
+            # Round robin would now send prompt 2 to prefill0 and prompt 1 to prefill1: the store
+            # policy sends each back to the prefill that holds its blocks (whose own prefix cache hits).
+            def served(server: OpenAIServer, before: tuple[float, float], n: int) -> tuple[float, float]:
+                # vLLM counts a request's prompt tokens as it finishes: wait for the count to move.
+                now, deadline = _prompt_tokens(server), time.monotonic() + 10
+                while now[0] - before[0] < n and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    now = _prompt_tokens(server)
+                return now
+
+            before = (_prompt_tokens(p0), _prompt_tokens(p1))
+            assert through_proxy(2) == baseline.completions[2].text
+            mid = (_prompt_tokens(p0), served(p1, before[1], len(tokens[2])))
+            assert mid[1][0] - before[1][0] == len(tokens[2]), "prompt 2 went back to prefill1"
+            assert mid[1][1] > before[1][1], "prefill1's own prefix cache served it"
+            assert mid[0] == before[0]
+            assert through_proxy(1) == baseline.completions[1].text
+            after = (served(p0, mid[0], len(tokens[1])), _prompt_tokens(p1))
+            assert after[0][0] - mid[0][0] == len(tokens[1]), "prompt 1 went back to prefill0"
+            assert after[1] == mid[1]
         except BaseException:
-            print("----- prefill server log\n" + prefill.log()[-15000:])
+            for name, server in servers.items():
+                print(f"----- {name} server log\n" + server.log()[-8000:])
             raise
         finally:
             locator.close()
+            proxy.terminate()
+            proxy.wait(timeout=15)

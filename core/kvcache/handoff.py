@@ -124,6 +124,10 @@ class HoldTable:
     def pending(self) -> int:
         return len(self._deadlines)
 
+    def is_held(self, request_id: str) -> bool:
+        """Whether ``request_id``'s blocks are held (not yet released by ``released()``)."""
+        return request_id in self._deadlines
+
     def close(self) -> None:
         if self._thread.is_alive():
             self._stop_tx.send(b"")

@@ -127,14 +127,19 @@ class TidekvWorker:
             # a step with nothing else to do, sleep until a confirmation arrives or IDLE_WAIT_S
             # passes, instead of spinning a core that the decode side may need.
             self.holds.wait(IDLE_WAIT_S)
-        sending = set(self.holds.released())
+        # A finished request's blocks are freed (reported in ``sending``, exactly once) when
+        # nothing needs them any more: neither its decode (a hold, until confirmed or expired)
+        # nor its store saves (until done). A request with both waits for both.
+        released = self.holds.released()
         self._finished_waiting |= {r for r in finished_req_ids if r in self._saves}
+        sending = set()
         for rid in list(self._finished_waiting):
-            futures = self._saves.get(rid, [])
-            if all(f.done() for f in futures):
+            if all(f.done() for f in self._saves.get(rid, [])):
                 self._saves.pop(rid, None)
                 self._finished_waiting.discard(rid)
-                sending.add(rid)
+                if not self.holds.is_held(rid):  # else: reported when its hold is released
+                    sending.add(rid)
+        sending |= {r for r in released if r not in self._finished_waiting}  # else: when its saves end
         for rid in finished_req_ids:
             if rid not in self._finished_waiting:
                 self._saves.pop(rid, None)
