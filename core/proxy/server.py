@@ -31,12 +31,12 @@ import json
 import logging
 import signal
 import socket
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from tidekv.errors import ConfigError, TidekvError
+from tidekv.logs import WarnEvery
 from tidekv.proxy.routing import (
     ProxyConfig,
     ProxyError,
@@ -78,10 +78,9 @@ class ProxyServer:
         """``http://host:port`` once started."""
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
-        self._missing_kv_warned_at = float("-inf")
-        self._missing_kv_suppressed = 0
+        self._missing_kv_warning = WarnEvery()
         self._locator = StoreLocator(config.master) if config.policy is RoutingPolicy.STORE else None
-        self._tokenize_warned_at = float("-inf")
+        self._tokenize_warning = WarnEvery()
         self._tokenize_turn = 0
 
     async def start(self) -> str:
@@ -182,8 +181,7 @@ class ProxyServer:
             if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens):
                 return tokens
             problem = f"{url}/tokenize answered without a list of token ids"
-        if time.monotonic() - self._tokenize_warned_at > 30.0:
-            self._tokenize_warned_at = time.monotonic()
+        if self._tokenize_warning.due() is not None:
             logger.warning("store policy: cannot tokenize the prompt (%s); routing round robin", problem)
         return None
 
@@ -301,15 +299,12 @@ class ProxyServer:
             raise _backend_error(role, url, exc, self.config.timeout_s) from exc
 
     def _warn_missing_kv(self, prefill_url: str) -> None:
-        now = time.monotonic()
-        if now - self._missing_kv_warned_at < 30.0:
-            self._missing_kv_suppressed += 1
+        suppressed = self._missing_kv_warning.due()
+        if suppressed is None:
             return
         logger.warning("prefill backend %s answered without kv_transfer_params (is its kv_transfer_config a "
                        "TidekvConnector with kv_role kv_producer or kv_both?); the decode recomputes the prompt "
-                       "(%d similar warnings suppressed)", prefill_url, self._missing_kv_suppressed)
-        self._missing_kv_warned_at = now
-        self._missing_kv_suppressed = 0
+                       "(%d similar warnings suppressed)", prefill_url, suppressed)
 
 
 def _require_aiohttp() -> None:

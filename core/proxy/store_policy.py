@@ -25,6 +25,7 @@ from typing import Any
 from tidekv.errors import TidekvError
 from tidekv.kvcache import prefix
 from tidekv.kvcache.layout import chunk_key
+from tidekv.logs import WarnEvery
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ class StoreLocator:
 
         self._channel = MasterChannel(master, f"tidekv-proxy-{uuid.uuid4().hex[:8]}", STORE_TIMEOUT_S)
         self._down_until = 0.0
-        self._warned_at = float("-inf")
+        self._warning = WarnEvery()
 
     def locate(self, keys: list[str]) -> list[list[str]] | None:
         """Engines holding each key; None while the master is unreachable (a warning says so)."""
@@ -129,8 +130,7 @@ class StoreLocator:
             raw = self._channel.call(p.Locate([k.encode() for k in keys]))
         except TidekvError as exc:
             self._down_until = time.monotonic() + STORE_RETRY_S
-            if time.monotonic() - self._warned_at > 30.0:
-                self._warned_at = time.monotonic()
+            if self._warning.due() is not None:
                 logger.warning("store policy: master %s did not answer (%s); routing round robin for %.0f s",
                                self._channel.address, exc, STORE_RETRY_S)
             return None

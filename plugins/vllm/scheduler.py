@@ -17,6 +17,7 @@ from tidekv.kvcache import prefix
 from tidekv.kvcache.handoff import pull_end, pulled_blocks
 from tidekv.kvcache.layout import KVLayout, chunk_keys
 from tidekv.kvcache.settings import KVConnectorConfig
+from tidekv.logs import WarnEvery
 from tidekv_vllm.metadata import PullJob, StoreJob, TidekvHandshake, TidekvMetadata
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ class TidekvScheduler:
         self.namespace: str | None = None
         self._store: Any = None
         self._store_down_until = 0.0
-        self._warned_at = 0.0
+        self._store_warning = WarnEvery(_WARN_EVERY_S)
         self._pulls: dict[str, PullJob] = {}
         self._loads: dict[str, int] = {}  # request -> external tokens to load from the store
         self._tokens: dict[str, list[int]] = {}  # prompt tokens of running requests (store mode)
@@ -244,9 +245,7 @@ class TidekvScheduler:
         self._loads.pop(rid, None)
 
     def _warn(self, fmt: str, *args: Any) -> None:
-        now = time.monotonic()
-        if now - self._warned_at >= _WARN_EVERY_S:
-            self._warned_at = now
+        if self._store_warning.due() is not None:
             logger.warning(fmt, *args)
 
 
