@@ -297,3 +297,43 @@ class WeightsConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> WeightsConfig:
         """Builds a config from ``TIDEKV_WEIGHTS_*`` variables; keyword overrides win."""
         return _from_env(cls, environ if environ is not None else os.environ, overrides, prefix=ENV_PREFIX + "WEIGHTS_")
+
+
+ENV_PREFIXES: dict[type, str] = {
+    TransferConfig: ENV_PREFIX,
+    MasterConfig: ENV_PREFIX + "MASTER_",
+    StoreConfig: ENV_PREFIX + "STORE_",
+    WeightsConfig: ENV_PREFIX + "WEIGHTS_",
+}
+"""The variable prefix each component's ``from_env()`` reads."""
+
+SECRET_SHOWN_AS = "(set)"
+"""What ``settings_sources`` shows instead of a secret's value."""
+
+
+def settings_sources(cls: type, environ: Mapping[str, str] | None = None) -> list[tuple[str, Any, str]]:
+    """Each setting of a component as ``from_env()`` builds it, and where its value came from.
+
+    Args:
+        cls: a component's config class (a key of ``ENV_PREFIXES``).
+        environ: the environment; default ``os.environ``.
+
+    Returns:
+        ``(field, value, source)`` per field, in declaration order; source is "default" or
+        "env TIDEKV_<NAME>". A field declared with ``repr=False`` (a secret) shows as
+        ``SECRET_SHOWN_AS`` when set, never as its text.
+
+    Raises:
+        ConfigError: a variable holds a value its field cannot take (as ``from_env()`` would).
+    """
+    env = environ if environ is not None else os.environ
+    prefix = ENV_PREFIXES[cls]
+    config = cls.from_env(env)  # type: ignore[attr-defined]
+    rows: list[tuple[str, Any, str]] = []
+    for f in dataclasses.fields(config):
+        variable = prefix + f.name.upper()
+        value = getattr(config, f.name)
+        if not f.repr and value is not None:
+            value = SECRET_SHOWN_AS
+        rows.append((f.name, value, f"env {variable}" if variable in env else "default"))
+    return rows

@@ -3,7 +3,8 @@
 On some VMs memory in 4 KiB pages that sat idle for a second or two reads 3-4x slower the first
 time it is touched again; memory on transparent huge pages (THP) does not. A store segment is
 exactly such memory: written once, read whenever someone asks. Neighbours:
-``TransferEngine.allocate(huge=True)`` allocates on huge pages; the store decides with this.
+``TransferEngine.allocate(huge=True)`` allocates on huge pages; the store decides with this, and
+``transports`` (what ``tidekv doctor`` prints) reports the same host facts.
 """
 
 from __future__ import annotations
@@ -12,15 +13,33 @@ import ctypes
 import os
 
 HUGE_PAGE = 2 << 20
+THP_ENABLED_PATH = "/sys/kernel/mm/transparent_hugepage/enabled"
+YAMA_PTRACE_SCOPE_PATH = "/proc/sys/kernel/yama/ptrace_scope"
+
+
+def thp_mode() -> str | None:
+    """The selected value of THP's ``enabled`` ("always", "madvise", "never"); None without THP."""
+    try:
+        with open(THP_ENABLED_PATH) as f:
+            text = f.read()
+    except OSError:
+        return None
+    start, end = text.find("["), text.find("]")
+    return text[start + 1:end] if 0 <= start < end else None
 
 
 def thp_enabled() -> bool:
     """Whether transparent huge pages can back anonymous memory here (``enabled`` is not never)."""
+    return thp_mode() not in (None, "never")
+
+
+def yama_ptrace_scope() -> int | None:
+    """Yama's ptrace_scope (0 classic, 1 restricted, 2 admin-only, 3 none); None without Yama."""
     try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            return "[never]" not in f.read()
-    except OSError:
-        return False
+        with open(YAMA_PTRACE_SCOPE_PATH) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def huge_pages_shareable() -> bool:
@@ -30,16 +49,12 @@ def huge_pages_shareable() -> bool:
     forbids it) and processes of one user may attach to each other's memory (no Yama, or
     ptrace_scope 0); otherwise same-host peers could not reach it without tcp.
     """
-    if not thp_enabled() or not _cross_memory_attach_allowed():
+    if not thp_enabled() or not cross_memory_attach_allowed():
         return False
-    try:
-        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
-            return f.read().strip() == "0"
-    except OSError:
-        return True  # no Yama: same-uid processes may attach
+    return yama_ptrace_scope() in (None, 0)  # no Yama: same-uid processes may attach
 
 
-def _cross_memory_attach_allowed() -> bool:
+def cross_memory_attach_allowed() -> bool:
     """Whether process_vm_readv works at all here (a seccomp profile may forbid the syscall)."""
     libc = ctypes.CDLL(None, use_errno=True)
     src, dst = ctypes.create_string_buffer(b"tidekv", 8), ctypes.create_string_buffer(8)

@@ -42,8 +42,8 @@ def test_thp_enabled_matches_the_kernel_setting() -> None:
 def test_huge_pages_are_not_chosen_where_cross_memory_attach_is_forbidden(monkeypatch: pytest.MonkeyPatch) -> None:
     from tidekv.transfer import memory
 
-    assert isinstance(memory._cross_memory_attach_allowed(), bool)
-    monkeypatch.setattr(memory, "_cross_memory_attach_allowed", lambda: False)  # as under a strict seccomp profile
+    assert isinstance(memory.cross_memory_attach_allowed(), bool)
+    monkeypatch.setattr(memory, "cross_memory_attach_allowed", lambda: False)  # as under a strict seccomp profile
     assert memory.huge_pages_shareable() is False
 
 

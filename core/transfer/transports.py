@@ -1,0 +1,189 @@
+"""The transports this build knows, and whether each can carry requests here (with the reason).
+
+``catalog()`` is the one list of transports: ``tidekv doctor`` prints it and self-tests what it
+calls available. Each probe only looks — it loads a shared library, reads /proc or /sys, or makes
+one harmless system call on this process — and each is a small function of its own, so that the
+native engine's own report can later back ``catalog()`` (same signature) probe by probe.
+Neighbours: ``memory`` (THP, Yama and seccomp facts the store also decides with),
+``tidekv.config.TransferConfig`` (the settings a probe honours), ``tidekv.doctor``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from dataclasses import dataclass
+
+from tidekv.config import TransferConfig
+from tidekv.transfer import memory
+
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+INFINIBAND_PATH = "/sys/class/infiniband"
+NVIDIA_GPUS_PATH = "/proc/driver/nvidia/gpus"
+_CAP_SYS_PTRACE = 19
+
+
+@dataclass(frozen=True, slots=True)
+class TransportStatus:
+    """One transport's state in this process."""
+
+    name: str
+    """The transport's name as logs and ``TransferConfig.transport`` spell it: "tcp", "shm", ..."""
+    available: bool
+    """Whether an engine started here with this build can use it."""
+    reason: str
+    """Why it is available or not, in words a user can act on."""
+
+
+def catalog(config: TransferConfig) -> list[TransportStatus]:
+    """Every transport this build knows, always in the same order.
+
+    Args:
+        config: the settings an engine here would run with (e.g. whether cross-memory attach is on).
+
+    Returns:
+        One status each for "tcp", "shm", "cuda" and "fabric".
+    """
+    return [tcp_status(), shm_status(config), cuda_status(), fabric_status()]
+
+
+def tcp_status() -> TransportStatus:
+    """tcp needs nothing but sockets."""
+    return TransportStatus("tcp", True, "sockets, to peers on any host; needs nothing else")
+
+
+def shm_status(config: TransferConfig) -> TransportStatus:
+    """shm: same-host peers found by boot id and watched by pidfd; cross-memory attach optional."""
+    try:
+        with open(BOOT_ID_PATH) as f:
+            has_boot_id = bool(f.read().strip())
+    except OSError:
+        has_boot_id = False
+    if not has_boot_id:
+        return TransportStatus("shm", False, f"{BOOT_ID_PATH} cannot be read, so no peer is known to be on this "
+                                             "host; same-host peers use tcp")
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError) as exc:
+        return TransportStatus("shm", False, f"pidfd_open is unavailable ({exc}; Linux 5.3+ needed), so a "
+                                             "same-host peer's death could not be noticed; same-host peers use tcp")
+    _, cma = cross_memory_attach(config)
+    return TransportStatus("shm", True, "same-host peers: memory from allocate() is mapped and copied with "
+                                        f"memcpy; {cma}")
+
+
+def cross_memory_attach(config: TransferConfig) -> tuple[bool, str]:
+    """Whether same-host peers can reach registered memory not from allocate() (process_vm_readv/writev).
+
+    Returns:
+        ``(usable, reason)``; where not usable, such memory goes over tcp (or fails under a
+        forced shm transport).
+    """
+    if not config.enable_cross_memory_attach:
+        return False, ("cross-memory attach is disabled (enable_cross_memory_attach=False, "
+                       "$TIDEKV_ENABLE_CROSS_MEMORY_ATTACH): other registered memory goes over tcp")
+    seccomp = seccomp_mode()
+    if not memory.cross_memory_attach_allowed():
+        return False, (f"cross-memory attach is refused: process_vm_readv fails on this process itself "
+                       f"(seccomp {seccomp}; a container profile may forbid it): other registered memory "
+                       "goes over tcp")
+    allowed = f"process_vm_readv allowed (seccomp {seccomp})"
+    scope = memory.yama_ptrace_scope()
+    if scope is None:
+        return True, f"cross-memory attach usable: {allowed}, no Yama"
+    if scope == 0:
+        return True, f"cross-memory attach usable: {allowed}, Yama ptrace_scope 0"
+    if scope == 1:
+        return True, (f"cross-memory attach usable: {allowed}, Yama ptrace_scope 1 (each engine lets "
+                      "same-host peers attach with PR_SET_PTRACER_ANY)")
+    if scope == 2 and _has_cap_sys_ptrace():
+        return True, f"cross-memory attach usable: {allowed}, Yama ptrace_scope 2 and this process has CAP_SYS_PTRACE"
+    return False, (f"cross-memory attach is refused: Yama ptrace_scope {scope} "
+                   f"({'only CAP_SYS_PTRACE may attach' if scope == 2 else 'no process may attach'}; "
+                   "see /proc/sys/kernel/yama/ptrace_scope): other registered memory goes over tcp")
+
+
+def cuda_status() -> TransportStatus:
+    """cuda: not in this build; says what a cuda transport would find here."""
+    return TransportStatus("cuda", False, f"this build has no cuda transport yet; {cuda_driver()}")
+
+
+def cuda_driver() -> str:
+    """Whether libcuda.so.1 loads and initialises, and the GPUs it sees (without it: the kernel's list)."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        return f"libcuda.so.1 does not load ({_load_error(exc, 'libcuda.so.1')}); {_nvidia_kernel_gpus()}"
+    rc = cuda.cuInit(0)
+    if rc != 0:
+        return f"libcuda.so.1 loads but cuInit failed (CUresult {rc}); {_nvidia_kernel_gpus()}"
+    count = ctypes.c_int(0)
+    rc = cuda.cuDeviceGetCount(ctypes.byref(count))
+    if rc != 0:
+        return f"libcuda.so.1 loads but cuDeviceGetCount failed (CUresult {rc})"
+    names = []
+    for index in range(count.value):
+        device, name = ctypes.c_int(0), ctypes.create_string_buffer(256)
+        if cuda.cuDeviceGet(ctypes.byref(device), index) == 0 and cuda.cuDeviceGetName(name, 256, device) == 0:
+            names.append(name.value.decode(errors="replace"))
+    visible = f" ({', '.join(names)})" if names else ""
+    return f"libcuda.so.1 loads; {count.value} GPU(s) visible{visible}"
+
+
+def _nvidia_kernel_gpus() -> str:
+    try:
+        gpus = os.listdir(NVIDIA_GPUS_PATH)
+    except OSError:
+        return f"no NVIDIA kernel driver ({NVIDIA_GPUS_PATH} absent)"
+    return f"the NVIDIA kernel driver lists {len(gpus)} GPU(s) in {NVIDIA_GPUS_PATH}"
+
+
+def fabric_status() -> TransportStatus:
+    """fabric (RDMA through libfabric): not in this build; says what it would find here."""
+    devices = rdma_devices()
+    found = f"RDMA devices: {', '.join(devices)}" if devices else f"no RDMA devices ({INFINIBAND_PATH} empty or absent)"
+    return TransportStatus("fabric", False, f"this build has no RDMA transport yet; libfabric.so.1 "
+                                            f"{library_state('libfabric.so.1')}; libibverbs.so.1 "
+                                            f"{library_state('libibverbs.so.1')}; {found}")
+
+
+def library_state(soname: str) -> str:
+    """"loads" or "does not load (why)" for a shared library, as the dynamic loader sees it."""
+    try:
+        ctypes.CDLL(soname)
+    except OSError as exc:
+        return f"does not load ({_load_error(exc, soname)})"
+    return "loads"
+
+
+def _load_error(exc: OSError, soname: str) -> str:
+    return str(exc).removeprefix(f"{soname}: ")
+
+
+def rdma_devices() -> list[str]:
+    """Names of the RDMA devices the kernel exposes (mlx5_0, ...); empty without any."""
+    try:
+        return sorted(os.listdir(INFINIBAND_PATH))
+    except OSError:
+        return []
+
+
+def seccomp_mode() -> str:
+    """This process's seccomp mode: "off", "strict", "filter" or "unknown"."""
+    value = _status_field("Seccomp")
+    return {"0": "off", "1": "strict", "2": "filter"}.get(value or "", "unknown")
+
+
+def _has_cap_sys_ptrace() -> bool:
+    value = _status_field("CapEff")
+    return value is not None and bool(int(value, 16) >> _CAP_SYS_PTRACE & 1)
+
+
+def _status_field(name: str) -> str | None:
+    with contextlib.suppress(OSError), open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key == name:
+                return value.strip()
+    return None
