@@ -24,6 +24,8 @@ import pytest
 
 from conftest import MAX_TOKENS, VllmRunner
 from harness import HarnessError, HeldPhase, OpenAIServer, Phase, PhaseResult, free_port
+from tidekv.kvcache import contract
+from tidekv.kvcache.contract import PROTOCOL_VERSION, KVHandoff, RankEndpoint
 
 CONNECTOR = "TidekvConnector"  # found through the vllm.general_plugins entry point: no module path
 
@@ -70,11 +72,11 @@ def run_pd(vllm: VllmRunner, model: str, prompts: list[str], *, transport: str =
                     kv_transfer_params=prefill_params(len(prompts)), hold=True)
     with HeldPhase(prefill) as pre:
         params = [c.kv_transfer_params for c in pre.completions]
-        assert all(p and p["do_remote_prefill"] and p["remote_block_ids"] for p in params), params
+        assert all(p and p["do_remote_prefill"] and contract.from_params(p).block_ids for p in params), params
         if tamper:
             params = copy.deepcopy(params)
             for p in params:
-                p["remote_block_ids"] = [b + 1000 for b in p["remote_block_ids"]]  # other (unwritten) blocks
+                p["block_ids"] = [b + 1000 for b in p["block_ids"]]  # other (unwritten) blocks
         dec = vllm.run(Phase(model=model, prompts=prompts, max_tokens=MAX_TOKENS,
                              kv_transfer_config=tidekv_config(transport=transport, load_mode=load_mode),
                              kv_transfer_params=params))
@@ -87,8 +89,8 @@ def test_pd_offline_decode_matches_baseline(vllm: VllmRunner, tiny_model: str, p
     pre, dec = run_pd(vllm, tiny_model, prompts, transport=transport, load_mode=load_mode)
     assert dec.token_ids == baseline.token_ids
     assert all(c.finish_reason == "length" for c in dec.completions)
-    for p, c in zip(pre.completions, prompts):
-        assert p.kv_transfer_params["remote_num_tokens"] >= len(p.prompt_token_ids) - 1
+    for p in pre.completions:
+        assert contract.from_params(p.kv_transfer_params).num_tokens >= len(p.prompt_token_ids) - 1
 
 
 def test_pd_decode_really_uses_the_pulled_kv(vllm: VllmRunner, tiny_model: str, prompts: list[str],
@@ -116,6 +118,37 @@ def test_pd_decode_from_a_killed_prefill(vllm: VllmRunner, tiny_model: str, prom
         assert dec.token_ids == baseline.token_ids
     else:
         assert all(c.finish_reason != "length" or not c.token_ids for c in dec.completions), dec.completions
+
+
+def unpullable_params(prompts: list[str]) -> list[dict[str, Any] | None]:
+    """Per prompt, params this decode must refuse before touching any peer: another protocol
+    version; a prefill of another tensor-parallel size; (the last prompt) no params at all."""
+    def handoff(tp_size: int) -> dict[str, Any]:
+        nowhere = RankEndpoint("127.0.0.1:1", {"fingerprint": "x", "block_size": 32, "layers": []}, "127.0.0.1:1")
+        return contract.to_params(KVHandoff(request_id="p", engine_id="prefill-x", block_ids=list(range(70)),
+                                            num_tokens=2240, block_size=32, tp_size=tp_size,
+                                            ranks=[nowhere] * tp_size))
+    return [{**handoff(1), "protocol_version": PROTOCOL_VERSION + 1}, handoff(2), None][: len(prompts)]
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_pd_decode_refuses_params_it_cannot_honour(vllm: VllmRunner, tiny_model: str, prompts: list[str],
+                                                   baseline: PhaseResult, policy: str) -> None:
+    """Another PD protocol version, or a prefill of another TP size, is refused (the log names
+    both versions, or both sizes), never read: the load-failure policy recomputes or fails the
+    request, and nothing is pulled from the (absent) peer the params name."""
+    config = {**tidekv_config(), "kv_load_failure_policy": policy}
+    dec = vllm.run(Phase(model=tiny_model, prompts=prompts, max_tokens=MAX_TOKENS, kv_transfer_config=config,
+                         kv_transfer_params=unpullable_params(prompts)))
+    assert f"carry protocol version {PROTOCOL_VERSION + 1}; this decode speaks tidekv PD protocol version " \
+           f"{PROTOCOL_VERSION}" in dec.log
+    assert "runs tensor_parallel_size=2, this decode runs tensor_parallel_size=1" in dec.log
+    assert "pulling KV from 127.0.0.1:1" not in dec.log  # refused before any transfer
+    assert dec.token_ids[2] == baseline.token_ids[2]
+    if policy == "recompute":
+        assert dec.token_ids == baseline.token_ids
+    else:
+        assert all(c.finish_reason != "length" or not c.token_ids for c in dec.completions[:2]), dec.completions
 
 
 def test_store_reuse_across_instances(vllm: VllmRunner, tiny_model: str, prompts: list[str],

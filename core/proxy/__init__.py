@@ -2,7 +2,6 @@
 and its routing policies (``routing``)."""
 
 from tidekv.proxy.routing import (
-    PREFILL_KV_PARAMS,
     PrefixIndex,
     ProxyConfig,
     ProxyError,
@@ -16,7 +15,6 @@ from tidekv.proxy.routing import (
 from tidekv.proxy.server import ProxyServer, add_parser
 
 __all__ = [
-    "PREFILL_KV_PARAMS",
     "PrefixIndex",
     "ProxyConfig",
     "ProxyError",

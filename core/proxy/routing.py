@@ -22,13 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidekv.errors import ConfigError, TidekvError
+from tidekv.kvcache.contract import remote_decode_params
 from tidekv.proxy.store_policy import StoreCard
 
 logger = logging.getLogger(__name__)
-
-PREFILL_KV_PARAMS: dict[str, Any] = {"do_remote_decode": True, "do_remote_prefill": False}
-"""What a prefill request carries: "keep this prompt's KV for a remote decode"."""
-
 
 class RoutingPolicy(enum.Enum):
     """How the proxy picks a prefill instance (decode instances always take turns)."""
@@ -252,9 +249,10 @@ def prefill_request(body: dict[str, Any]) -> dict[str, Any]:
 
     Returns:
         A new request with ``max_tokens=1`` (and ``max_completion_tokens=1`` for chat),
-        ``stream=false``, no ``stream_options`` and ``kv_transfer_params=PREFILL_KV_PARAMS``.
+        ``stream=false``, no ``stream_options`` and ``kv_transfer_params`` asking the prefill to
+        hold the prompt's KV for a remote decode (``tidekv.kvcache.contract.remote_decode_params``).
     """
-    request = dict(body, max_tokens=1, stream=False, kv_transfer_params=dict(PREFILL_KV_PARAMS))
+    request = dict(body, max_tokens=1, stream=False, kv_transfer_params=remote_decode_params())
     if "messages" in body:
         request["max_completion_tokens"] = 1
     request.pop("stream_options", None)  # vLLM refuses stream_options without stream
@@ -262,7 +260,8 @@ def prefill_request(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def decode_request(body: dict[str, Any], kv_transfer_params: dict[str, Any] | None) -> dict[str, Any]:
-    """The client request as sent to a decode instance, with the prefill's params when it gave some."""
+    """The client request as sent to a decode instance, with the prefill's params when it gave some
+    (passed on unchanged: the decode reads and version-checks the contract in them)."""
     request = {k: v for k, v in body.items() if k != "kv_transfer_params"}
     if kv_transfer_params is not None:
         request["kv_transfer_params"] = kv_transfer_params

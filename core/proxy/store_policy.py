@@ -1,9 +1,10 @@
 """The proxy's ``store`` routing policy: send a prompt to the prefill instance whose own store
 segment holds the longest run of the prompt's leading KV blocks, as the tidekv master says.
 
-A prefill instance that saves to the store says so in the ``kv_transfer_params`` of its
-answers (``prefix_namespace``, ``block_size``, and ``remote_engine``: the transfer engine whose
-segment its saves prefer); the proxy learns that card from the first answer of each instance.
+A prefill instance that saves to the store says so in the PD contract of its answers
+(``tidekv.kvcache.contract.KVHandoff``: ``prefix_namespace``, ``block_size``, and rank 0's
+transfer engine, whose segment its saves prefer); the proxy learns that card from the first
+answer of each instance.
 For a new request it gets the prompt's token ids (given, or from the instance's own
 ``/tokenize``, so chat templates match), derives the block keys exactly as the connector does
 (``tidekv.kvcache.prefix``), and asks the master where the first chunk of each block lives
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidekv.errors import TidekvError
-from tidekv.kvcache import prefix
+from tidekv.kvcache import contract, prefix
 from tidekv.kvcache.layout import chunk_key
 from tidekv.logs import WarnEvery
 
@@ -48,13 +49,16 @@ class StoreCard:
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> StoreCard | None:
-        """The card in a prefill's ``kv_transfer_params``; None if it does not save to the store."""
-        ns, bs, engine = params.get("prefix_namespace"), params.get("block_size"), params.get("remote_engine")
-        if not (isinstance(ns, str) and ns and isinstance(engine, str) and engine):
+        """The card in a prefill's ``kv_transfer_params``; None if it does not save to the store,
+        or its contract is of another protocol version or malformed (the decode refuses those)."""
+        try:
+            handoff = contract.from_params(params)
+        except TidekvError as exc:
+            logger.debug("store policy: no store card in a prefill's kv_transfer_params: %s", exc)
             return None
-        if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0:
+        if not handoff.prefix_namespace or not handoff.ranks[0].engine:
             return None
-        return cls(ns, bs, engine)
+        return cls(handoff.prefix_namespace, handoff.block_size, handoff.ranks[0].engine)
 
     def first_chunk_keys(self, token_ids: Sequence[int]) -> list[str]:
         """Store keys of the first chunk of each full block of ``token_ids``, in order."""

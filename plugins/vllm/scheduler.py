@@ -13,7 +13,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tidekv.errors import TidekvError
-from tidekv.kvcache import prefix
+from tidekv.kvcache import contract, prefix
+from tidekv.kvcache.contract import KVHandoff, RankEndpoint
 from tidekv.kvcache.handoff import pull_end, pulled_blocks
 from tidekv.kvcache.layout import KVLayout, chunk_keys
 from tidekv.kvcache.settings import KVConnectorConfig
@@ -40,6 +41,7 @@ class TidekvScheduler:
         self.model_tag = f"{vllm_config.model_config.model}|{vllm_config.model_config.dtype}"
         self.tp_size = vllm_config.parallel_config.tensor_parallel_size
         self.handshake: TidekvHandshake | None = None
+        self.endpoints: list[RankEndpoint] = []  # every rank's, rank 0 first (what a decode pulls from)
         self.namespace: str | None = None
         self._store: Any = None
         self._store_down_until = 0.0
@@ -61,6 +63,8 @@ class TidekvScheduler:
         if not isinstance(shake, TidekvHandshake):
             return
         self.handshake = shake
+        self.endpoints = [RankEndpoint(s.engine, s.layout, s.confirm_address)
+                          for _, s in sorted(metadata.items()) if isinstance(s, TidekvHandshake)]
         layout = KVLayout.from_wire(shake.layout)
         self.namespace = prefix.namespace(self.model_tag, "", layout.fingerprint, self.block_size, 0, self.tp_size)
 
@@ -80,46 +84,63 @@ class TidekvScheduler:
     # ---- per request --------------------------------------------------------------------
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
-        params = request.kv_transfer_params or {}
+        params = request.kv_transfer_params
         prompt = list(request.prompt_token_ids or [])
-        if _is_pd_pull(params):
-            count = self._pull_end(len(prompt), params) - num_computed_tokens
+        if contract.is_handoff(params):
+            count = self._pull_end(len(prompt), self._read_handoff(request)[0]) - num_computed_tokens
             return (count, not self.settings.is_sync_load) if count > 0 else (0, False)
         hit_blocks = self._stored_prefix_blocks(prompt, num_computed_tokens)
         tokens = hit_blocks * self.block_size - num_computed_tokens
         return (tokens, False) if tokens > 0 else (0, False)
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
-        params = request.kv_transfer_params or {}
-        if _is_pd_pull(params):
+        params = request.kv_transfer_params
+        if contract.is_handoff(params):
+            assert params is not None
+            handoff, error = self._read_handoff(request)
             params["do_remote_prefill"] = False  # pull once, even if this is called again
-            remote = list(params.get("remote_block_ids") or [])
+            if error is not None:
+                logger.warning("request %s: refusing to pull its KV: %s", request.request_id, error)
+            remote = list(handoff.block_ids) if handoff is not None else []
             local: list[int] = []
             if num_external_tokens > 0:
                 # By block position, not by "unhashed" blocks: a sync load's blocks are already
                 # in the prefix cache (hashed) when this runs; an async load's are not.
-                span = pulled_blocks(self._pull_end(len(request.prompt_token_ids or []), params), num_external_tokens,
-                                     self.block_size)
-                local, remote = list(blocks.get_block_ids()[0][span]), remote[span]
+                span = pulled_blocks(self._pull_end(len(request.prompt_token_ids or []), handoff),
+                                     num_external_tokens, self.block_size)
+                local = list(blocks.get_block_ids()[0][span])
+                remote = remote[span] if handoff is not None else []
             else:
                 remote = []  # nothing to pull (a local hit covers it): only release the prefill's hold
             self._pulls[request.request_id] = PullJob(
                 request.request_id,
                 local,
-                str(params["remote_engine"]),
                 remote,
-                dict(params.get("remote_layout") or {}),
-                str(params.get("remote_request_id", "")),
-                str(params.get("remote_confirm", "")),
+                list(handoff.ranks) if handoff is not None else [],
+                handoff.request_id if handoff is not None else "",
                 is_sync=self.settings.is_sync_load or not local,
+                error=error,
             )
         elif num_external_tokens > 0:
             self._loads[request.request_id] = num_external_tokens
 
-    def _pull_end(self, prompt_len: int, params: dict[str, Any]) -> int:
-        remote_blocks = params.get("remote_block_ids") or []
-        remote_tokens = int(params.get("remote_num_tokens") or len(remote_blocks) * self.block_size)
-        return pull_end(prompt_len, remote_tokens, len(remote_blocks), self.block_size,
+    def _read_handoff(self, request: Request) -> tuple[KVHandoff | None, str | None]:
+        """The prefill's contract in the request's params, or why this engine cannot pull it."""
+        try:
+            handoff = contract.from_params(request.kv_transfer_params or {})
+            contract.check_pullable(handoff, tp_size=self.tp_size, block_size=self.block_size)
+        except TidekvError as exc:
+            return None, str(exc)
+        return handoff, None
+
+    def _pull_end(self, prompt_len: int, handoff: KVHandoff | None) -> int:
+        if handoff is None:
+            # Params we cannot honour still claim the tokens a pull would have brought: the
+            # worker reports their blocks as failed loads, so vLLM's kv_load_failure_policy
+            # (recompute or fail) decides the request's fate, never a mis-read.
+            return pull_end(prompt_len, prompt_len, -(-prompt_len // self.block_size), self.block_size,
+                            is_sync=self.settings.is_sync_load)
+        return pull_end(prompt_len, handoff.num_tokens, len(handoff.block_ids), self.block_size,
                         is_sync=self.settings.is_sync_load)
 
     def build_connector_meta(self, out: SchedulerOutput) -> TidekvMetadata:
@@ -159,32 +180,28 @@ class TidekvScheduler:
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
-        params = request.kv_transfer_params or {}
         delay = rid in self._had_saves
         self._had_saves.discard(rid)
         result: dict[str, Any] | None = None
-        if params.get("do_remote_decode") and self.handshake is not None and block_ids:
+        if contract.wants_remote_decode(request.kv_transfer_params) and self.endpoints and block_ids:
             from vllm.v1.request import RequestStatus
 
             if request.status in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED):
                 delay = True
                 self._holds.append(rid)
-                result = {
-                    "do_remote_prefill": True,
-                    "do_remote_decode": False,
-                    "remote_engine": self.handshake.engine,
-                    "remote_engine_id": self.engine_id,
-                    "remote_block_ids": list(block_ids),
-                    "remote_request_id": rid,
-                    "remote_layout": self.handshake.layout,
-                    "remote_confirm": self.handshake.confirm_address,
-                    "remote_num_tokens": request.num_computed_tokens,
-                }
-                if self.settings.master and self.settings.save and self.namespace is not None:
-                    # Where this instance saves the prompt's blocks (the store segment of
-                    # remote_engine, if it contributes one): `tidekv proxy --policy store` routes by it.
-                    result["prefix_namespace"] = self.namespace
-                    result["block_size"] = self.block_size
+                saving = bool(self.settings.master and self.settings.save and self._store is not None)
+                result = contract.to_params(KVHandoff(
+                    request_id=rid,
+                    engine_id=self.engine_id,
+                    block_ids=list(block_ids),
+                    num_tokens=request.num_computed_tokens,
+                    block_size=self.block_size,
+                    tp_size=self.tp_size,
+                    ranks=self.endpoints,
+                    # Where this instance saves the prompt's blocks (the store segment of rank 0's
+                    # engine, if it contributes one): `tidekv proxy --policy store` routes by it.
+                    prefix_namespace=self.namespace if saving else None,
+                ))
         return delay, result
 
     def shutdown(self) -> None:
@@ -247,7 +264,3 @@ class TidekvScheduler:
     def _warn(self, fmt: str, *args: Any) -> None:
         if self._store_warning.due() is not None:
             logger.warning(fmt, *args)
-
-
-def _is_pd_pull(params: dict[str, Any]) -> bool:
-    return bool(params.get("do_remote_prefill") and params.get("remote_engine"))

@@ -84,7 +84,7 @@ class TidekvWorker:
 
     def handshake(self) -> TidekvHandshake:
         assert self.layout is not None, "register_kv_caches() comes first"
-        return TidekvHandshake(self.engine.name, self.layout.to_wire(), self.holds.address)
+        return TidekvHandshake(0, self.engine.name, self.layout.to_wire(), self.holds.address)
 
     # ---- per step -----------------------------------------------------------------------
 
@@ -160,12 +160,13 @@ class TidekvWorker:
                 pull.handle.wait(None if wait else 0)
             except TidekvError as exc:
                 pull.error = str(exc)
+        remote = pull.job.remote_ranks[0] if pull.job.remote_ranks else None
         if pull.error is not None:
-            logger.warning("request %s: pulling KV from %s failed: %s", pull.job.request_id, pull.job.remote_engine,
-                           pull.error)
+            logger.warning("request %s: pulling KV from %s failed: %s", pull.job.request_id,
+                           remote.engine if remote is not None else "the prefill", pull.error)
             self._load_errors.update(pull.job.local_blocks)
-        elif pull.job.confirm_address:
-            self.confirmer.confirm(pull.job.confirm_address, pull.job.remote_request_id)
+        elif remote is not None and remote.confirm_address:
+            self.confirmer.confirm(remote.confirm_address, pull.job.remote_request_id)
 
     def block_ids_with_load_errors(self) -> set[int]:
         out, self._load_errors = self._load_errors, set()
@@ -183,10 +184,13 @@ class TidekvWorker:
 
     def _start_pull(self, job: PullJob) -> _Pull:
         assert self.layout is not None
+        if job.error is not None:
+            return _Pull(job, None, job.error)
         try:
-            remote = KVLayout.from_wire(job.remote_layout)
+            peer = job.remote_ranks[0]
+            remote = KVLayout.from_wire(peer.layout)
             self.layout.check_compatible(remote)
-            requests = self.layout.block_requests(TransferOp.READ, job.remote_engine, remote,
+            requests = self.layout.block_requests(TransferOp.READ, peer.engine, remote,
                                                   job.local_blocks, job.remote_blocks)
             return _Pull(job, self.engine.transfer(requests) if requests else None)
         except TidekvError as exc:

@@ -19,9 +19,27 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from tidekv.kvcache import contract
+from tidekv.kvcache.contract import KVHandoff, RankEndpoint
+from tidekv.proxy.store_policy import StoreCard
+
 T = TypeVar("T")
 CALL_TIMEOUT_S = 10.0
 HANG_S = 30.0  # longer than any proxy timeout the tests set; teardown cancels it
+
+
+def handoff_params(request_id: str, engine: str, card: StoreCard | None = None) -> dict[str, Any]:
+    """The PD contract a prefill answers with, its rank 0's engine named ``engine`` (or the card's)."""
+    handoff = KVHandoff(request_id=request_id, engine_id=engine, block_ids=[0, 1], num_tokens=20,
+                        block_size=card.block_size if card else 16, tp_size=1,
+                        ranks=[RankEndpoint(card.engine if card else engine, {}, "127.0.0.1:1")],
+                        prefix_namespace=card.namespace if card else None)
+    return contract.to_params(handoff)
+
+
+def engine_of(params: dict[str, Any]) -> str:
+    """Rank 0's transfer engine in the contract a decode received."""
+    return contract.from_params(params).ranks[0].engine
 
 
 class Mode(enum.Enum):
@@ -77,8 +95,8 @@ class FakeBackend:
     """decode streams: set when a write failed because the reader (the proxy) closed the connection."""
     tokenize_mode: Mode = Mode.OK
     """How POST /tokenize answers: OK, FAIL (HTTP 500) or HANG."""
-    kv_extra: dict[str, Any] = field(default_factory=dict)
-    """prefill: added to the kv_transfer_params of every answer (e.g. a store card)."""
+    card: StoreCard | None = None
+    """prefill: the store card its answers' contract names (namespace, block size, rank 0's engine)."""
     url: str = ""
     _runner: web.AppRunner | None = None
 
@@ -120,9 +138,7 @@ class FakeBackend:
         if self.role == "prefill":
             answer: dict[str, Any] = {"id": f"{self.name}-{n}", "choices": [{"text": "p"}]}
             if self.mode is not Mode.NO_KV:
-                answer["kv_transfer_params"] = {"do_remote_prefill": True, "do_remote_decode": False,
-                                                "remote_engine": self.name, "remote_request_id": f"{self.name}-{n}",
-                                                **self.kv_extra}
+                answer["kv_transfer_params"] = handoff_params(f"{self.name}-{n}", self.name, self.card)
             return web.json_response(answer)
         if body.get("stream"):
             return await self._stream(request)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.proxy.conftest import MakeBackend
-from tests.proxy.fakes import FakeBackend, http_request, sse_events
+from tests.proxy.fakes import FakeBackend, engine_of, http_request, sse_events
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 20.0
@@ -105,7 +105,7 @@ def test_proxy_process_serves_and_stops_on_sigterm(proxy_process: ProxyProcess) 
                                    {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True})
     assert status == 200 and events[-1] == "[DONE]" and len(events) == 6
     assert [len(b.received) for b in (p0, p1, d0, d1)] == [1, 1, 1, 1]
-    assert d1.bodies()[0]["kv_transfer_params"]["remote_engine"] == "prefill1"
+    assert engine_of(d1.bodies()[0]["kv_transfer_params"]) == "prefill1"
     assert http_request(url + "/health", method="GET").json()["status"] == "ok"
 
     started = time.monotonic()

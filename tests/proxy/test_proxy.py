@@ -13,7 +13,7 @@ import urllib.parse
 import pytest
 
 from tests.proxy.conftest import MakeBackend, StartProxy
-from tests.proxy.fakes import Mode, http_request, sse_events
+from tests.proxy.fakes import Mode, engine_of, handoff_params, http_request, sse_events
 from tidekv.proxy import RoutingPolicy
 
 COMPLETION = {"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 17, "temperature": 0}
@@ -38,8 +38,7 @@ def test_completion_goes_through_prefill_then_decode_with_its_params(backend: Ma
     [sent_d] = decode.received
     assert sent_d.body is not None
     assert sent_d.body["max_tokens"] == 17 and sent_d.body["prompt"] == COMPLETION["prompt"]
-    assert sent_d.body["kv_transfer_params"] == {"do_remote_prefill": True, "do_remote_decode": False,
-                                                 "remote_engine": "prefill0", "remote_request_id": "prefill0-1"}
+    assert sent_d.body["kv_transfer_params"] == handoff_params("prefill0-1", "prefill0"), "passed on unchanged"
     assert sent_p.headers["x-request-id"] == sent_d.headers["x-request-id"]
 
 
@@ -53,7 +52,7 @@ def test_chat_completion_caps_both_token_limits_at_the_prefill(backend: MakeBack
     assert sent_p["max_tokens"] == 1 and sent_p["max_completion_tokens"] == 1
     assert sent_d["max_completion_tokens"] == 9 and "max_tokens" not in sent_d
     assert sent_d["messages"] == CHAT["messages"]
-    assert sent_d["kv_transfer_params"]["remote_engine"] == "prefill0"
+    assert engine_of(sent_d["kv_transfer_params"]) == "prefill0"
 
 
 def test_stream_is_passed_through_in_order_as_it_arrives(backend: MakeBackend, start_proxy: StartProxy) -> None:
@@ -97,7 +96,7 @@ def test_round_robin_alternates_two_prefills_and_two_decodes(backend: MakeBacken
     served = [http_request(proxy + "/v1/completions", body=COMPLETION).json()["served_by"] for _ in range(4)]
     assert served == ["decode0", "decode1", "decode0", "decode1"]
     assert [len(p.received) for p in prefills] == [2, 2]
-    engines = [d.bodies()[i]["kv_transfer_params"]["remote_engine"] for i in range(2) for d in decodes]
+    engines = [engine_of(d.bodies()[i]["kv_transfer_params"]) for i in range(2) for d in decodes]
     assert engines == ["prefill0", "prefill1", "prefill0", "prefill1"], "each decode got its own prefill's params"
 
 

@@ -9,10 +9,11 @@ import time
 import pytest
 
 from tests.proxy.conftest import MakeBackend, StartProxy
-from tests.proxy.fakes import FakeBackend, Mode, http_request
+from tests.proxy.fakes import FakeBackend, Mode, handoff_params, http_request
 from tests.store.conftest import connect, spawn_master  # noqa: F401 (fixtures)
 from tests.store.conftest import Connect, SpawnMaster
 from tidekv.errors import ConfigError
+from tidekv.kvcache.contract import PROTOCOL_VERSION
 from tidekv.proxy import ProxyConfig, Router, RoutingPolicy
 from tidekv.proxy.store_policy import (
     STORE_TIMEOUT_S,
@@ -33,13 +34,13 @@ PROMPT = "shared system prompt: be brief. "  # 32 bytes = 32 tokens of the fake 
 
 
 def test_store_card_is_read_from_a_prefills_params_or_not_at_all() -> None:
-    card = StoreCard.from_params({"prefix_namespace": NS, "block_size": BLOCK, "remote_engine": "127.0.0.1:7"})
-    assert card == StoreCard(NS, BLOCK, "127.0.0.1:7")
-    for bad in ({"block_size": BLOCK, "remote_engine": "e"},  # saves nothing to the store
-                {"prefix_namespace": NS, "block_size": 0, "remote_engine": "e"},
-                {"prefix_namespace": NS, "block_size": True, "remote_engine": "e"},
-                {"prefix_namespace": NS, "block_size": "4", "remote_engine": "e"},
-                {"prefix_namespace": NS, "block_size": BLOCK}):
+    card = StoreCard(NS, BLOCK, "127.0.0.1:7")
+    assert StoreCard.from_params(handoff_params("r", "e", card)) == card
+    saves_nothing = handoff_params("r", "e")
+    for bad in (saves_nothing,
+                {**handoff_params("r", "e", card), "protocol_version": PROTOCOL_VERSION + 1},  # another tidekv
+                {**handoff_params("r", "e", card), "block_size": "4"},  # malformed
+                {"prefix_namespace": NS, "block_size": BLOCK, "remote_engine": "e"}):  # unversioned
         assert StoreCard.from_params(bad) is None, bad
 
 
@@ -103,8 +104,8 @@ def test_store_policy_needs_a_master_and_only_it_takes_one() -> None:
 def test_router_prefers_the_most_held_blocks_and_takes_turns_otherwise() -> None:
     router = Router(ProxyConfig(prefill_urls=("http://a:1", "http://b:1", "http://c:1"), decode_urls=("http://d:1",),
                                 policy=RoutingPolicy.STORE, master="127.0.0.1:5"))
-    router.learn("http://b:1", {"prefix_namespace": NS, "block_size": BLOCK, "remote_engine": "eb"})
-    router.learn("http://c:1", {"remote_engine": "ec"})  # saves nothing: no card
+    router.learn("http://b:1", handoff_params("r", "b", StoreCard(NS, BLOCK, "eb")))
+    router.learn("http://c:1", handoff_params("r", "ec"))  # saves nothing: no card
     assert router.cards == {1: StoreCard(NS, BLOCK, "eb")}
     assert [router.pick_prefill_held({0: 1, 1: 5, 2: 2}) for _ in range(3)] == ["http://b:1"] * 3
     assert {router.pick_prefill_held({0: 3, 1: 3, 2: 0}) for _ in range(2)} == {"http://a:1", "http://b:1"}
@@ -128,8 +129,7 @@ def test_prompt_goes_to_the_prefill_whose_segment_holds_its_longest_prefix(
         caplog: pytest.LogCaptureFixture) -> None:
     master = spawn_master()
     pools = [connect(master.address, 8 * MIB), connect(master.address, 8 * MIB)]  # each instance's segment
-    prefills = [backend("prefill", kv_extra={"prefix_namespace": NS, "block_size": BLOCK,
-                                             "remote_engine": pool.engine.name}) for pool in pools]
+    prefills = [backend("prefill", card=StoreCard(NS, BLOCK, pool.engine.name)) for pool in pools]
     proxy = start_proxy(prefills, [backend("decode")], policy=RoutingPolicy.STORE, master=master.address)
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 5}
 
@@ -170,8 +170,7 @@ def test_tokenize_failure_routes_round_robin_and_warns(mode: Mode, backend: Make
                                                        spawn_master: SpawnMaster,  # noqa: F811
                                                        caplog: pytest.LogCaptureFixture) -> None:
     master = spawn_master()
-    prefills = [backend("prefill", kv_extra={"prefix_namespace": NS, "block_size": BLOCK, "remote_engine": "e0"}),
-                backend("prefill", kv_extra={"prefix_namespace": NS, "block_size": BLOCK, "remote_engine": "e1"})]
+    prefills = [backend("prefill", card=StoreCard(NS, BLOCK, "e0")), backend("prefill", card=StoreCard(NS, BLOCK, "e1"))]
     proxy = start_proxy(prefills, [backend("decode")], policy=RoutingPolicy.STORE, master=master.address)
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 5}
     assert {_send(proxy, prefills, body) for _ in range(2)} == {"prefill0", "prefill1"}  # cards learned
