@@ -7,12 +7,17 @@ with --require-vllm). The main suite (`pytest`, testpaths = tests) never collect
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import random
+import re
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,3 +129,44 @@ def vllm() -> VllmRunner:
 def baseline(vllm: VllmRunner, tiny_model: str, prompts: list[str]) -> PhaseResult:
     """Greedy MAX_TOKENS tokens per prompt from a plain in-process engine, no connector."""
     return vllm.run(Phase(model=tiny_model, prompts=prompts, max_tokens=MAX_TOKENS))
+
+
+# ---- TidekvConnector helpers shared by the test files ----------------------------------------
+
+CONNECTOR = "TidekvConnector"  # found through the vllm.general_plugins entry point: no module path
+
+
+def tidekv_config(**extra: Any) -> dict[str, Any]:
+    return {"kv_connector": CONNECTOR, "kv_role": "kv_both", "kv_connector_extra_config": extra}
+
+
+def prefill_params(n: int) -> list[dict[str, Any] | None]:
+    return [{"do_remote_decode": True} for _ in range(n)]
+
+
+@contextlib.contextmanager
+def tidekv_up(segment: str = "256MiB") -> Iterator[str]:
+    """`tidekv up` (master + one storage segment) as a subprocess; yields the master address."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidekv", "up", "--port", "0", "--metrics-port", "-1", "--segment-size", segment],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        deadline, lines = time.monotonic() + 60, []
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            m = re.search(r'"master": "([^"]+)"', line)
+            if m:
+                yield m.group(1)
+                return
+            if not line and proc.poll() is not None:
+                break
+        raise RuntimeError("tidekv up did not start:\n" + "".join(lines))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()

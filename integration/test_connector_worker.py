@@ -90,3 +90,14 @@ def test_held_only_and_saving_only_requests_are_reported_once(worker: Any) -> No
         assert worker.get_finished(set())[0] == set()
     finally:
         confirmer.close()
+
+
+def test_saving_request_is_reported_even_without_a_store_client(worker: Any) -> None:
+    """A rank whose store client failed to connect still hands back a request the scheduler
+    planned saves for (vLLM waits for every rank's report before freeing its blocks)."""
+    from tidekv_vllm.metadata import StoreJob
+
+    meta = worker.test_metadata(saves=[StoreJob("s", [1, 2], [["kv/a", "kv/b"]])])
+    worker.save(meta)
+    assert worker.get_finished({"s"})[0] == {"s"}
+    assert worker.get_finished(set())[0] == set()

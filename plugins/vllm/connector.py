@@ -16,6 +16,12 @@ name; ``"kv_connector_module_path": "tidekv_vllm.connector"`` works too). Extra-
 
 vLLM builds one instance per role: SCHEDULER (engine core) and WORKER (each worker process);
 each delegates to TidekvScheduler or TidekvWorker.
+
+Tensor parallelism: every rank's worker has its own transfer engine and store client and moves
+only its slice of each block; a decode's rank r pulls from the prefill's rank r (both must run
+the same ``tensor_parallel_size``, which the decode checks per request), and a prefix counts as
+stored only as far as every rank's blocks are. Pipeline and context parallelism are refused at
+start-up (``tidekv.kvcache.ranks.check_parallel``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
+from tidekv.kvcache.ranks import check_parallel
 from tidekv.kvcache.settings import KVConnectorConfig
 from tidekv_vllm.metadata import TidekvMetadata
 
@@ -46,6 +53,11 @@ class TidekvConnector(KVConnectorBase_V1):
         transfer_config = vllm_config.kv_transfer_config
         assert transfer_config is not None
         settings = KVConnectorConfig.from_mapping(transfer_config.kv_connector_extra_config)
+        parallel = vllm_config.parallel_config
+        check_parallel(tensor_parallel_size=parallel.tensor_parallel_size,
+                       pipeline_parallel_size=parallel.pipeline_parallel_size,
+                       decode_context_parallel_size=getattr(parallel, "decode_context_parallel_size", 1),
+                       prefill_context_parallel_size=getattr(parallel, "prefill_context_parallel_size", 1))
         self._scheduler = None
         self._worker = None
         if role == KVConnectorRole.SCHEDULER:
@@ -53,9 +65,12 @@ class TidekvConnector(KVConnectorBase_V1):
 
             self._scheduler = TidekvScheduler(vllm_config, settings, str(transfer_config.engine_id))
         else:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
             from tidekv_vllm.worker import TidekvWorker
 
-            self._worker = TidekvWorker(vllm_config, settings)
+            self._worker = TidekvWorker(vllm_config, settings, tp_rank=get_tensor_model_parallel_rank(),
+                                        tp_size=parallel.tensor_parallel_size)
 
     # ---- worker side --------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ class StoreJob:
 
     request_id: str
     blocks: list[int]
-    keys: list[str]  # one block key per block
+    keys: list[list[str]]  # per tensor-parallel rank: one block key per block
 
 
 @dataclass

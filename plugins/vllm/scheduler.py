@@ -13,10 +13,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tidekv.errors import TidekvError
-from tidekv.kvcache import contract, prefix
+from tidekv.kvcache import contract, ranks
 from tidekv.kvcache.contract import KVHandoff, RankEndpoint
 from tidekv.kvcache.handoff import pull_end, pulled_blocks
-from tidekv.kvcache.layout import KVLayout, chunk_keys
+from tidekv.kvcache.layout import KVLayout
+from tidekv.kvcache.ranks import RankedKeys
 from tidekv.kvcache.settings import KVConnectorConfig
 from tidekv.logs import WarnEvery
 from tidekv_vllm.metadata import PullJob, StoreJob, TidekvHandshake, TidekvMetadata
@@ -40,9 +41,8 @@ class TidekvScheduler:
         self.block_size = vllm_config.cache_config.block_size
         self.model_tag = f"{vllm_config.model_config.model}|{vllm_config.model_config.dtype}"
         self.tp_size = vllm_config.parallel_config.tensor_parallel_size
-        self.handshake: TidekvHandshake | None = None
         self.endpoints: list[RankEndpoint] = []  # every rank's, rank 0 first (what a decode pulls from)
-        self.namespace: str | None = None
+        self.keys: RankedKeys | None = None  # every rank's store keys
         self._store: Any = None
         self._store_down_until = 0.0
         self._store_warning = WarnEvery(_WARN_EVERY_S)
@@ -59,14 +59,21 @@ class TidekvScheduler:
     # ---- start-up -----------------------------------------------------------------------
 
     def set_handshake(self, metadata: dict[int, Any]) -> None:
-        shake = metadata.get(0)
-        if not isinstance(shake, TidekvHandshake):
+        """Every worker's handshake (tp rank -> TidekvHandshake); raises ConfigError unless each
+        rank of the engine reported (a PD pull or a stored prefix would miss a rank's share)."""
+        shakes = {rank: s for rank, s in metadata.items() if isinstance(s, TidekvHandshake)}
+        if not shakes:
             return
-        self.handshake = shake
-        self.endpoints = [RankEndpoint(s.engine, s.layout, s.confirm_address)
-                          for _, s in sorted(metadata.items()) if isinstance(s, TidekvHandshake)]
-        layout = KVLayout.from_wire(shake.layout)
-        self.namespace = prefix.namespace(self.model_tag, "", layout.fingerprint, self.block_size, 0, self.tp_size)
+        ordered = ranks.by_rank(shakes, self.tp_size)
+        self.endpoints = [RankEndpoint(s.engine, s.layout, s.confirm_address) for s in ordered]
+        self.keys = RankedKeys.of(self.model_tag, [KVLayout.from_wire(s.layout) for s in ordered], self.block_size)
+        logger.info("tidekv: engine %s has %d tensor-parallel rank(s) on transfer engines %s", self.engine_id,
+                    self.tp_size, [e.engine for e in self.endpoints])
+
+    @property
+    def namespace(self) -> str | None:
+        """Rank 0's store-key namespace (what the proxy's store policy routes by)."""
+        return self.keys.namespaces[0] if self.keys is not None else None
 
     def _connect_store(self) -> None:
         from tidekv.config import StoreConfig
@@ -157,10 +164,10 @@ class TidekvScheduler:
             self._blocks[rid] = list(req.block_ids[0])
             self._saved[rid] = req.num_computed_tokens // self.block_size
             ext = self._loads.pop(rid, 0)
-            if ext and self.namespace:
+            if ext and self.keys is not None:
                 first = (req.num_computed_tokens - ext) // self.block_size
                 last = req.num_computed_tokens // self.block_size
-                keys = prefix.block_keys(self.namespace, tokens, self.block_size)[first:last]
+                keys = [k[first:last] for k in self.keys.block_keys(tokens)]
                 meta.loads.append(StoreJob(rid, self._blocks[rid][first:last], keys))
             self._plan_save(meta, rid, req.num_computed_tokens + out.num_scheduled_tokens.get(rid, 0))
         cached = out.scheduled_cached_reqs
@@ -211,35 +218,24 @@ class TidekvScheduler:
     # ---- store --------------------------------------------------------------------------
 
     def _stored_prefix_blocks(self, prompt: list[int], num_computed_tokens: int) -> int:
-        """Full blocks of the prompt (beyond those computed locally) found in the store."""
-        if self._store is None or not self.settings.load or self.namespace is None or self.handshake is None:
+        """Full blocks of the prompt (beyond those computed locally) found in the store, on every rank."""
+        if self._store is None or not self.settings.load or self.keys is None:
             return 0
         if time.monotonic() < self._store_down_until:
             return 0
         # Leave at least one token to compute: vLLM needs a forward step to sample from.
         limit = (len(prompt) - 1) // self.block_size
         first = num_computed_tokens // self.block_size
-        if limit <= first:
-            return 0
-        block_keys = prefix.block_keys(self.namespace, prompt, self.block_size)[first:limit]
-        layout = KVLayout.from_wire(self.handshake.layout)
-        per_block = [chunk_keys(k, layout) for k in block_keys]
         try:
-            present = self._store.exists_many([k for keys in per_block for k in keys])
+            hits = self.keys.stored_blocks(prompt, first, limit, self._store.exists_many)
         except TidekvError as exc:
             self._store_down_until = time.monotonic() + _STORE_RETRY_S
             self._warn("tidekv store lookup failed (%s): recomputing prompts, retrying in %.0f s", exc, _STORE_RETRY_S)
             return 0
-        hits, i = 0, 0
-        for keys in per_block:
-            if not all(present[i : i + len(keys)]):
-                break
-            hits += 1
-            i += len(keys)
         return first + hits if hits else 0
 
     def _plan_save(self, meta: TidekvMetadata, rid: str, computed_after_step: int) -> None:
-        if self._store is None or not self.settings.save or self.namespace is None:
+        if self._store is None or not self.settings.save or self.keys is None:
             return
         tokens = self._tokens.get(rid)
         blocks = self._blocks.get(rid)
@@ -250,7 +246,7 @@ class TidekvScheduler:
         start = self._saved.get(rid, 0)
         if full <= start:
             return
-        keys = prefix.block_keys(self.namespace, tokens, self.block_size)[start:full]
+        keys = [k[start:full] for k in self.keys.block_keys(tokens)]
         meta.saves.append(StoreJob(rid, blocks[start:full], keys))
         self._saved[rid] = full
         self._had_saves.add(rid)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidekv.config import TransferConfig, TransportKind
 from tidekv.errors import TidekvError
+from tidekv.kvcache import ranks
 from tidekv.kvcache.handoff import Confirmer, HoldTable
 from tidekv.kvcache.layout import KVLayout, chunk_keys
 from tidekv.kvcache.settings import KVConnectorConfig
@@ -41,12 +42,18 @@ class _Pull:
 
 
 class TidekvWorker:
-    def __init__(self, vllm_config: VllmConfig, settings: KVConnectorConfig) -> None:
+    """One tensor-parallel rank's side of the connector: its own transfer engine, hold table and
+    store client; it moves only its rank's slice of each block (rank ``tp_rank`` of ``tp_size``)."""
+
+    def __init__(self, vllm_config: VllmConfig, settings: KVConnectorConfig, tp_rank: int = 0,
+                 tp_size: int = 1) -> None:
         self.settings = settings
+        self.tp_rank = tp_rank
         self.block_size = vllm_config.cache_config.block_size
-        self.model_tag = f"{vllm_config.model_config.model}|{vllm_config.model_config.dtype}"
+        self.model_tag = ranks.layout_tag(f"{vllm_config.model_config.model}|{vllm_config.model_config.dtype}",
+                                          tp_rank, tp_size)
         config = TransferConfig.from_env(transport=TransportKind(settings.transport), secret=settings.secret)
-        self.engine = TransferEngine(settings.engine_host, settings.engine_port, config)
+        self.engine = TransferEngine(settings.engine_host, ranks.rank_port(settings.engine_port, tp_rank), config)
         self.holds = HoldTable(settings.engine_host, settings.hold_timeout_s)
         self.confirmer = Confirmer()
         self.layout: KVLayout | None = None
@@ -78,13 +85,13 @@ class TidekvWorker:
         self.layout = KVLayout.from_tensors(kv_caches, self.block_size, self.model_tag)
         for address, length in self.layout.memory_ranges():
             self.engine.register((address, length))
-        logger.info("tidekv: registered KV cache of %d layers (%d blocks, layout %s) on engine %s",
-                    len(self.layout.layers), self.layout.layers[0].num_blocks if self.layout.layers else 0,
+        logger.info("tidekv: rank %d registered KV cache of %d layers (%d blocks, layout %s) on engine %s",
+                    self.tp_rank, len(self.layout.layers), self.layout.layers[0].num_blocks if self.layout.layers else 0,
                     self.layout.fingerprint, self.engine.name)
 
     def handshake(self) -> TidekvHandshake:
         assert self.layout is not None, "register_kv_caches() comes first"
-        return TidekvHandshake(0, self.engine.name, self.layout.to_wire(), self.holds.address)
+        return TidekvHandshake(self.tp_rank, self.engine.name, self.layout.to_wire(), self.holds.address)
 
     # ---- per step -----------------------------------------------------------------------
 
@@ -115,10 +122,14 @@ class TidekvWorker:
             self._finish_pull(pull, wait=True)
 
     def save(self, meta: TidekvMetadata) -> None:
-        if not meta.saves or self._store is None or self.layout is None:
-            return
         for job in meta.saves:
-            fut = self._saver.submit(self._save_job, job)
+            if self._store is None or self.layout is None:
+                # Nothing to save to (this rank's store client failed to connect), but the scheduler
+                # delays freeing the request until every rank reports its saves done: report it.
+                fut: Future[None] = Future()
+                fut.set_result(None)
+            else:
+                fut = self._saver.submit(self._save_job, job)
             self._saves.setdefault(job.request_id, []).append(fut)
 
     def get_finished(self, finished_req_ids: set[str], idle: bool = False) -> tuple[set[str], set[str]]:
@@ -160,7 +171,7 @@ class TidekvWorker:
                 pull.handle.wait(None if wait else 0)
             except TidekvError as exc:
                 pull.error = str(exc)
-        remote = pull.job.remote_ranks[0] if pull.job.remote_ranks else None
+        remote = pull.job.remote_ranks[self.tp_rank] if pull.job.remote_ranks else None
         if pull.error is not None:
             logger.warning("request %s: pulling KV from %s failed: %s", pull.job.request_id,
                            remote.engine if remote is not None else "the prefill", pull.error)
@@ -186,8 +197,10 @@ class TidekvWorker:
         assert self.layout is not None
         if job.error is not None:
             return _Pull(job, None, job.error)
+        # The scheduler checked the prefill's TP size against ours: it has our rank.
+        assert len(job.remote_ranks) > self.tp_rank, "a pull without this rank's endpoint"
         try:
-            peer = job.remote_ranks[0]
+            peer = job.remote_ranks[self.tp_rank]
             remote = KVLayout.from_wire(peer.layout)
             self.layout.check_compatible(remote)
             requests = self.layout.block_requests(TransferOp.READ, peer.engine, remote,
@@ -204,7 +217,7 @@ class TidekvWorker:
             return
         keys, spans, owners = [], [], []
         for job in jobs:
-            for block, key in zip(job.blocks, job.keys):
+            for block, key in zip(job.blocks, job.keys[self.tp_rank]):
                 for ck, span in zip(chunk_keys(key, self.layout), self.layout.block_spans(block)):
                     keys.append(ck)
                     spans.append(span)
@@ -216,14 +229,18 @@ class TidekvWorker:
                            len(set(owners)), exc)
             self._load_errors.update(owners)
             return
-        for block, size, (_, length) in zip(owners, sizes, spans):
-            if size != length:
-                self._load_errors.add(block)
+        missing = {block for block, size, (_, length) in zip(owners, sizes, spans) if size != length}
+        if missing:
+            # The scheduler saw every rank's chunks a moment ago: they were evicted since, or
+            # this rank's store client sees another pool.
+            logger.warning("tidekv: rank %d: %d of %d blocks to load were not in the store; vLLM recomputes them",
+                           self.tp_rank, len(missing), len(set(owners)))
+            self._load_errors |= missing
 
     def _save_job(self, job: StoreJob) -> None:
         assert self.layout is not None and self._store is not None
         keys, spans = [], []
-        for block, key in zip(job.blocks, job.keys):
+        for block, key in zip(job.blocks, job.keys[self.tp_rank]):
             keys.extend(chunk_keys(key, self.layout))
             spans.extend(self.layout.block_spans(block))
         try:
