@@ -92,6 +92,17 @@ class TransferConfig:
     busy_poll_us: int = 100
     """tcp: poll for a reply (or the next frame) this long before sleeping; one thread per
     process at a time. Trades a little CPU for latency. Default 100 µs (0 = never)."""
+    server_threads: int = 4
+    """Threads that serve peers' tcp data connections (however many are open). Default 4 (1..256)."""
+    handshake_timeout_s: float = 5.0
+    """An incoming connection that has not finished its handshake by then is dropped. Default 5 s."""
+    idle_timeout_s: float = 300.0
+    """A tcp data connection idle this long is closed by the server; clients retire theirs after
+    half of it. Set it alike on every engine. Default 300 s (0.5..86400)."""
+    max_connections: int = 1024
+    """Incoming connections held at once (handshaking or serving); more are refused. Default 1024."""
+    max_connections_per_peer: int = 64
+    """Of which one peer engine may hold (it opens connections_per_peer). Default 64 (1..4096)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.transport, TransportKind):
@@ -107,6 +118,16 @@ class TransferConfig:
         _check_range("inline_bytes", self.inline_bytes, 0, 1 << 30)
         _check_range("shm_parallelism", self.shm_parallelism, 1, 64)
         _check_range("busy_poll_us", self.busy_poll_us, 0, 100_000)
+        _check_range("server_threads", self.server_threads, 1, 256)
+        _check_range("handshake_timeout_s", self.handshake_timeout_s, 0.05, 600)
+        _check_range("idle_timeout_s", self.idle_timeout_s, 0.5, 86400)
+        _check_range("max_connections", self.max_connections, 1, 1 << 20)
+        _check_range("max_connections_per_peer", self.max_connections_per_peer, 1, 4096)
+        if self.max_connections_per_peer < self.connections_per_peer:
+            raise ConfigError(
+                f"max_connections_per_peer={self.max_connections_per_peer} is below connections_per_peer="
+                f"{self.connections_per_peer}: a peer of the same settings could not open its connections"
+            )
         if self.secret is not None and not self.secret:
             raise ConfigError("secret='' is invalid; use None for no secret")
 

@@ -1,7 +1,9 @@
 """The exception hierarchy of tidekv: one root, a few meaningful children.
 
-Native code raises these too (the bindings map each native error kind to a class here), so a
-caller catches the same types whichever layer failed. Neighbours: every module raises from here.
+Native code raises these too: ``native/common/bindings_errors.cpp`` maps each native error kind
+to a class here, in that one place, for raised exceptions and for each failed request of a batch
+alike (every such failure is a ``TransferError`` naming peer, op and byte range). A caller
+catches the same types whichever layer failed. Neighbours: every module raises from here.
 """
 
 from __future__ import annotations
@@ -15,18 +17,6 @@ class TidekvError(Exception):
 
 class ConfigError(TidekvError, ValueError):
     """A setting or argument is invalid; the message names it, its value and what is allowed."""
-
-
-class EngineClosedError(TidekvError):
-    """The engine (or store) was closed; create a new one."""
-
-
-class ProtocolVersionError(TidekvError):
-    """A peer speaks another protocol version; the message names both versions."""
-
-
-class AuthenticationError(TidekvError):
-    """A peer refused our shared secret, or asked for one we do not have."""
 
 
 class TransferError(TidekvError):
@@ -54,6 +44,19 @@ class TransferError(TidekvError):
         self.remote_addr = remote_addr
         self.length = length
         self.failures: list[tuple[int, TransferError]] = []
+
+
+class EngineClosedError(TransferError):
+    """The engine (or store) was closed; create a new one. Requests of a batch that was still
+    running when its engine closed fail with it too."""
+
+
+class ProtocolVersionError(TransferError):
+    """A peer (engine or master) speaks another protocol version; the message names both."""
+
+
+class AuthenticationError(TransferError):
+    """A peer refused our shared secret, or asked for one we do not have."""
 
 
 class SegmentNotRegisteredError(TransferError):

@@ -7,7 +7,7 @@ its report. Neighbours: ``tests/transfer/harness.py`` (the process driver).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Sequence, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,8 @@ def spawn_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Spa
     request.node.stash[_TARGETS] = started
     counter = itertools.count()
 
-    def spawn(regions: dict[str, tuple[str, int, int]], **config: Any) -> TargetProcess:
-        target = TargetProcess(regions, config, tmp_path / f"target-{next(counter)}.log")
+    def spawn(regions: dict[str, tuple[str, int, int]], *, prefix: Sequence[str] = (), **config: Any) -> TargetProcess:
+        target = TargetProcess(regions, config, tmp_path / f"target-{next(counter)}.log", prefix=prefix)
         started.append(target)
         return target
 

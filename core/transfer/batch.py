@@ -1,7 +1,9 @@
 """Transfer requests and the handle of a submitted batch.
 
 One spelling: build a list of ``TransferRequest``, ``engine.transfer(requests)`` returns a
-``TransferHandle``; ``handle.wait()`` makes it synchronous, ``handle.done()`` polls.
+``TransferHandle``; ``handle.wait()`` makes it synchronous, ``handle.done()`` polls. A failed
+request comes back from the native batch as a typed ``TransferError`` already (mapped once, in
+``native/common/bindings_errors.cpp``).
 Neighbours: ``engine.TransferEngine`` submits; the native Batch does the work.
 """
 
@@ -58,25 +60,6 @@ class RequestStatus:
     error: errors.TransferError | None = None
 
 
-_KIND_TO_ERROR: dict[int, type[errors.TransferError]] = {}
-
-
-def _error_for(kind: int) -> type[errors.TransferError]:
-    if not _KIND_TO_ERROR:
-        from tidekv import _native
-
-        k = _native.ERROR_KINDS
-        _KIND_TO_ERROR.update(
-            {
-                k["not_registered"]: errors.SegmentNotRegisteredError,
-                k["peer_unavailable"]: errors.PeerUnavailableError,
-                k["timeout"]: errors.TransferTimeoutError,
-                k["closed"]: errors.PeerUnavailableError,
-            }
-        )
-    return _KIND_TO_ERROR.get(kind, errors.TransferError)
-
-
 class TransferHandle:
     """A submitted batch. Thread-safe; the requests' memory must stay registered until it is done.
 
@@ -108,15 +91,19 @@ class TransferHandle:
             raise errors.TransferTimeoutError(
                 f"batch of {len(self._requests)} requests not finished after {timeout_s} s"
             )
-        if self._batch_failed():
+        if self._batch.has_failures():
             raise self._first_failure()
 
     def statuses(self) -> list[RequestStatus]:
         """Per-request state, in the order the requests were given."""
         out = []
-        for i, (state, kind, message) in enumerate(self._batch.results()):
-            err = self._make_error(i, kind, message) if state == TransferState.FAILED.value else None
-            out.append(RequestStatus(TransferState(state), err))
+        for result in self._batch.results():
+            if result is True:
+                out.append(RequestStatus(TransferState.DONE))
+            elif result is None:
+                out.append(RequestStatus(TransferState.PENDING))
+            else:
+                out.append(RequestStatus(TransferState.FAILED, result))
         return out
 
     @property
@@ -124,26 +111,10 @@ class TransferHandle:
         """Bytes moved so far."""
         return self._batch.bytes_done()
 
-    def _batch_failed(self) -> bool:
-        return any(state == TransferState.FAILED.value for state, _, _ in self._batch.results())
-
-    def _make_error(self, index: int, kind: int, message: str) -> errors.TransferError:
-        r = self._requests[index]
-        op = TransferOp(r.op).name
-        cls = _error_for(kind)
-        return cls(
-            f"request {index} ({op} {r.length} bytes at peer {r.peer} addr {r.remote_addr:#x}) failed: {message}",
-            peer=r.peer,
-            op=op,
-            remote_addr=r.remote_addr,
-            length=r.length,
-        )
-
     def _first_failure(self) -> errors.TransferError:
         failures = [(i, s.error) for i, s in enumerate(self.statuses()) if s.error is not None]
         first = failures[0][1]
-        assert first is not None
-        first.failures = [(i, e) for i, e in failures if e is not None]
+        first.failures = failures
         if len(failures) > 1:
             first.args = (f"{first.args[0]} (and {len(failures) - 1} more failed requests)",)
         return first

@@ -1,7 +1,8 @@
 """TransferEngine: one-sided batch READ/WRITE between registered memory of processes and hosts.
 
 This class owns the native engine (``tidekv._native.Engine``): its listener, its registered
-regions, its peers and transports (tcp, same-host shm), and its worker threads. Neighbours:
+regions, its peers and transports (tcp, same-host shm; the engine picks one per request), and its
+worker threads. Neighbours:
 ``region`` (what can be registered), ``batch`` (requests and handles), ``directory`` (how peer
 names become descriptors), ``tidekv.config.TransferConfig`` (settings).
 
@@ -26,14 +27,11 @@ from tidekv.transfer.region import Region, buffer_address
 
 logger = logging.getLogger(__name__)
 
-_TRANSPORT_CODES = {TransportKind.AUTO: 0, TransportKind.TCP: 1, TransportKind.SHM: 2}
-
-
 def _native_options(host: str, port: int, config: TransferConfig) -> _native.EngineOptions:
     o = _native.EngineOptions()
     o.host = host
     o.port = port
-    o.transport = _TRANSPORT_CODES[config.transport]
+    o.transport = config.transport.value
     o.connections_per_peer = config.connections_per_peer
     o.worker_threads = config.worker_threads
     o.slice_bytes = config.slice_size_bytes
@@ -46,6 +44,11 @@ def _native_options(host: str, port: int, config: TransferConfig) -> _native.Eng
     o.shm_parallelism = config.shm_parallelism
     o.enable_cross_memory_attach = config.enable_cross_memory_attach
     o.reply_spin_us = config.busy_poll_us
+    o.server_threads = config.server_threads
+    o.handshake_timeout_ms = int(config.handshake_timeout_s * 1000)
+    o.idle_timeout_ms = int(config.idle_timeout_s * 1000)
+    o.max_connections = config.max_connections
+    o.max_connections_per_peer = config.max_connections_per_peer
     return o
 
 
@@ -198,7 +201,8 @@ class TransferEngine:
     def transfer(self, requests: Sequence[TransferRequest]) -> TransferHandle:
         """Submits a batch of requests; returns at once with a handle (``wait()`` to block).
 
-        Peers named for the first time are looked up through the directory (a handshake).
+        Peers named for the first time are looked up through the directory (a handshake each)
+        before anything is submitted.
 
         Raises:
             SegmentNotRegisteredError: a local range is not registered on this engine.
@@ -208,15 +212,22 @@ class TransferEngine:
         """
         self._check_open()
         reqs = requests if isinstance(requests, list) else list(requests)
-        for _ in range(8):
-            try:
-                return TransferHandle(self._native.submit(reqs), reqs)
-            except KeyError as missing:
-                self.connect(str(missing.args[0]))
-        raise EngineClosedError("peer table keeps changing under transfer(); is the engine closing?")
+        batch = self._native.submit(reqs)
+        if isinstance(batch, list):  # the names of peers not known yet; nothing was submitted
+            for peer in batch:
+                self.connect(peer)
+            batch = self._native.submit(reqs)
+            if isinstance(batch, list):  # connect() adds peers for good: only a bug gets here
+                raise EngineClosedError(f"peers {batch} vanished from engine {self.name} after connect()")
+        return TransferHandle(batch, reqs)
 
     def connect(self, peer: str) -> str:
-        """Looks up ``peer`` now (instead of on first transfer); returns the transport it takes.
+        """Looks up ``peer`` now (instead of on first transfer).
+
+        Returns:
+            The transport host-memory requests to it take ("shm" for a same-host peer, "tcp"
+            otherwise, or the forced one); "none" when no transport reaches it (a forced
+            transport that cannot: its requests fail, naming why).
 
         Raises:
             PeerUnavailableError, ProtocolVersionError, AuthenticationError: as for transfer().
@@ -224,9 +235,15 @@ class TransferEngine:
         self._check_open()
         descriptor = self._directory.lookup(peer)
         self._native.add_peer(peer, descriptor)
-        transport = self._native.peer_transport(peer)
-        logger.info("engine %s connected to peer %s via %s", self.name, peer, transport)
+        reachable = self._native.peer_transports(peer)
+        transport = reachable[0] if reachable else "none"
+        logger.info("engine %s connected to peer %s via %s (reachable by %s)", self.name, peer, transport,
+                    ", ".join(reachable) or "nothing")
         return transport
+
+    def transports(self) -> list[tuple[str, bool, str]]:
+        """Every transport of this build as (name, available, why or what it runs on)."""
+        return [(name, available, reason) for name, available, reason in self._native.transports()]
 
     def stats(self) -> dict[str, int]:
         """Counters of this engine: bytes moved, batches, connections, refused frames."""

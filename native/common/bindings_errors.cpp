@@ -1,40 +1,60 @@
-// Maps native ErrorKind onto the classes of tidekv.errors (imported, never redefined here).
-#include <pybind11/pybind11.h>
-
-#include "common/errors.h"
+// Maps native ErrorKind onto the classes of tidekv.errors (imported, never redefined here). This
+// is the only place that does: raised exceptions and a batch's per-request results use it.
+#include "common/bindings_errors.h"
 
 namespace py = pybind11;
 
 namespace tidekv {
+namespace {
 
-void register_errors(py::module_& m) {
+PyObject* errors_module() {
   // Leaked on purpose: translators may run until the interpreter is gone.
   static PyObject* errors = py::module_::import("tidekv.errors").release().ptr();
+  return errors;
+}
+
+const char* class_name(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kConfig: return "ConfigError";
+    case ErrorKind::kNotRegistered: return "SegmentNotRegisteredError";
+    case ErrorKind::kTransfer: return "TransferError";
+    case ErrorKind::kPeerUnavailable: return "PeerUnavailableError";
+    case ErrorKind::kHangup: return "PeerUnavailableError";
+    case ErrorKind::kProtocolVersion: return "ProtocolVersionError";
+    case ErrorKind::kAuth: return "AuthenticationError";
+    case ErrorKind::kTimeout: return "TransferTimeoutError";
+    case ErrorKind::kClosed: return "EngineClosedError";
+  }
+  return "TidekvError";
+}
+
+}  // namespace
+
+py::handle error_class(ErrorKind kind) {
+  static PyObject* cache[16] = {};  // leaked like the module
+  PyObject*& cls = cache[int(kind) & 15];
+  if (!cls) cls = py::object(py::handle(errors_module()).attr(class_name(kind))).release().ptr();
+  return cls;
+}
+
+py::object transfer_error(ErrorKind kind, const std::string& message, const std::string& peer, const char* op,
+                          uint64_t remote_addr, uint64_t length) {
+  py::handle cls = error_class(kind);
+  py::handle base = error_class(ErrorKind::kTransfer);
+  if (!PyObject_IsSubclass(cls.ptr(), base.ptr())) cls = base;  // a request's failure is a TransferError
+  return cls(message, py::arg("peer") = peer, py::arg("op") = op, py::arg("remote_addr") = remote_addr,
+             py::arg("length") = length);
+}
+
+void register_errors(py::module_& m) {
+  errors_module();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
-      const char* cls = "TidekvError";
-      switch (e.kind()) {
-        case ErrorKind::kConfig: cls = "ConfigError"; break;
-        case ErrorKind::kNotRegistered: cls = "SegmentNotRegisteredError"; break;
-        case ErrorKind::kTransfer: cls = "TransferError"; break;
-        case ErrorKind::kPeerUnavailable: cls = "PeerUnavailableError"; break;
-        case ErrorKind::kProtocolVersion: cls = "ProtocolVersionError"; break;
-        case ErrorKind::kAuth: cls = "AuthenticationError"; break;
-        case ErrorKind::kTimeout: cls = "TransferTimeoutError"; break;
-        case ErrorKind::kUnknownPeer: PyErr_SetString(PyExc_KeyError, e.what()); return;
-        case ErrorKind::kClosed: cls = "EngineClosedError"; break;
-      }
-      py::object type = py::handle(errors).attr(cls);
-      PyErr_SetString(type.ptr(), e.what());
+      PyErr_SetString(error_class(e.kind()).ptr(), e.what());
     }
   });
-  m.attr("ERROR_KINDS") = py::dict(
-      py::arg("config") = int(ErrorKind::kConfig), py::arg("not_registered") = int(ErrorKind::kNotRegistered),
-      py::arg("transfer") = int(ErrorKind::kTransfer), py::arg("peer_unavailable") = int(ErrorKind::kPeerUnavailable),
-      py::arg("protocol_version") = int(ErrorKind::kProtocolVersion), py::arg("auth") = int(ErrorKind::kAuth),
-      py::arg("timeout") = int(ErrorKind::kTimeout), py::arg("closed") = int(ErrorKind::kClosed));
 }
 
 }  // namespace tidekv

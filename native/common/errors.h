@@ -1,5 +1,6 @@
-// Typed errors of the native data path. The bindings map each ErrorKind onto a class of
-// tidekv.errors, so nothing crosses the boundary as an int or a status string.
+// Typed errors of the native data path. common/bindings_errors.cpp maps each ErrorKind onto a
+// class of tidekv.errors, in that one place, so nothing crosses the boundary as an int or a
+// status string.
 #pragma once
 
 #include <stdexcept>
@@ -15,8 +16,8 @@ enum class ErrorKind : int {
   kProtocolVersion = 4, // peer speaks another protocol version
   kAuth = 5,            // shared secret missing or wrong
   kTimeout = 6,         // an operation ran past its deadline
-  kUnknownPeer = 7,     // no descriptor for this peer name yet (Python resolves and retries)
-  kClosed = 8,          // engine already closed
+  kClosed = 7,          // this engine is closed
+  kHangup = 8,          // the other side closed an idle connection (between frames; not an error there)
 };
 
 class Error : public std::runtime_error {

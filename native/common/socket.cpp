@@ -233,7 +233,7 @@ size_t SocketReader::fill(bool wait_forever) {
       end_ += size_t(n);
       return size_t(n);
     }
-    if (n == 0 && wait_forever) TIDEKV_THROW(kClosed, "connection to " + what_ + " closed");
+    if (n == 0 && wait_forever) TIDEKV_THROW(kHangup, "connection to " + what_ + " closed");
     if (n == 0) TIDEKV_THROW(kPeerUnavailable, "connection to " + what_ + " closed");
     if (errno == EINTR) continue;
     if ((errno == EAGAIN || errno == EWOULDBLOCK) && wait_forever) continue;

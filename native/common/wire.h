@@ -1,6 +1,6 @@
-// Wire format of the transfer protocol: the handshake every connection starts with, the peer
-// descriptor, and the data frames of the tcp transport. Fixed-size little-endian structs; any
-// change bumps kProtocolVersion so that mismatched peers refuse each other by name.
+// Wire format of the transfer protocol: the handshake every connection starts with, the
+// versioned peer descriptor, and the data frames of the tcp transport. Little-endian structs;
+// any change to them bumps kProtocolVersion so that mismatched peers refuse each other by name.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +8,7 @@
 namespace tidekv::wire {
 
 constexpr uint32_t kMagic = 0x564b4454;  // "TDKV"
-constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kProtocolVersion = 2;
 
 enum class ConnType : uint32_t { kDescriptor = 1, kData = 2 };
 
@@ -19,17 +19,22 @@ enum class Status : uint32_t {
   kBadFrame = 3,
   kNotRegistered = 4,
   kClosing = 5,
+  kRefused = 6,  // the server has no room for the connection (limits), or no such transport
 };
 
 enum class Op : uint8_t { kRead = 0, kWrite = 1 };
 
-// Client -> server, first bytes of every connection.
+// Client -> server, first bytes of every connection. `transport` names the transport that
+// serves a kData connection (its wire id); `instance` identifies the client engine, so that the
+// server can bound the connections of one peer.
 struct Hello {
   uint32_t magic;
   uint32_t version;
   uint32_t conn_type;
-  uint32_t reserved;
+  uint16_t transport;
+  uint16_t reserved;
   uint8_t nonce[32];
+  uint8_t instance[16];
 };
 
 // Server -> client. On kVersionMismatch the server closes after sending it.
@@ -46,24 +51,33 @@ struct Auth {
   uint8_t mac[32];
 };
 
-// What a peer needs to reach an engine: enough for the tcp path and, when it turns out to be on
-// the same host, for the shared-memory path (pid, region-table fd, a token to prove it).
-struct Descriptor {
-  uint32_t magic;
-  uint32_t version;
-  int32_t pid;
-  int32_t table_fd;
-  uint64_t token_addr;  // where `token` lives in the engine's own memory (cross-memory probe)
-  uint8_t token[16];
-  char boot_id[40];
-};
-
-// Server -> client after a good Auth; a kDescriptor connection then closes.
+// Server -> client after a good Auth, followed by `descriptor_bytes` of the server's descriptor;
+// a kDescriptor connection then closes.
 struct Welcome {
   uint32_t magic;
   uint32_t status;
-  Descriptor descriptor;
+  uint32_t descriptor_bytes;
+  uint32_t reserved;
 };
+
+// The descriptor: what a peer needs to reach an engine. A header, then `sections` sections, one
+// per transport of the engine, each a SectionHeader and `length` opaque bytes that only that
+// transport reads. A peer skips the sections of transports it lacks.
+struct DescriptorHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t sections;
+  uint32_t reserved;
+  uint8_t instance[16];  // random per engine: a new one means the peer restarted
+};
+
+struct SectionHeader {
+  uint16_t transport;
+  uint16_t reserved;
+  uint32_t length;
+};
+
+constexpr uint32_t kMaxDescriptorBytes = 64 << 10;
 
 struct RequestHeader {
   uint32_t magic;
@@ -82,6 +96,11 @@ struct ResponseHeader {
   uint64_t reserved;
 };
 
+static_assert(sizeof(Hello) == 64);
+static_assert(sizeof(Challenge) == 48);
+static_assert(sizeof(Welcome) == 16);
+static_assert(sizeof(DescriptorHeader) == 32);
+static_assert(sizeof(SectionHeader) == 8);
 static_assert(sizeof(RequestHeader) == 32);
 static_assert(sizeof(ResponseHeader) == 32);
 

@@ -7,10 +7,14 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <random>
+#include <system_error>
 
 #include "common/errors.h"
-#include "engine/handshake.h"
+#include "common/handshake.h"
+#include "common/socket.h"
+#include "transport/registry.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older kernels refuse it and the fallback touches each page
@@ -47,25 +51,27 @@ void split_host_port(const std::string& name, std::string* host, int* port) {
 }
 
 Engine::Engine(EngineOptions options)
-    : ctx_{std::move(options), {}, {}},
+    : ctx_{std::move(options), {}, {}, {}, {}},
       regions_([&] {
-        fill_random(token_, sizeof(token_));
-        return RegionTable::create(ctx_.options.max_regions, token_);
+        fill_random(ctx_.instance, sizeof(ctx_.instance));
+        return RegionTable::create(ctx_.options.max_regions, ctx_.instance);
       }()) {
-  if (ctx_.options.enable_cross_memory_attach) {
-    // Lets same-host peers use process_vm_readv/writev on us under Yama ptrace_scope=1.
-    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  std::string names;
+  for (const auto& entry : transport_registry()) {
+    transports_.push_back(entry.make(TransportEnv{ctx_, regions_}));
+    availability_.push_back(transports_.back()->availability());
+    if (std::string(entry.name) == "shm") shm_index_ = int(transports_.size() - 1);
+    names += (names.empty() ? "" : ", ") + std::string(entry.name);
   }
-  self_.magic = wire::kMagic;
-  self_.version = wire::kProtocolVersion;
-  self_.pid = getpid();
-  self_.table_fd = regions_.fd();
-  std::memcpy(self_.token, token_, sizeof(token_));
-  self_.token_addr = reinterpret_cast<uint64_t>(token_);
-  std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string boot_id;
-  std::getline(boot, boot_id);
-  std::strncpy(self_.boot_id, boot_id.c_str(), sizeof(self_.boot_id) - 1);
+  if (ctx_.options.transport != "auto") {
+    for (size_t i = 0; i < transports_.size(); ++i)
+      if (ctx_.options.transport == transports_[i]->name()) forced_ = int(i);
+    if (forced_ < 0)
+      TIDEKV_THROW(kConfig, "transport '" + ctx_.options.transport + "' is unknown; this build has auto, " + names);
+    if (!availability_[forced_].available)
+      TIDEKV_THROW(kConfig, "transport '" + ctx_.options.transport + "' is forced but not available here: " +
+                                availability_[forced_].reason);
+  }
   ctx_.enqueue_task = [this](std::shared_ptr<Task> task) {
     {
       std::lock_guard<std::mutex> lock(queue_mu_);
@@ -75,11 +81,26 @@ Engine::Engine(EngineOptions options)
         return;
       }
     }
-    task->try_run();  // no workers any more: run it here (transports are closed, it fails fast)
+    task->try_run();  // no workers any more: run it here (links are closed, it fails fast)
   };
-  server_ = std::make_unique<Server>(ctx_, regions_, self_);
-  int n = std::max(1, ctx_.options.worker_threads);
-  for (int i = 0; i < n; ++i) workers_.emplace_back([this] { worker_loop(); });
+  listener_ = std::make_unique<Listener>(ctx_, [this](uint16_t id) -> Transport* {
+    for (size_t i = 0; i < transports_.size(); ++i)
+      if (uint16_t(transports_[i]->id()) == id && availability_[i].available && transports_[i]->accepts_connections())
+        return transports_[i].get();
+    return nullptr;
+  });
+  Descriptor self;
+  std::memcpy(self.instance, ctx_.instance, sizeof(self.instance));
+  for (size_t i = 0; i < transports_.size(); ++i)
+    if (availability_[i].available) self.sections.emplace_back(uint16_t(transports_[i]->id()), transports_[i]->describe());
+  descriptor_bytes_ = self.encode();
+  listener_->start(descriptor_bytes_);
+  try {
+    for (int i = 0; i < std::max(1, ctx_.options.worker_threads); ++i) workers_.emplace_back([this] { worker_loop(); });
+  } catch (const std::system_error& e) {
+    close();
+    TIDEKV_THROW(kConfig, std::string("cannot start the engine's worker threads: ") + e.what());
+  }
 }
 
 Engine::~Engine() { close(); }
@@ -87,7 +108,14 @@ Engine::~Engine() { close(); }
 std::string Engine::name() const {
   const std::string& h = ctx_.options.host;
   std::string host = h.find(':') != std::string::npos ? "[" + h + "]" : h;
-  return host + ":" + std::to_string(server_->port());
+  return host + ":" + std::to_string(listener_->port());
+}
+
+std::vector<TransportStatus> Engine::transports() const {
+  std::vector<TransportStatus> out;
+  for (size_t i = 0; i < transports_.size(); ++i)
+    out.push_back(TransportStatus{transports_[i]->name(), availability_[i].available, availability_[i].reason});
+  return out;
 }
 
 void Engine::close() {
@@ -95,8 +123,9 @@ void Engine::close() {
   {
     std::lock_guard<std::mutex> lock(peers_mu_);
     for (auto& p : peers_) {
-      if (p->tcp) p->tcp->close();
-      if (p->shm) p->shm->close();
+      std::lock_guard<std::mutex> plock(p->mu);
+      for (auto& link : p->links)
+        if (link) link->close();
     }
   }
   {
@@ -111,7 +140,8 @@ void Engine::close() {
     leftover.swap(queue_);
   }
   for (auto& task : leftover) task->try_run();
-  server_->stop();
+  if (listener_) listener_->stop();
+  for (auto& t : transports_) t->close();
   std::lock_guard<std::mutex> lock(alloc_mu_);
   for (auto& [addr, a] : allocations_) {
     regions_.remove(addr, 0);
@@ -123,9 +153,20 @@ void Engine::close() {
 
 void Engine::register_region(uint64_t addr, uint64_t length, const std::string& location) {
   TIDEKV_CHECK(!closed_.load(), kClosed, "engine " + name() + " is closed");
-  if (location != "cpu")
-    TIDEKV_THROW(kConfig, "location '" + location + "' is not supported by this build (only 'cpu')");
-  regions_.add(addr, length, -1, location);
+  MemoryLocation where = MemoryLocation::parse(location);
+  bool handled = false;
+  for (size_t i = 0; i < transports_.size(); ++i) handled = handled || (availability_[i].available && transports_[i]->handles(where.kind));
+  if (!handled)
+    TIDEKV_THROW(kConfig, "location '" + location + "' cannot be registered: no transport available here moves " +
+                              (where.kind == MemoryKind::kCpu ? "host" : "GPU") + " memory (see `tidekv doctor`)");
+  uint32_t slot = regions_.add(addr, length, -1, where);
+  RegionView view{slot, 0, addr, length, -1, where};
+  try {
+    for (auto& t : transports_) t->on_register(view);
+  } catch (...) {
+    regions_.remove(addr, 0);
+    throw;
+  }
 }
 
 void Engine::Allocation::release() {
@@ -177,7 +218,7 @@ uint64_t Engine::allocate(uint64_t length, bool huge) {
   }
   uint64_t addr = reinterpret_cast<uint64_t>(start);
   try {
-    regions_.add(addr, length, a.memfd, "cpu");
+    regions_.add(addr, length, a.memfd, MemoryLocation{});
   } catch (...) {
     a.release();
     throw;
@@ -190,6 +231,7 @@ uint64_t Engine::allocate(uint64_t length, bool huge) {
 void Engine::unregister_region(uint64_t addr) {
   auto removed = regions_.remove(addr, ctx_.options.unregister_timeout_ms);
   if (!removed) TIDEKV_THROW(kNotRegistered, "no registered region starts at " + hex(addr) + " on engine " + name());
+  for (auto& t : transports_) t->on_unregister(*removed);
   std::lock_guard<std::mutex> lock(alloc_mu_);
   auto it = allocations_.find(addr);
   if (it != allocations_.end()) {
@@ -198,97 +240,146 @@ void Engine::unregister_region(uint64_t addr) {
   }
 }
 
-wire::Descriptor Engine::fetch_descriptor(const std::string& host, int port) {
+std::string Engine::fetch_descriptor(const std::string& host, int port) {
   std::string what = host + ":" + std::to_string(port);
   SocketOptions sopts{ctx_.options.socket_buffer_bytes, std::min(ctx_.options.io_timeout_ms, 10000)};
   int fd = connect_tcp(host, port, sopts);
   try {
     SocketReader reader(fd, what);
-    wire::Descriptor d = client_handshake(fd, reader, wire::ConnType::kDescriptor, ctx_.options.secret, what);
+    Descriptor d = client_handshake(fd, reader, wire::ConnType::kDescriptor, 0, ctx_.instance, ctx_.options.secret, what);
     ::close(fd);
-    return d;
+    return d.encode();
   } catch (...) {
     ::close(fd);
     throw;
   }
 }
 
-void Engine::refresh_same_host(Peer& peer, const wire::Descriptor& d) {
-  // Called with peer.mu held.
-  if (ctx_.options.transport == TransportChoice::kTcp) return;
-  if (peer.shm && std::memcmp(peer.shm->token(), d.token, sizeof(d.token)) == 0) return;
-  if (peer.shm) peer.shm->close();
-  peer.shm = ShmTransport::open(ctx_, peer.name, d);
+PeerAddress Engine::address_of(Peer& peer) {
+  Peer* p = &peer;
+  return PeerAddress{peer.name, peer.host, peer.port, [this, p](const Descriptor& fresh) {
+                       std::lock_guard<std::mutex> lock(p->mu);
+                       if (fresh.same_instance(p->descriptor)) return;
+                       ctx_.log.emit(LogLevel::kInfo, "peer " + p->name + " restarted (new descriptor)");
+                       relink(*p, fresh);
+                     }};
 }
 
-uint32_t Engine::add_peer(const std::string& name, const wire::Descriptor& d) {
+void Engine::relink(Peer& peer, const Descriptor& d) {
+  // Called with peer.mu held. A link whose peer section is unchanged and still current stays
+  // (tcp's, whose connections outlive a peer restart on the same address); the others are
+  // replaced. Tasks already planned on a replaced link keep it alive until they finish.
+  bool fresh = peer.links.empty();
+  peer.links.resize(transports_.size());
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    if (!availability_[i].available) continue;
+    uint16_t id = uint16_t(transports_[i]->id());
+    const std::string* before = fresh ? nullptr : peer.descriptor.section(id);
+    const std::string* after = d.section(id);
+    bool same = !fresh && (before == after || (before && after && *before == *after));
+    if (same && (!peer.links[i] || peer.links[i]->is_current())) continue;
+    if (peer.links[i]) peer.links[i]->close();
+    peer.links[i] = transports_[i]->connect(address_of(peer), after);
+  }
+  peer.descriptor = d;
+}
+
+uint32_t Engine::add_peer(const std::string& name, const std::string& descriptor) {
   TIDEKV_CHECK(!closed_.load(), kClosed, "engine " + this->name() + " is closed");
-  if (d.magic != wire::kMagic) TIDEKV_THROW(kConfig, "descriptor for peer '" + name + "' is malformed");
-  if (d.version != wire::kProtocolVersion)
-    TIDEKV_THROW(kProtocolVersion, "peer " + name + " speaks tidekv transfer protocol v" + std::to_string(d.version) +
-                                       ", this engine speaks v" + std::to_string(wire::kProtocolVersion));
+  Descriptor d = Descriptor::decode(descriptor, name);
   std::string host;
   int port = 0;
   split_host_port(name, &host, &port);
-  std::lock_guard<std::mutex> lock(peers_mu_);
-  auto it = peer_ids_.find(name);
   Peer* peer;
   uint32_t id;
-  if (it != peer_ids_.end()) {
-    id = it->second;
-    peer = peers_[id].get();
-  } else {
-    id = uint32_t(peers_.size());
-    peers_.push_back(std::make_unique<Peer>());
-    peer = peers_.back().get();
-    peer->name = name;
-    peer->host = host;
-    peer->port = port;
-    peer->tcp = std::make_unique<TcpTransport>(ctx_, name, host, port, [this, peer](const wire::Descriptor& fresh) {
-      std::lock_guard<std::mutex> plock(peer->mu);
-      if (std::memcmp(fresh.token, peer->descriptor.token, sizeof(fresh.token)) != 0) {
-        ctx_.log.emit(LogLevel::kInfo, "peer " + peer->name + " restarted (new descriptor)");
-        peer->descriptor = fresh;
-        refresh_same_host(*peer, fresh);
-      }
-    });
-    peer_ids_[name] = id;
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    auto it = peer_ids_.find(name);
+    if (it != peer_ids_.end()) {
+      id = it->second;
+      peer = peers_[id].get();
+    } else {
+      id = uint32_t(peers_.size());
+      peers_.push_back(std::make_unique<Peer>());
+      peer = peers_.back().get();
+      peer->name = name;
+      peer->host = host;
+      peer->port = port;
+      peer_ids_[name] = id;
+    }
   }
   std::lock_guard<std::mutex> plock(peer->mu);
-  peer->descriptor = d;
-  refresh_same_host(*peer, d);
+  relink(*peer, d);
   return id;
 }
 
 uint32_t Engine::peer_id(const std::string& name) {
   std::lock_guard<std::mutex> lock(peers_mu_);
   auto it = peer_ids_.find(name);
-  if (it == peer_ids_.end()) TIDEKV_THROW(kUnknownPeer, name);
+  if (it == peer_ids_.end()) TIDEKV_THROW(kConfig, "peer " + name + " is not known to engine " + this->name() + "; connect() it first");
   return it->second;
 }
 
-std::string Engine::peer_transport(const std::string& name) {
+std::vector<std::string> Engine::peer_transports(const std::string& name) {
   Peer* peer;
   {
     std::lock_guard<std::mutex> lock(peers_mu_);
     auto it = peer_ids_.find(name);
-    if (it == peer_ids_.end()) TIDEKV_THROW(kUnknownPeer, name);
+    if (it == peer_ids_.end()) TIDEKV_THROW(kConfig, "peer " + name + " is not known to engine " + this->name());
     peer = peers_[it->second].get();
   }
+  refresh_if_stale(*peer);
   std::lock_guard<std::mutex> plock(peer->mu);
-  return peer->shm ? "shm" : "tcp";
+  std::vector<std::pair<int, size_t>> ranked;  // best first, ties in registry order
+  for (size_t i = 0; i < peer->links.size(); ++i) {
+    if (!peer->links[i] || (forced_ >= 0 && int(i) != forced_)) continue;
+    ranked.emplace_back(-peer->links[i]->best_preference(), i);
+  }
+  std::stable_sort(ranked.begin(), ranked.end());
+  std::vector<std::string> out;
+  for (auto& [score, i] : ranked) out.push_back(transports_[i]->name());
+  return out;
+}
+
+void Engine::refresh_if_stale(Peer& peer) {
+  bool stale = false;
+  {
+    std::lock_guard<std::mutex> lock(peer.mu);
+    for (auto& link : peer.links) stale = stale || (link && !link->is_current());
+  }
+  if (!stale) return;
+  // The process behind the descriptor is gone; a new one may listen on the same address. Ask
+  // it without holding the peer's lock (this can take up to the connect timeout).
+  std::optional<Descriptor> fresh;
+  try {
+    fresh = Descriptor::decode(fetch_descriptor(peer.host, peer.port), peer.name);
+  } catch (const Error&) {
+    // Unreachable now: drop the stale links; what remains (tcp) reports the failure per request.
+  }
+  std::lock_guard<std::mutex> lock(peer.mu);
+  if (fresh) {
+    relink(peer, *fresh);
+    return;
+  }
+  for (auto& link : peer.links)
+    if (link && !link->is_current()) {
+      link->close();
+      link.reset();
+    }
 }
 
 std::shared_ptr<Batch> Engine::submit(std::vector<Request> requests) {
   TIDEKV_CHECK(!closed_.load(), kClosed, "engine " + name() + " is closed");
   auto batch = std::make_shared<Batch>(std::move(requests));
   const auto& reqs = batch->requests();
-  std::map<uint32_t, std::vector<uint32_t>> by_peer;
+  std::vector<MemoryLocation> locations(reqs.size());
   size_t npeers;
   {
     std::lock_guard<std::mutex> lock(peers_mu_);
     npeers = peers_.size();
   }
+  bool one_peer = true;
+  uint64_t total = 0;
   for (uint32_t i = 0; i < reqs.size(); ++i) {
     const Request& r = reqs[i];
     if (r.length == 0) TIDEKV_THROW(kConfig, "request " + std::to_string(i) + " has length 0");
@@ -298,28 +389,34 @@ std::shared_ptr<Batch> Engine::submit(std::vector<Request> requests) {
       TIDEKV_THROW(kNotRegistered, "request " + std::to_string(i) + ": local range [" + hex(r.local_addr) + ", +" +
                                        std::to_string(r.length) + ") is not inside a region registered on engine " +
                                        name() + "; register() it first");
+    locations[i] = guard->view().location;
     batch->hold(std::move(*guard));
-    by_peer[r.peer].push_back(i);
+    one_peer = one_peer && r.peer == reqs[0].peer;
+    total += r.length;
   }
-  for (auto& [id, idx] : by_peer) {
+  bool all_local = true;
+  auto plan = [&](uint32_t peer_id, const std::vector<uint32_t>& idx) {
     Peer* peer;
     {
       std::lock_guard<std::mutex> lock(peers_mu_);
-      peer = peers_[id].get();
+      peer = peers_[peer_id].get();
     }
-    plan_peer(batch, *peer, idx);
+    plan_peer(batch, *peer, idx, locations, &all_local);
+  };
+  if (reqs.empty()) {
+  } else if (one_peer) {
+    std::vector<uint32_t> idx(reqs.size());
+    for (uint32_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    plan(reqs[0].peer, idx);
+  } else {
+    std::map<uint32_t, std::vector<uint32_t>> by_peer;
+    for (uint32_t i = 0; i < reqs.size(); ++i) by_peer[reqs[i].peer].push_back(i);
+    for (auto& [id, idx] : by_peer) plan(id, idx);
   }
   batch->seal();
   ctx_.counters.batches.fetch_add(1, std::memory_order_relaxed);
-  uint64_t total = 0;
-  for (const auto& r : reqs) total += r.length;
-  bool all_shm = true;
-  {
-    std::lock_guard<std::mutex> lock(peers_mu_);
-    for (auto& entry : by_peer) all_shm = all_shm && peers_[entry.first]->shm != nullptr;
-  }
   const auto& tasks = batch->tasks();
-  if (all_shm && total <= ctx_.options.inline_bytes) {
+  if (all_local && total <= ctx_.options.inline_bytes) {
     // A small same-host copy costs less than waking a worker: do it before returning.
     for (const auto& t : tasks) t->try_run();
     return batch;
@@ -335,35 +432,55 @@ std::shared_ptr<Batch> Engine::submit(std::vector<Request> requests) {
   return batch;
 }
 
-void Engine::plan_peer(const std::shared_ptr<Batch>& batch, Peer& peer, const std::vector<uint32_t>& requests) {
+void Engine::plan_peer(const std::shared_ptr<Batch>& batch, Peer& peer, const std::vector<uint32_t>& requests,
+                       const std::vector<MemoryLocation>& locations, bool* all_local) {
+  refresh_if_stale(peer);
   std::lock_guard<std::mutex> plock(peer.mu);
-  if (peer.shm && !peer.shm->is_peer_alive()) {
-    // The process behind the cached descriptor is gone; a new one may listen on the same port.
-    peer.shm.reset();
-    try {
-      wire::Descriptor d = fetch_descriptor(peer.host, peer.port);
-      peer.descriptor = d;
-      refresh_same_host(peer, d);
-    } catch (const Error&) {
-      // Unreachable now: plan over tcp, whose connect reports the failure per request.
-    }
-  }
   const auto& reqs = batch->requests();
-  std::vector<uint32_t> via_shm, via_tcp;
-  for (uint32_t i : requests) {
+  const size_t nlinks = peer.links.size();
+  // Per request, the link that rates it highest; requests grouped by link in one pass each.
+  std::vector<int8_t> choice(requests.size(), -1);
+  uint32_t chosen_mask = 0;
+  for (size_t k = 0; k < requests.size(); ++k) {
+    uint32_t i = requests[k];
     const Request& r = reqs[i];
-    bool shm_ok = peer.shm && peer.shm->can_serve(r.remote_addr, r.length);
-    if (ctx_.options.transport == TransportChoice::kShm && !shm_ok) {
-      batch->fail_slice(i, ErrorKind::kTransfer,
-                        "transport 'shm' is forced but peer " + peer.name +
-                            (peer.shm ? " cannot be reached by shared memory for this range"
-                                      : " is not on this host (or its memory is not reachable from here)"));
+    int best = -1, best_score = 0;
+    for (size_t j = 0; j < nlinks; ++j) {
+      if (!peer.links[j] || (forced_ >= 0 && int(j) != forced_)) continue;
+      int score = peer.links[j]->preference(r, locations[i]);
+      if (score > best_score) best = int(j), best_score = score;
+    }
+    if (best < 0) {
+      batch->fail_slice(i, ErrorKind::kTransfer, no_route(peer, r, locations[i]));
       continue;
     }
-    (shm_ok ? via_shm : via_tcp).push_back(i);
+    choice[k] = int8_t(best);
+    chosen_mask |= 1u << best;
   }
-  if (!via_shm.empty()) peer.shm->plan(batch, via_shm);
-  if (!via_tcp.empty()) peer.tcp->plan(batch, via_tcp);
+  std::vector<uint32_t> group;
+  for (size_t j = 0; j < nlinks; ++j) {
+    if (!(chosen_mask & (1u << j))) continue;
+    group.clear();
+    for (size_t k = 0; k < requests.size(); ++k)
+      if (choice[k] == int8_t(j)) group.push_back(requests[k]);
+    peer.links[j]->plan(batch, group);
+    *all_local = *all_local && peer.links[j]->is_local_copy();
+  }
+}
+
+std::string Engine::no_route(const Peer& peer, const Request& r, MemoryLocation local) const {
+  std::string what = std::string(r.op == wire::Op::kRead ? "READ" : "WRITE") + " of " + local.str() +
+                     " memory with peer " + peer.name;
+  if (forced_ >= 0) {
+    const auto& link = peer.links.size() > size_t(forced_) ? peer.links[forced_] : nullptr;
+    return "transport '" + std::string(transports_[forced_]->name()) + "' is forced (TransferConfig.transport) but " +
+           "cannot serve this " + what + ": " +
+           (link ? link->refusal(r, local) : "the peer is not reachable by it (not on this host, or it does not offer it)");
+  }
+  std::string why;
+  for (size_t j = 0; j < peer.links.size(); ++j)
+    if (peer.links[j]) why += std::string(why.empty() ? "" : "; ") + peer.links[j]->refusal(r, local);
+  return "no transport can serve this " + what + (why.empty() ? "" : ": " + why);
 }
 
 void Engine::enqueue(const std::shared_ptr<Batch>& batch) {

@@ -1,5 +1,8 @@
 // The native transfer engine owned by tidekv.transfer.TransferEngine: registered regions, the
-// listener, known peers with their transports, and the worker threads that run batch tasks.
+// listener, the transports, known peers with one link per transport that reaches them, and the
+// worker threads that run batch tasks. It picks a transport per request: the link of that
+// request's peer that rates it highest (or the forced transport, which fails a request it
+// cannot serve instead of falling back).
 #pragma once
 
 #include <atomic>
@@ -14,15 +17,20 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/wire.h"
-#include "engine/batch.h"
-#include "engine/context.h"
-#include "engine/server.h"
+#include "batch/batch.h"
+#include "common/context.h"
+#include "common/descriptor.h"
+#include "engine/listener.h"
 #include "regions/region_table.h"
-#include "shm/shm_transport.h"
-#include "tcp/tcp_transport.h"
+#include "transport/transport.h"
 
 namespace tidekv {
+
+struct TransportStatus {
+  std::string name;
+  bool available;
+  std::string reason;
+};
 
 class Engine {
  public:
@@ -30,8 +38,10 @@ class Engine {
   ~Engine();
 
   std::string name() const;
-  const wire::Descriptor& descriptor() const { return self_; }
+  // This engine's encoded descriptor (what peers need to reach it).
+  const std::string& descriptor() const { return descriptor_bytes_; }
   EngineContext& context() { return ctx_; }
+  std::vector<TransportStatus> transports() const;
 
   void register_region(uint64_t addr, uint64_t length, const std::string& location);
   // Engine-owned registered memory; returns its address. By default a memfd that same-host
@@ -41,14 +51,14 @@ class Engine {
   // Unregisters (and frees, when allocate() made it) the region starting at addr.
   void unregister_region(uint64_t addr);
 
-  // Asks host:port for its descriptor (the direct handshake).
-  wire::Descriptor fetch_descriptor(const std::string& host, int port);
-  // Adds or refreshes a peer; returns its id for requests.
-  uint32_t add_peer(const std::string& name, const wire::Descriptor& d);
-  // Id of a known peer, throws kUnknownPeer otherwise.
+  // Asks host:port for its encoded descriptor (the direct handshake).
+  std::string fetch_descriptor(const std::string& host, int port);
+  // Adds or refreshes a peer from its encoded descriptor; returns its id for requests.
+  uint32_t add_peer(const std::string& name, const std::string& descriptor);
+  // Id of a known peer; throws kConfig when the name was never added.
   uint32_t peer_id(const std::string& name);
-  // Which transport requests to this peer take now ("tcp" or "shm").
-  std::string peer_transport(const std::string& name);
+  // The transports that reach this peer now, best first for host memory.
+  std::vector<std::string> peer_transports(const std::string& name);
 
   std::shared_ptr<Batch> submit(std::vector<Request> requests);
   void close();
@@ -59,20 +69,30 @@ class Engine {
     std::string host;
     int port;
     std::mutex mu;
-    wire::Descriptor descriptor;
-    std::unique_ptr<TcpTransport> tcp;
-    std::unique_ptr<ShmTransport> shm;
+    Descriptor descriptor;
+    std::vector<std::shared_ptr<PeerLink>> links;  // by transport index; null: not reachable by it
+    bool is_stale = false;                           // a link learned of a new descriptor
   };
   void worker_loop();
   void enqueue(const std::shared_ptr<Batch>& batch);
-  void plan_peer(const std::shared_ptr<Batch>& batch, Peer& peer, const std::vector<uint32_t>& requests);
-  void refresh_same_host(Peer& peer, const wire::Descriptor& d);
+  // Chooses a link for each request and plans them; `locations` are the requests' local ones.
+  void plan_peer(const std::shared_ptr<Batch>& batch, Peer& peer, const std::vector<uint32_t>& requests,
+                 const std::vector<MemoryLocation>& locations, bool* all_same_host);
+  // Called with peer.mu held: rebuilds the links whose section changed.
+  void relink(Peer& peer, const Descriptor& d);
+  void refresh_if_stale(Peer& peer);
+  // Why no link of `peer` takes request r (the per-request error).
+  std::string no_route(const Peer& peer, const Request& r, MemoryLocation local) const;
+  PeerAddress address_of(Peer& peer);
 
   EngineContext ctx_;
-  uint8_t token_[16];
-  wire::Descriptor self_{};
   RegionTable regions_;
-  std::unique_ptr<Server> server_;
+  std::vector<std::unique_ptr<Transport>> transports_;
+  std::vector<Availability> availability_;
+  int forced_ = -1;  // index into transports_, or -1 for auto
+  int shm_index_ = -1;
+  std::unique_ptr<Listener> listener_;
+  std::string descriptor_bytes_;
   std::mutex alloc_mu_;
   struct Allocation {
     void* base = nullptr;  // the mapping (huge: a little larger than asked, for alignment)

@@ -108,7 +108,7 @@ std::optional<RegionTable> RegionTable::attach(int pid, int fd, const uint8_t to
   return RegionTable(local, base, size, false);
 }
 
-uint32_t RegionTable::add(uint64_t addr, uint64_t length, int32_t memfd, const std::string& location) {
+uint32_t RegionTable::add(uint64_t addr, uint64_t length, int32_t memfd, MemoryLocation location) {
   if (length == 0) TIDEKV_THROW(kConfig, "cannot register an empty region (length 0)");
   if (addr + length < addr) TIDEKV_THROW(kConfig, "region wraps around the address space");
   std::lock_guard<std::mutex> lock(owner_mu_);
@@ -136,8 +136,8 @@ uint32_t RegionTable::add(uint64_t addr, uint64_t length, int32_t memfd, const s
   s.addr = addr;
   s.length = length;
   s.memfd = memfd;
-  std::memset(s.location, 0, sizeof(s.location));
-  std::strncpy(s.location, location.c_str(), sizeof(s.location) - 1);
+  s.memory_kind = location.kind;
+  s.device = location.device;
   uint64_t gen = (s.state.load() >> 1) + 1;
   s.state.store((gen << 1) | 1, std::memory_order_seq_cst);
   if (free_slot >= high) h->high_water.store(free_slot + 1);
@@ -151,7 +151,7 @@ std::optional<RegionView> RegionTable::remove(uint64_t addr, int peer_timeout_ms
     RegionSlot& s = slots()[i];
     uint64_t state = s.state.load();
     if (!(state & 1) || s.addr != addr) continue;
-    RegionView view{i, state >> 1, s.addr, s.length, s.memfd};
+    RegionView view{i, state >> 1, s.addr, s.length, s.memfd, {s.memory_kind, s.device}};
     s.state.store(state & ~uint64_t(1), std::memory_order_seq_cst);
     while (s.local_inflight.load(std::memory_order_acquire) != 0)
       std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -171,7 +171,7 @@ std::optional<RegionView> RegionTable::find(uint64_t addr, uint64_t length) cons
     RegionSlot& s = slots()[i];
     uint64_t state = s.state.load(std::memory_order_acquire);
     if (!(state & 1)) continue;
-    RegionView view{i, state >> 1, s.addr, s.length, s.memfd};
+    RegionView view{i, state >> 1, s.addr, s.length, s.memfd, {s.memory_kind, s.device}};
     if (s.state.load(std::memory_order_acquire) != state) continue;
     if (contains(view.addr, view.length, addr, length)) return view;
   }

@@ -14,6 +14,8 @@
 #include <optional>
 #include <string>
 
+#include "common/memory.h"
+
 namespace tidekv {
 
 struct alignas(64) RegionSlot {
@@ -23,7 +25,9 @@ struct alignas(64) RegionSlot {
   uint64_t length;
   int32_t memfd;                   // engine-allocated shared memory, else -1
   std::atomic<uint32_t> local_inflight;  // this engine's own socket I/O in progress
-  char location[16];
+  MemoryKind memory_kind;
+  int32_t device;
+  uint8_t reserved[8];
 };
 static_assert(sizeof(RegionSlot) == 64);
 
@@ -43,6 +47,7 @@ struct RegionView {
   uint64_t addr;
   uint64_t length;
   int32_t memfd;
+  MemoryLocation location;
 };
 
 class RegionTable {
@@ -80,7 +85,7 @@ class RegionTable {
 
   int fd() const { return fd_; }
   // Owner only. Throws kConfig on overlap with a live region or when the table is full.
-  uint32_t add(uint64_t addr, uint64_t length, int32_t memfd, const std::string& location);
+  uint32_t add(uint64_t addr, uint64_t length, int32_t memfd, MemoryLocation location);
   // Owner only. Marks the region dead, then waits for copies in flight: this engine's own socket
   // I/O always ends (each has an I/O timeout), a same-host peer's copy is waited for at most
   // peer_timeout_ms (a peer that died mid-copy never finishes it).

@@ -1,248 +1,74 @@
 #include "shm/shm_transport.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <sys/mman.h>
-#include <sys/syscall.h>
+#include <sys/prctl.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 
-#include "common/errors.h"
+#include "shm/shm_link.h"
+#include "shm/shm_section.h"
 
 namespace tidekv {
 namespace {
 
-constexpr uint64_t kShmSliceBytes = 16ULL << 20;
-
-std::string local_boot_id() {
-  std::ifstream f("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(f, id);
-  return id;
+// Whether this process may use process_vm_readv at all (a seccomp profile may forbid it); the
+// per-peer answer (Yama, another user) comes from the probe in ShmLink::open.
+std::string probe_cross_memory_attach() {
+  uint8_t src[8] = {1}, dst[8] = {0};
+  iovec local{dst, sizeof(dst)}, remote{src, sizeof(src)};
+  if (process_vm_readv(getpid(), &local, 1, &remote, 1, 0) != ssize_t(sizeof(dst)))
+    return std::string("refused here (") + strerror(errno) + "; a seccomp profile?)";
+  std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
+  int scope = -1;
+  if (yama >> scope && scope >= 2) return "refused between processes (Yama ptrace_scope=" + std::to_string(scope) + ")";
+  return "allowed";
 }
 
-int pidfd_open(int pid) { return int(syscall(SYS_pidfd_open, pid, 0)); }
+class ShmTransport final : public Transport {
+ public:
+  explicit ShmTransport(TransportEnv env) : ctx_(env.ctx), regions_(env.regions) {
+    if (ctx_.options.enable_cross_memory_attach) {
+      // Lets same-host peers use process_vm_readv/writev on us under Yama ptrace_scope=1.
+      prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    }
+  }
+  TransportId id() const override { return TransportId::kShm; }
+  const char* name() const override { return "shm"; }
+  Availability availability() const override {
+    std::string cma = ctx_.options.enable_cross_memory_attach ? probe_cross_memory_attach()
+                                                              : "disabled (enable_cross_memory_attach=False)";
+    return {true, "same-host host memory: allocate()d memory mapped; other registered memory by cross-memory attach: " + cma};
+  }
+  std::string describe() override {
+    ShmSection s{};
+    s.pid = getpid();
+    s.table_fd = regions_.fd();
+    s.token_addr = reinterpret_cast<uint64_t>(ctx_.instance);
+    std::memcpy(s.token, ctx_.instance, sizeof(s.token));
+    std::ifstream boot("/proc/sys/kernel/random/boot_id");
+    std::string boot_id;
+    std::getline(boot, boot_id);
+    std::strncpy(s.boot_id, boot_id.c_str(), sizeof(s.boot_id) - 1);
+    return std::string(reinterpret_cast<const char*>(&s), sizeof(s));
+  }
+  std::shared_ptr<PeerLink> connect(const PeerAddress& peer, const std::string* section) override {
+    if (!section || section->size() != sizeof(ShmSection)) return nullptr;
+    ShmSection s;
+    std::memcpy(&s, section->data(), sizeof(s));
+    return ShmLink::open(ctx_, peer.name, s);
+  }
+  void close() override {}
+
+ private:
+  EngineContext& ctx_;
+  const RegionTable& regions_;
+};
 
 }  // namespace
 
-std::unique_ptr<ShmTransport> ShmTransport::open(EngineContext& ctx, const std::string& peer_name,
-                                                 const wire::Descriptor& d) {
-  std::string boot(d.boot_id, strnlen(d.boot_id, sizeof(d.boot_id)));
-  if (boot.empty() || boot != local_boot_id()) return nullptr;
-  auto table = RegionTable::attach(d.pid, d.table_fd, d.token);
-  if (!table) {
-    ctx.log.emit_once("shm-attach:" + peer_name, LogLevel::kInfo,
-                      "peer " + peer_name + " shares this host's boot id but its region table (pid " +
-                          std::to_string(d.pid) + ") cannot be opened; using tcp for it");
-    return nullptr;
-  }
-  int pidfd = pidfd_open(d.pid);
-  if (pidfd < 0) return nullptr;
-  bool cma_ok = false;
-  if (ctx.options.enable_cross_memory_attach) {
-    uint8_t probe[16] = {0};
-    iovec local{probe, sizeof(probe)};
-    iovec remote{reinterpret_cast<void*>(d.token_addr), sizeof(probe)};
-    ssize_t n = process_vm_readv(d.pid, &local, 1, &remote, 1, 0);
-    cma_ok = n == ssize_t(sizeof(probe)) && std::memcmp(probe, d.token, sizeof(probe)) == 0;
-    if (!cma_ok)
-      ctx.log.emit_once("cma-refused", LogLevel::kWarning,
-                        "cross-memory attach to peer " + peer_name + " (pid " + std::to_string(d.pid) +
-                            ") refused by the kernel (" + (n < 0 ? std::string(strerror(errno)) : "token mismatch") +
-                            "; see /proc/sys/kernel/yama/ptrace_scope): same-host transfers into memory not "
-                            "obtained from allocate() fall back to tcp");
-  }
-  auto t = std::unique_ptr<ShmTransport>(new ShmTransport(ctx, peer_name, d.pid, pidfd, std::move(*table), cma_ok));
-  std::memcpy(t->token_, d.token, sizeof(t->token_));
-  return t;
-}
-
-ShmTransport::ShmTransport(EngineContext& ctx, std::string peer_name, int pid, int pidfd, RegionTable table,
-                           bool cma_ok)
-    : ctx_(ctx), peer_name_(std::move(peer_name)), pid_(pid), pidfd_(pidfd), table_(std::move(table)),
-      cma_ok_(cma_ok) {}
-
-ShmTransport::~ShmTransport() {
-  for (auto& [slot, m] : mappings_) munmap(m.base, m.length);
-  if (pidfd_ >= 0) ::close(pidfd_);
-}
-
-bool ShmTransport::is_peer_alive() const {
-  pollfd p{pidfd_, POLLIN, 0};
-  return poll(&p, 1, 0) == 0;  // the pidfd turns readable when the process exits
-}
-
-bool ShmTransport::can_serve(uint64_t remote, uint64_t length) const {
-  auto view = table_.find(remote, length);
-  if (!view) return cma_ok_;  // unregistered: the copy path reports it the same way tcp would
-  return view->memfd >= 0 || cma_ok_;
-}
-
-void ShmTransport::plan(const std::shared_ptr<Batch>& batch, const std::vector<uint32_t>& requests) {
-  std::vector<Slice> slices;
-  for (uint32_t r : requests) {
-    const Request& q = batch->requests()[r];
-    uint32_t n = 0;
-    for (uint64_t off = 0; off < q.length; off += kShmSliceBytes, ++n)
-      slices.push_back(Slice{r, q.op, q.local_addr + off, q.remote_addr + off, std::min(kShmSliceBytes, q.length - off)});
-    batch->expect_slices(r, n);
-  }
-  // Split by bytes into at most shm_parallelism tasks: memory bandwidth, not latency, is the limit.
-  uint64_t total = 0;
-  for (const auto& s : slices) total += s.length;
-  size_t tasks = std::min<size_t>(slices.size(), size_t(std::max(1, ctx_.options.shm_parallelism)));
-  if (total < (1ULL << 20)) tasks = 1;  // below this, waking a second thread costs more than it saves
-  uint64_t per_task = (total + tasks - 1) / tasks;
-  Batch* raw = batch.get();
-  std::vector<Slice> part;
-  uint64_t part_bytes = 0;
-  auto emit = [&] {
-    if (part.empty()) return;
-    auto keep = batch;
-    batch->add_task(
-        std::make_shared<Task>([this, raw, keep, part = std::move(part)](const Deadline&) { run(*raw, part); }));
-    part.clear();
-    part_bytes = 0;
-  };
-  for (const auto& s : slices) {
-    part.push_back(s);
-    part_bytes += s.length;
-    if (part_bytes >= per_task) emit();
-  }
-  emit();
-}
-
-void ShmTransport::run(Batch& batch, const std::vector<Slice>& slices) {
-  auto describe = [](const Slice& s) {
-    char range[80];
-    snprintf(range, sizeof(range), " during %s [0x%llx, +%llu)", s.op == wire::Op::kRead ? "READ" : "WRITE",
-             (unsigned long long)s.remote, (unsigned long long)s.length);
-    return std::string(range);
-  };
-  std::vector<bool> copied(slices.size(), false);
-  auto copy_one = [&](size_t i) {
-    const Slice& s = slices[i];
-    try {
-      if (closed_.load()) TIDEKV_THROW(kPeerUnavailable, "engine closed");
-      copy(s);
-      copied[i] = true;
-    } catch (const Error& e) {
-      batch.fail_slice(s.request, e.kind(), std::string(e.what()) + describe(s));
-    }
-  };
-  for (size_t i = 0; i < slices.size();) {
-    bool short_copy = false;
-    size_t n = closed_.load() ? 0 : copy_vectored(slices, i, &short_copy);
-    if (n == 0) {
-      copy_one(i++);
-    } else if (short_copy) {
-      // A signal or a vanished peer: redo these one by one, which copies the rest and reports
-      // each failure against its own request.
-      for (size_t end = i + n; i < end; ++i) copy_one(i);
-    } else {
-      std::fill(copied.begin() + long(i), copied.begin() + long(i + n), true);
-      i += n;
-    }
-  }
-  // One liveness check per task: a copy into the memory of a process that has exited may have
-  // "succeeded" into pages nobody will read, so none of this task's copies can be trusted then.
-  bool alive = is_peer_alive();
-  for (size_t i = 0; i < slices.size(); ++i) {
-    if (!copied[i]) continue;
-    const Slice& s = slices[i];
-    if (!alive) {
-      batch.fail_slice(s.request, ErrorKind::kPeerUnavailable,
-                       "peer " + peer_name_ + " (pid " + std::to_string(pid_) + ") exited" + describe(s));
-      continue;
-    }
-    ctx_.counters.shm_bytes.fetch_add(s.length, std::memory_order_relaxed);
-    (s.op == wire::Op::kRead ? ctx_.counters.bytes_read : ctx_.counters.bytes_written)
-        .fetch_add(s.length, std::memory_order_relaxed);
-    batch.complete_slice(s.request, s.length);
-  }
-}
-
-size_t ShmTransport::copy_vectored(const std::vector<Slice>& slices, size_t first, bool* short_copy) {
-  // Many small cross-memory-attach copies (a KV hand-off: a few KiB per layer and block) cost
-  // a syscall each; one process_vm_readv/writev takes up to IOV_MAX of them at once.
-  constexpr size_t kMaxIov = 1024;
-  constexpr uint64_t kMaxBytes = 64ULL << 20;
-  if (!cma_ok_) return 0;
-  const wire::Op op = slices[first].op;
-  std::vector<RegionTable::Guard> guards;
-  std::vector<iovec> local, remote;
-  uint64_t total = 0;
-  for (size_t i = first; i < slices.size() && local.size() < kMaxIov && total < kMaxBytes; ++i) {
-    const Slice& s = slices[i];
-    if (s.op != op) break;
-    auto guard = table_.acquire(s.remote, s.length, /*is_local=*/false);
-    if (!guard || guard->view().memfd >= 0) break;  // copy() reports it, or maps the memory
-    local.push_back(iovec{reinterpret_cast<void*>(s.local), s.length});
-    remote.push_back(iovec{reinterpret_cast<void*>(s.remote), s.length});
-    guards.push_back(std::move(*guard));
-    total += s.length;
-  }
-  if (local.size() < 2) return 0;
-  ssize_t n = op == wire::Op::kRead
-                  ? process_vm_readv(pid_, local.data(), local.size(), remote.data(), remote.size(), 0)
-                  : process_vm_writev(pid_, local.data(), local.size(), remote.data(), remote.size(), 0);
-  *short_copy = n != ssize_t(total);
-  return local.size();
-}
-
-void* ShmTransport::map_region(const RegionView& view) {
-  std::lock_guard<std::mutex> lock(map_mu_);
-  auto it = mappings_.find(view.slot);
-  if (it != mappings_.end()) {
-    if (it->second.generation == view.generation) return it->second.base;
-    munmap(it->second.base, it->second.length);
-    mappings_.erase(it);
-  }
-  std::string path = "/proc/" + std::to_string(pid_) + "/fd/" + std::to_string(view.memfd);
-  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) TIDEKV_THROW(kPeerUnavailable, "cannot open shared memory of peer " + peer_name_ + ": " + strerror(errno));
-  void* base = mmap(nullptr, view.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  ::close(fd);
-  if (base == MAP_FAILED) TIDEKV_THROW(kTransfer, "cannot map shared memory of peer " + peer_name_ + ": " + strerror(errno));
-  mappings_[view.slot] = Mapping{view.generation, base, view.length};
-  return base;
-}
-
-void ShmTransport::copy(const Slice& s) {
-  auto guard = table_.acquire(s.remote, s.length, /*is_local=*/false);
-  if (!guard)
-    TIDEKV_THROW(kNotRegistered, "peer " + peer_name_ + " has no registered region holding the range");
-  const RegionView& view = guard->view();
-  if (view.memfd >= 0) {
-    auto* base = static_cast<uint8_t*>(map_region(view));
-    uint8_t* remote = base + (s.remote - view.addr);
-    auto* local = reinterpret_cast<uint8_t*>(s.local);
-    if (s.op == wire::Op::kRead)
-      std::memcpy(local, remote, s.length);
-    else
-      std::memcpy(remote, local, s.length);
-    return;
-  }
-  if (!cma_ok_) TIDEKV_THROW(kTransfer, "cross-memory attach to peer " + peer_name_ + " is not permitted");
-  uint64_t done = 0;
-  while (done < s.length) {
-    iovec local{reinterpret_cast<void*>(s.local + done), s.length - done};
-    iovec remote{reinterpret_cast<void*>(s.remote + done), s.length - done};
-    ssize_t n = s.op == wire::Op::kRead ? process_vm_readv(pid_, &local, 1, &remote, 1, 0)
-                                        : process_vm_writev(pid_, &local, 1, &remote, 1, 0);
-    if (n <= 0) {
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && errno == ESRCH)
-        TIDEKV_THROW(kPeerUnavailable, "peer " + peer_name_ + " (pid " + std::to_string(pid_) + ") exited");
-      TIDEKV_THROW(kTransfer, "cross-memory copy with peer " + peer_name_ + " failed: " +
-                                  (n < 0 ? std::string(strerror(errno)) : "no progress"));
-    }
-    done += uint64_t(n);
-  }
-}
+std::unique_ptr<Transport> make_shm_transport(TransportEnv env) { return std::make_unique<ShmTransport>(env); }
 
 }  // namespace tidekv

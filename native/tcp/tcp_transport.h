@@ -1,78 +1,13 @@
-// tcp: always available. Client side: a pool of connections per peer; each request is cut into
-// slices and the slices are striped over the connections, pipelined (all WRITEs of a round are
-// sent before its READs, so a round never waits on itself). Server side: serve_tcp() reads a
-// WRITE straight into the registered region and streams a READ reply straight out of it.
+// tcp: always available, any two hosts. The Transport ties the halves together: links to peers
+// (tcp_link.h) and the server for peers' data connections (tcp_server.h).
 #pragma once
 
-#include <condition_variable>
-#include <functional>
 #include <memory>
-#include <mutex>
-#include <set>
-#include <string>
-#include <vector>
 
-#include "common/socket.h"
-#include "engine/context.h"
-#include "regions/region_table.h"
 #include "transport/transport.h"
 
 namespace tidekv {
 
-class TcpTransport final : public Transport {
- public:
-  using DescriptorCallback = std::function<void(const wire::Descriptor&)>;
-  TcpTransport(EngineContext& ctx, std::string peer_name, std::string host, int port, DescriptorCallback on_connect);
-  ~TcpTransport() override;
-  const char* name() const override { return "tcp"; }
-  void plan(const std::shared_ptr<Batch>& batch, const std::vector<uint32_t>& requests) override;
-  void close() override;
-
- private:
-  struct Connection {
-    TcpTransport* owner = nullptr;
-    int fd = -1;
-    std::unique_ptr<SocketReader> reader;
-    ~Connection();
-  };
-  // One stripe of a batch and how far it has got, so that a thread that must leave at its
-  // deadline can hand the rest to a worker mid-way (the batch keeps running).
-  struct Group {
-    Batch* batch;
-    std::shared_ptr<Batch> keep;
-    std::vector<Slice> slices;  // WRITEs first
-    size_t done = 0;            // slices whose replies have been handled
-    std::unique_ptr<Connection> conn;
-    size_t window_begin = 0;    // the round in flight: slices [window_begin, window_end)
-    size_t window_end = 0;
-    std::vector<wire::RequestHeader> headers;
-    std::vector<iovec> iov;
-    int iov_next = 0;
-  };
-
-  // Deadline-aware checkout: nullptr when the deadline passes before a connection is free.
-  std::unique_ptr<Connection> checkout(const Deadline& deadline);
-  void checkin(std::unique_ptr<Connection> conn);
-  void run(const std::shared_ptr<Group>& group, const Deadline& deadline);
-  // Advances the group; false when it stopped at the deadline with work left.
-  bool step(Group& g, const Deadline& deadline);
-  void begin_window(Group& g);
-  void handle_reply(Group& g);
-
-  EngineContext& ctx_;
-  std::string peer_name_;
-  std::string host_;
-  int port_;
-  DescriptorCallback on_connect_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::unique_ptr<Connection>> idle_;
-  std::set<int> live_fds_;  // every open connection, idle or in use (close() shuts them down)
-  int open_ = 0;
-  bool closed_ = false;
-};
-
-// Serves one accepted data connection until it closes or misbehaves; throws with the reason.
-void serve_tcp(int fd, SocketReader& reader, const RegionTable& regions, EngineContext& ctx, const std::string& what);
+std::unique_ptr<Transport> make_tcp_transport(TransportEnv env);
 
 }  // namespace tidekv

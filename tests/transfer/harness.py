@@ -66,13 +66,20 @@ class TargetProcess:
         log_path: where the child's stderr (its engine log) goes.
     """
 
-    def __init__(self, regions: dict[str, tuple[str, int, int]], config: dict[str, Any], log_path: Path) -> None:
+    def __init__(
+        self,
+        regions: dict[str, tuple[str, int, int]],
+        config: dict[str, Any],
+        log_path: Path,
+        prefix: Sequence[str] = (),
+    ) -> None:
+        # prefix: a command the target runs under, e.g. ["prlimit", "--nofile=256"].
         self.log_path = log_path
         spec = json.dumps({"regions": regions, "config": config})
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.transfer.target_main", spec],
+                [*prefix, sys.executable, "-m", "tests.transfer.target_main", spec],
                 cwd=REPO_ROOT,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,

@@ -17,7 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 MAGIC = 0x564B4454
-VERSION = 1
+VERSION = 2
+TRANSPORT_TCP = 1
+TRANSPORT_SHM = 2
 
 CONN_DESCRIPTOR = 1
 CONN_DATA = 2
@@ -26,19 +28,21 @@ STATUS_OK = 0
 STATUS_VERSION_MISMATCH = 1
 STATUS_AUTH_FAILED = 2
 STATUS_NOT_REGISTERED = 4
+STATUS_REFUSED = 6
 
 OP_READ = 0
 OP_WRITE = 1
 
-HELLO = struct.Struct("<IIII32s")  # magic, version, conn_type, reserved, nonce
+HELLO = struct.Struct("<IIIHH32s16s")  # magic, version, conn_type, transport, reserved, nonce, instance
 CHALLENGE = struct.Struct("<IIII32s")  # magic, version, status, secret_required, nonce
 AUTH = struct.Struct("<32s")
-DESCRIPTOR = struct.Struct("<IIiiQ16s40s")  # magic, version, pid, table_fd, token_addr, token, boot_id
-WELCOME = struct.Struct("<II" + DESCRIPTOR.format[1:])
+WELCOME = struct.Struct("<IIII")  # magic, status, descriptor_bytes, reserved; the descriptor follows
+DESCRIPTOR_HEADER = struct.Struct("<IIII16s")  # magic, version, sections, reserved, instance
+SECTION_HEADER = struct.Struct("<HHI")  # transport, reserved, length
 REQUEST = struct.Struct("<IB3xQQQ")  # magic, op, remote_addr, length, tag
 RESPONSE = struct.Struct("<IIQQQ")  # magic, status, length, tag, reserved
 
-assert (HELLO.size, CHALLENGE.size, DESCRIPTOR.size, WELCOME.size) == (48, 48, 80, 88)
+assert (HELLO.size, CHALLENGE.size, WELCOME.size, DESCRIPTOR_HEADER.size) == (64, 48, 16, 32)
 assert (REQUEST.size, RESPONSE.size) == (32, 32)
 
 IO_TIMEOUT_S = 10.0
@@ -90,10 +94,18 @@ def connect(name: str) -> socket.socket:
     return sock
 
 
-def send_hello(sock: socket.socket, version: int = VERSION, conn_type: int = CONN_DATA) -> bytes:
+def pack_hello(nonce: bytes, magic: int = MAGIC, version: int = VERSION, conn_type: int = CONN_DATA,
+               transport: int = TRANSPORT_TCP, instance: bytes | None = None) -> bytes:
+    """A Hello from a made-up client engine (a random instance id unless given)."""
+    return HELLO.pack(magic, version, conn_type, transport if conn_type == CONN_DATA else 0, 0, nonce,
+                      instance or os.urandom(16))
+
+
+def send_hello(sock: socket.socket, version: int = VERSION, conn_type: int = CONN_DATA,
+               instance: bytes | None = None) -> bytes:
     """Sends a Hello; returns its nonce."""
     nonce = os.urandom(32)
-    sock.sendall(HELLO.pack(MAGIC, version, conn_type, 0, nonce))
+    sock.sendall(pack_hello(nonce, version=version, conn_type=conn_type, instance=instance))
     return nonce
 
 
@@ -101,15 +113,18 @@ def recv_challenge(sock: socket.socket) -> Challenge:
     return Challenge(*CHALLENGE.unpack(recv_exact(sock, CHALLENGE.size)))
 
 
-def handshake(name: str, secret: str | None = None, conn_type: int = CONN_DATA) -> tuple[socket.socket, int]:
+def handshake(name: str, secret: str | None = None, conn_type: int = CONN_DATA,
+              instance: bytes | None = None) -> tuple[socket.socket, int]:
     """Opens a connection the way an engine does; returns it and the Welcome status."""
     sock = connect(name)
-    nonce = send_hello(sock, conn_type=conn_type)
+    nonce = send_hello(sock, conn_type=conn_type, instance=instance)
     challenge = recv_challenge(sock)
     assert (challenge.magic, challenge.status) == (MAGIC, STATUS_OK), challenge
     sock.sendall(mac(secret, challenge.nonce, nonce) if secret else bytes(32))
-    magic, status, *_ = WELCOME.unpack(recv_exact(sock, WELCOME.size))
+    magic, status, descriptor_bytes, _ = WELCOME.unpack(recv_exact(sock, WELCOME.size))
     assert magic == MAGIC
+    if descriptor_bytes:
+        recv_exact(sock, descriptor_bytes)
     return sock, status
 
 
@@ -124,17 +139,37 @@ def recv_response(sock: socket.socket) -> tuple[int, int, int, bytes]:
     return status, length, tag, recv_exact(sock, length) if length else b""
 
 
-def descriptor(version: int = VERSION) -> tuple[int | bytes, ...]:
-    """Descriptor fields of a process that is not on this host (empty boot id): only tcp applies."""
-    return (MAGIC, version, 0, -1, 0, bytes(16), bytes(40))
+def descriptor(version: int = VERSION, sections: list[tuple[int, bytes]] | None = None,
+               instance: bytes | None = None) -> bytes:
+    """An encoded descriptor; by default that of a process on another host (tcp needs no section)."""
+    sections = sections or []
+    out = DESCRIPTOR_HEADER.pack(MAGIC, version, len(sections), 0, instance or os.urandom(16))
+    for transport, body in sections:
+        out += SECTION_HEADER.pack(transport, 0, len(body)) + body
+    return out
+
+
+def parse_descriptor(data: bytes) -> tuple[bytes, list[tuple[int, bytes]]]:
+    """(instance, [(transport, section bytes)]) of an encoded descriptor."""
+    magic, version, count, _, instance = DESCRIPTOR_HEADER.unpack_from(data)
+    assert (magic, version) == (MAGIC, VERSION)
+    at, sections = DESCRIPTOR_HEADER.size, []
+    for _ in range(count):
+        transport, _, length = SECTION_HEADER.unpack_from(data, at)
+        at += SECTION_HEADER.size
+        sections.append((transport, data[at:at + length]))
+        at += length
+    assert at == len(data)
+    return instance, sections
 
 
 def serve_handshake(sock: socket.socket, descriptor_version: int = VERSION) -> int:
     """The server side of a handshake without a secret, as a remote-host engine; returns the conn type."""
-    _, _, conn_type, _, _ = HELLO.unpack(recv_exact(sock, HELLO.size))
+    _, _, conn_type, *_ = HELLO.unpack(recv_exact(sock, HELLO.size))
     sock.sendall(CHALLENGE.pack(MAGIC, VERSION, STATUS_OK, 0, os.urandom(32)))
     recv_exact(sock, AUTH.size)
-    sock.sendall(WELCOME.pack(MAGIC, STATUS_OK, *descriptor(descriptor_version)))
+    body = descriptor(descriptor_version)
+    sock.sendall(WELCOME.pack(MAGIC, STATUS_OK, len(body), 0) + body)
     return int(conn_type)
 
 

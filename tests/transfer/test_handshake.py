@@ -60,13 +60,13 @@ def test_server_refuses_hello_of_another_version(
 
 @pytest.mark.parametrize("status", [rawwire.STATUS_VERSION_MISMATCH, rawwire.STATUS_OK])
 def test_client_refuses_server_of_another_version(status: int, make_engine: MakeEngine) -> None:
-    """The server answers our Hello with version 2 (saying mismatch, or not saying it)."""
+    """The server answers our Hello with the next version (saying mismatch, or not saying it)."""
     hellos: list[tuple[int, int]] = []
 
     def newer_server(sock: socket.socket) -> None:
         magic, version, *_ = rawwire.HELLO.unpack(rawwire.recv_exact(sock, rawwire.HELLO.size))
         hellos.append((magic, version))
-        sock.sendall(rawwire.CHALLENGE.pack(rawwire.MAGIC, 2, status, 0, os.urandom(32)))
+        sock.sendall(rawwire.CHALLENGE.pack(rawwire.MAGIC, rawwire.VERSION + 1, status, 0, os.urandom(32)))
 
     server = rawwire.FakeServer(newer_server)
     try:
@@ -74,12 +74,13 @@ def test_client_refuses_server_of_another_version(status: int, make_engine: Make
         with pytest.raises(ProtocolVersionError) as info:
             engine.connect(server.name)
         message = str(info.value)
-        assert "v2" in message and f"v{engine.protocol_version}" in message, message
+        newer = f"v{rawwire.VERSION + 1}"
+        assert newer in message and f"v{engine.protocol_version}" in message, message
         assert server.name in message
         assert hellos == [(rawwire.MAGIC, engine.protocol_version)]
         # A transfer() that meets the server first refuses it the same way, before sending anything.
         buf = engine.register(bytearray(16))
-        with pytest.raises(ProtocolVersionError, match="v2"):
+        with pytest.raises(ProtocolVersionError, match=newer):
             engine.transfer([TransferRequest(TransferOp.READ, buf.addr(0), 16, server.name, 0x10000)])
         assert len(hellos) == 2
     finally:

@@ -49,7 +49,7 @@ def assert_serves(engine: TransferEngine, target: TargetProcess) -> None:
 
 
 def hello(magic: int = rawwire.MAGIC, conn_type: int = rawwire.CONN_DATA) -> bytes:
-    return rawwire.HELLO.pack(magic, rawwire.VERSION, conn_type, 0, os.urandom(32))
+    return rawwire.pack_hello(os.urandom(32), magic=magic, conn_type=conn_type)
 
 
 GARBAGE = {

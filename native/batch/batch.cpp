@@ -1,4 +1,4 @@
-#include "engine/batch.h"
+#include "batch/batch.h"
 
 #include <chrono>
 #include <thread>
@@ -44,6 +44,7 @@ void Batch::finish_request(size_t request) {
     std::lock_guard<std::mutex> lock(mu_);
     RequestResult& r = results_[request];
     r.state = r.message.empty() ? RequestState::kDone : RequestState::kFailed;
+    if (r.state == RequestState::kFailed) failed_.fetch_add(1, std::memory_order_release);
     last = requests_left_.fetch_sub(1, std::memory_order_acq_rel) == 1;
     if (last) guards_.clear();
   }
@@ -75,6 +76,17 @@ bool Batch::wait(double timeout_s) {
 std::vector<RequestResult> Batch::results() {
   std::lock_guard<std::mutex> lock(mu_);
   return results_;
+}
+
+}  // namespace tidekv
+
+namespace tidekv {
+
+const std::string& Batch::peer_name(uint32_t id) const {
+  static const std::string unknown = "?";
+  for (const auto& [pid, name] : peer_names_)
+    if (pid == id) return name;
+  return unknown;
 }
 
 }  // namespace tidekv

@@ -1,4 +1,5 @@
-// A submitted batch: its requests, their per-request state, and the tasks that carry them out.
+// A submitted batch: its requests, their per-request state, and the tasks that carry them out
+// (planned by the transports' links, see transport/transport.h).
 // Tasks are claimed exactly once, either by a worker thread or by a thread waiting on the batch
 // (so a waiter never sleeps while its own work sits in the queue).
 #pragma once
@@ -79,6 +80,10 @@ class Batch {
   void fail_slice(size_t request, ErrorKind kind, const std::string& message);
 
   bool is_done() const { return requests_left_.load(std::memory_order_acquire) == 0; }
+  bool has_failures() const { return failed_.load(std::memory_order_acquire) != 0; }
+  // Names of the peers its requests go to (by peer id), for errors; set before submitting.
+  void set_peer_names(std::vector<std::pair<uint32_t, std::string>> names) { peer_names_ = std::move(names); }
+  const std::string& peer_name(uint32_t id) const;
   // Runs unclaimed tasks on the calling thread (within the deadline), then waits; false on
   // timeout (timeout_s < 0: no limit). The batch keeps running after a timeout.
   bool wait(double timeout_s);
@@ -92,6 +97,8 @@ class Batch {
   std::unique_ptr<std::atomic<uint32_t>[]> slices_left_;
   std::vector<RequestResult> results_;  // guarded by mu_
   std::atomic<size_t> requests_left_;
+  std::atomic<size_t> failed_{0};
+  std::vector<std::pair<uint32_t, std::string>> peer_names_;
   std::atomic<uint64_t> bytes_done_{0};
   std::vector<RegionTable::Guard> guards_;  // local regions pinned until the batch ends
   std::vector<std::shared_ptr<Task>> tasks_;

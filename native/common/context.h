@@ -1,4 +1,4 @@
-// What every part of one engine shares: its settings, counters and log queue.
+// What every part of one engine shares: its settings, identity, counters and log queue.
 #pragma once
 
 #include <cstdint>
@@ -6,18 +6,16 @@
 #include <memory>
 #include <string>
 
-#include "engine/counters.h"
-#include "engine/log_sink.h"
+#include "common/counters.h"
+#include "common/log_sink.h"
 
 namespace tidekv {
-
-enum class TransportChoice : int { kAuto = 0, kTcp = 1, kShm = 2 };
 
 // Mirrors tidekv.config.TransferConfig (validated there).
 struct EngineOptions {
   std::string host = "127.0.0.1";
   int port = 0;
-  TransportChoice transport = TransportChoice::kAuto;
+  std::string transport = "auto";  // a transport's name forces it for every request
   int connections_per_peer = 4;
   int worker_threads = 4;
   uint64_t slice_bytes = 1 << 20;
@@ -32,12 +30,18 @@ struct EngineOptions {
   int reply_spin_us = 100;
   int shm_parallelism = 2;
   bool enable_cross_memory_attach = true;
+  int server_threads = 4;                // threads that serve peers' tcp data connections
+  int handshake_timeout_ms = 5000;       // a connection that has not finished its handshake by then is dropped
+  int idle_timeout_ms = 300000;          // a data connection idle this long is closed (both sides)
+  int max_connections = 1024;            // open connections the listener and servers hold at once
+  int max_connections_per_peer = 64;     // of which from one peer engine
 };
 
 class Task;
 
 struct EngineContext {
   EngineOptions options;
+  uint8_t instance[16];  // random per engine; peers see a new one when it restarts
   Counters counters;
   LogSink log;
   // Queues work for the engine's workers (set by the engine; used for continuations).

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -35,6 +36,24 @@ class LogSink {
     }
     emit(level, std::move(message));
   }
+  // Emits at most once per `interval` for `key`, with the number of records held back since.
+  void emit_every(const std::string& key, std::chrono::steady_clock::duration interval, LogLevel level,
+                  std::string message) {
+    auto now = std::chrono::steady_clock::now();
+    uint64_t held = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& t = every_[key];
+      if (t.count > 0 && now - t.last < interval) {
+        ++t.held;
+        return;
+      }
+      held = t.held;
+      t = {now, t.count + 1, 0};
+    }
+    if (held) message += " (" + std::to_string(held) + " more like this since the last report)";
+    emit(level, std::move(message));
+  }
   // Waits up to timeout_ms for records; returns them (and a note of any dropped ones).
   std::vector<std::pair<LogLevel, std::string>> drain(int timeout_ms) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -59,6 +78,12 @@ class LogSink {
   std::condition_variable cv_;
   std::deque<std::pair<LogLevel, std::string>> records_;
   std::set<std::string> once_;
+  struct Every {
+    std::chrono::steady_clock::time_point last;
+    uint64_t count;
+    uint64_t held;
+  };
+  std::map<std::string, Every> every_;
   uint64_t dropped_ = 0;
   bool closed_ = false;
 };

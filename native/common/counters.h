@@ -16,6 +16,9 @@ struct Counters {
   std::atomic<uint64_t> connections_accepted{0};
   std::atomic<uint64_t> connections_refused{0};  // bad handshake, version, secret, frame
   std::atomic<uint64_t> connections_opened{0};   // outgoing data connections
+  std::atomic<uint64_t> connections_limited{0};  // refused for a limit: fds, connections, per peer
+  std::atomic<uint64_t> connections_idle_closed{0};  // closed after idle_timeout
+  std::atomic<uint64_t> connections_open{0};     // accepted connections open now (gauge)
 };
 
 }  // namespace tidekv

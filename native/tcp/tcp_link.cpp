@@ -1,0 +1,245 @@
+#include "tcp/tcp_link.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <deque>
+#include <cstring>
+
+#include "common/errors.h"
+#include "common/handshake.h"
+
+namespace tidekv {
+namespace {
+
+constexpr size_t kRoundSlices = 256;  // the acks of one round must fit in socket buffers
+
+std::string range_text(const char* op, uint64_t addr, uint64_t len) {
+  return std::string(op) + " [0x" + [](uint64_t v) {
+    char b[32];
+    snprintf(b, sizeof(b), "%llx", (unsigned long long)v);
+    return std::string(b);
+  }(addr) + ", +" + std::to_string(len) + ")";
+}
+
+}  // namespace
+
+TcpLink::Connection::~Connection() {
+  if (fd < 0) return;
+  {
+    std::lock_guard<std::mutex> lock(owner->mu_);
+    owner->live_fds_.erase(fd);
+  }
+  ::close(fd);
+}
+
+TcpLink::TcpLink(EngineContext& ctx, PeerAddress peer) : ctx_(ctx), peer_(std::move(peer)), peer_name_(peer_.name) {}
+
+TcpLink::~TcpLink() { close(); }
+
+int TcpLink::preference(const Request& r, MemoryLocation local) const {
+  return local.kind == MemoryKind::kCpu ? 1 : 0;  // anything the peer registered; it refuses what is not host memory
+}
+
+std::string TcpLink::refusal(const Request& r, MemoryLocation local) const {
+  return "tcp moves host memory only, and the local range is in " + local.str() + " memory";
+}
+
+void TcpLink::close() {
+  std::vector<std::unique_ptr<Connection>> idle;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    idle.swap(idle_);
+    // Connections in use: wake their blocked send/recv so the rounds fail now, not at the I/O timeout.
+    for (int fd : live_fds_) ::shutdown(fd, SHUT_RDWR);
+    cv_.notify_all();
+  }
+}
+
+std::unique_ptr<TcpLink::Connection> TcpLink::checkout(const Deadline& deadline) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      if (closed_) TIDEKV_THROW(kClosed, "engine closed");
+      while (!idle_.empty()) {
+        auto conn = std::move(idle_.back());
+        idle_.pop_back();
+        if (is_usable(*conn)) return conn;
+        --open_;  // the peer closed it while idle (its idle timeout, or a restart): open another
+        lock.unlock();
+        conn.reset();
+        lock.lock();
+      }
+      if (open_ < ctx_.options.connections_per_peer) break;
+      if (!deadline) {
+        cv_.wait(lock);
+      } else if (cv_.wait_until(lock, *deadline) == std::cv_status::timeout) {
+        return nullptr;
+      }
+    }
+    ++open_;
+  }
+  try {
+    auto conn = std::make_unique<Connection>();
+    conn->owner = this;
+    SocketOptions sopts{ctx_.options.socket_buffer_bytes, ctx_.options.io_timeout_ms};
+    conn->fd = connect_tcp(peer_.host, peer_.port, sopts);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live_fds_.insert(conn->fd);
+    }
+    conn->reader = std::make_unique<SocketReader>(conn->fd, peer_name_);
+    Descriptor d = client_handshake(conn->fd, *conn->reader, wire::ConnType::kData, uint16_t(TransportId::kTcp),
+                                    ctx_.instance, ctx_.options.secret, peer_name_);
+    if (peer_.on_descriptor) peer_.on_descriptor(d);
+    ctx_.counters.connections_opened.fetch_add(1, std::memory_order_relaxed);
+    return conn;
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --open_;
+    cv_.notify_one();
+    throw;
+  }
+}
+
+bool TcpLink::is_usable(const Connection& conn) const {
+  // The peer closes connections idle past its idle timeout: retire ours well before that, and
+  // any that turned readable while idle (a hang-up, since no reply is owed).
+  auto idle = std::chrono::steady_clock::now() - conn.idle_since;
+  if (idle > std::chrono::milliseconds(ctx_.options.idle_timeout_ms / 2)) return false;
+  pollfd p{conn.fd, POLLIN, 0};
+  return poll(&p, 1, 0) == 0;
+}
+
+void TcpLink::checkin(std::unique_ptr<Connection> conn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (conn && !closed_) {
+    conn->idle_since = std::chrono::steady_clock::now();
+    idle_.push_back(std::move(conn));
+  } else {
+    --open_;
+  }
+  cv_.notify_one();
+}
+
+void TcpLink::plan(const std::shared_ptr<Batch>& batch, const std::vector<uint32_t>& requests) {
+  const uint64_t slice_bytes = ctx_.options.slice_bytes;
+  std::vector<Slice> slices;
+  for (uint32_t r : requests) {
+    const Request& q = batch->requests()[r];
+    uint32_t n = 0;
+    for (uint64_t off = 0; off < q.length; off += slice_bytes, ++n) {
+      uint64_t len = std::min(slice_bytes, q.length - off);
+      slices.push_back(Slice{r, q.op, q.local_addr + off, q.remote_addr + off, len});
+    }
+    batch->expect_slices(r, n);
+  }
+  size_t groups = std::min<size_t>(slices.size(), size_t(std::max(1, ctx_.options.connections_per_peer)));
+  std::vector<std::shared_ptr<Group>> parts;
+  for (size_t i = 0; i < groups; ++i) {
+    parts.push_back(std::make_shared<Group>());
+    parts.back()->batch = batch.get();
+    parts.back()->keep = batch;
+  }
+  for (size_t i = 0; i < slices.size(); ++i) parts[i % groups]->slices.push_back(slices[i]);
+  for (auto& g : parts) {
+    // WRITEs first within each round: the peer then only ever owes us small acks while we send.
+    std::stable_partition(g->slices.begin(), g->slices.end(), [](const Slice& s) { return s.op == wire::Op::kWrite; });
+    batch->add_task(std::make_shared<Task>(
+        [self = shared_from_this(), g](const Deadline& deadline) { self->run(g, deadline); }));
+  }
+}
+
+void TcpLink::run(const std::shared_ptr<Group>& group, const Deadline& deadline) {
+  if (step(*group, deadline)) {
+    group->keep.reset();
+    return;
+  }
+  // The waiting thread that ran this has to go: a worker finishes the group.
+  ctx_.enqueue_task(
+      std::make_shared<Task>([self = shared_from_this(), group](const Deadline&) { self->run(group, std::nullopt); }));
+}
+
+void TcpLink::begin_window(Group& g) {
+  g.window_begin = g.done;
+  g.window_end = std::min(g.slices.size(), g.done + kRoundSlices);
+  size_t count = g.window_end - g.window_begin;
+  g.headers.resize(count);
+  g.iov.clear();
+  g.iov_next = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const Slice& s = g.slices[g.window_begin + i];
+    g.headers[i] = wire::RequestHeader{wire::kMagic, uint8_t(s.op), {0, 0, 0}, s.remote, s.length, uint64_t(i)};
+    g.iov.push_back(iovec{&g.headers[i], sizeof(wire::RequestHeader)});
+    if (s.op == wire::Op::kWrite) g.iov.push_back(iovec{reinterpret_cast<void*>(s.local), s.length});
+  }
+}
+
+bool TcpLink::step(Group& g, const Deadline& deadline) {
+  try {
+    if (!g.conn) {
+      g.conn = checkout(deadline);
+      if (!g.conn) return false;
+    }
+    while (g.done < g.slices.size()) {
+      if (g.window_end <= g.done) begin_window(g);
+      if (!send_until(g.conn->fd, g.iov.data(), int(g.iov.size()), &g.iov_next, deadline, peer_name_)) return false;
+      while (g.done < g.window_end) {
+        if (g.conn->reader->buffered() < sizeof(wire::ResponseHeader) &&
+            !spin_until_readable(g.conn->fd, ctx_.options.reply_spin_us) && deadline &&
+            !wait_readable(g.conn->fd, *deadline))
+          return false;
+        handle_reply(g);
+      }
+    }
+    checkin(std::move(g.conn));
+  } catch (const Error& e) {
+    if (g.conn) {
+      g.conn.reset();  // a connection that failed mid-round is out of sync: drop it
+      checkin(nullptr);
+    }
+    ErrorKind kind = e.kind() == ErrorKind::kHangup ? ErrorKind::kPeerUnavailable : e.kind();
+    for (size_t i = g.done; i < g.slices.size(); ++i) {
+      const Slice& s = g.slices[i];
+      g.batch->fail_slice(s.request, kind,
+                          std::string(e.what()) + " during " +
+                              range_text(s.op == wire::Op::kRead ? "READ" : "WRITE", s.remote, s.length));
+    }
+    g.done = g.slices.size();
+  }
+  return true;
+}
+
+void TcpLink::handle_reply(Group& g) {
+  const Slice& s = g.slices[g.done];
+  Connection& conn = *g.conn;
+  wire::ResponseHeader resp{};
+  conn.reader->read_exact(&resp, sizeof(resp));
+  if (resp.magic != wire::kMagic || resp.tag != g.done - g.window_begin)
+    TIDEKV_THROW(kTransfer, "peer " + peer_name_ + " sent a malformed reply");
+  if (resp.status == uint32_t(wire::Status::kOk)) {
+    if (s.op == wire::Op::kRead) {
+      if (resp.length != s.length) TIDEKV_THROW(kTransfer, "peer " + peer_name_ + " sent a short READ reply");
+      conn.reader->read_exact(reinterpret_cast<void*>(s.local), s.length);
+      ctx_.counters.bytes_read.fetch_add(s.length, std::memory_order_relaxed);
+    } else {
+      ctx_.counters.bytes_written.fetch_add(s.length, std::memory_order_relaxed);
+    }
+    ++g.done;
+    g.batch->complete_slice(s.request, s.length);
+    return;
+  }
+  const char* op = s.op == wire::Op::kRead ? "READ" : "WRITE";
+  ErrorKind kind =
+      resp.status == uint32_t(wire::Status::kNotRegistered) ? ErrorKind::kNotRegistered : ErrorKind::kTransfer;
+  ++g.done;
+  g.batch->fail_slice(s.request, kind,
+                      "peer " + peer_name_ + " refused " + range_text(op, s.remote, s.length) +
+                          (kind == ErrorKind::kNotRegistered ? ": not inside a region registered there" : ""));
+}
+
+}  // namespace tidekv

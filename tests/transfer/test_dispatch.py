@@ -1,0 +1,174 @@
+"""Per-request transport choice, the versioned descriptor, and the one native error boundary.
+
+The engine picks a transport for each request, not each peer: one batch can mix same-host shm
+with tcp, and even one peer's requests can go both ways. Descriptors carry a section per
+transport; a section of a transport this build lacks is skipped. Failed requests come back as
+typed errors naming peer, op and byte range, mapped in one place. Neighbours: the contract suite
+(``test_contract``), which checks bytes over each transport alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import MakeEngine, SpawnTarget
+from tests.transfer import rawwire
+from tests.transfer.harness import initiator_config
+from tests.transfer.reference import pattern
+from tidekv import (
+    ConfigError,
+    SegmentNotRegisteredError,
+    TransferConfig,
+    TransferEngine,
+    TransferError,
+    TransferOp,
+    TransferRequest,
+    TransferState,
+)
+from tidekv.errors import EngineClosedError
+from tidekv.transfer.directory import DirectDirectory
+
+pytestmark = pytest.mark.timeout(90)
+
+SIZE = 256 << 10
+WAIT_S = 30.0
+
+
+class TcpOnlyDirectory(DirectDirectory):
+    """Hands out descriptors without their shm section: a same-host peer then looks remote."""
+
+    def lookup(self, name: str) -> bytes:
+        instance, sections = rawwire.parse_descriptor(super().lookup(name))
+        return rawwire.descriptor(sections=[s for s in sections if s[0] != rawwire.TRANSPORT_SHM], instance=instance)
+
+
+def test_one_batch_mixes_transports_across_peers(spawn_target: SpawnTarget) -> None:
+    near = spawn_target({"mem": ("alloc", SIZE, 1)})
+    far = spawn_target({"mem": ("alloc", SIZE, 2)})
+    engine = TransferEngine(config=TransferConfig())
+    try:
+        assert engine.connect(near.name) == "shm"
+        engine._directory = TcpOnlyDirectory(engine._native)  # far: reachable by tcp alone
+        assert engine.connect(far.name) == "tcp"
+        buf = engine.register(bytearray(2 * SIZE))
+        batch = [
+            TransferRequest(TransferOp.READ, buf.addr(0), SIZE, near.name, near.regions["mem"].addr(0)),
+            TransferRequest(TransferOp.READ, buf.addr(SIZE), SIZE, far.name, far.regions["mem"].addr(0)),
+        ]
+        engine.transfer(batch).wait(timeout_s=WAIT_S)
+        assert buf.view()[:SIZE] == pattern(1, SIZE) and buf.view()[SIZE:] == pattern(2, SIZE)
+        assert engine.stats()["shm_bytes"] == SIZE
+        assert far.stats()["served_bytes"] == SIZE and near.stats()["served_bytes"] == 0
+    finally:
+        engine.close()
+
+
+def test_one_peers_requests_take_different_transports(spawn_target: SpawnTarget, make_engine: MakeEngine) -> None:
+    """Without cross-memory attach, a peer's allocate()d memory goes by shm and its plain
+    registered memory by tcp, within one batch."""
+    target = spawn_target({"shared": ("alloc", SIZE, 1), "plain": ("bytearray", SIZE, 2)})
+    engine = make_engine(TransferConfig(enable_cross_memory_attach=False))
+    assert engine.connect(target.name) == "shm"
+    buf = engine.register(bytearray(2 * SIZE))
+    batch = [
+        TransferRequest(TransferOp.READ, buf.addr(0), SIZE, target.name, target.regions["shared"].addr(0)),
+        TransferRequest(TransferOp.READ, buf.addr(SIZE), SIZE, target.name, target.regions["plain"].addr(0)),
+    ]
+    engine.transfer(batch).wait(timeout_s=WAIT_S)
+    assert buf.view()[:SIZE] == pattern(1, SIZE) and buf.view()[SIZE:] == pattern(2, SIZE)
+    assert engine.stats()["shm_bytes"] == SIZE
+    assert target.stats()["served_bytes"] == SIZE
+
+
+def test_forced_shm_fails_what_it_cannot_serve_and_names_why(spawn_target: SpawnTarget, make_engine: MakeEngine) -> None:
+    target = spawn_target({"shared": ("alloc", SIZE, 1), "plain": ("bytearray", SIZE, 2)})
+    engine = make_engine(TransferConfig.from_env({"TIDEKV_TRANSPORT": "shm"}, enable_cross_memory_attach=False))
+    buf = engine.register(bytearray(2 * SIZE))
+    handle = engine.transfer([
+        TransferRequest(TransferOp.READ, buf.addr(0), SIZE, target.name, target.regions["shared"].addr(0)),
+        TransferRequest(TransferOp.WRITE, buf.addr(SIZE), SIZE, target.name, target.regions["plain"].addr(0)),
+    ])
+    with pytest.raises(TransferError) as info:
+        handle.wait(timeout_s=WAIT_S)
+    ok, failed = handle.statuses()
+    assert ok.state is TransferState.DONE and failed.state is TransferState.FAILED
+    assert "transport 'shm' is forced" in str(failed.error) and "cross-memory attach" in str(failed.error)
+    assert (failed.error.peer, failed.error.op, failed.error.length) == (target.name, "WRITE", SIZE)
+    assert failed.error.remote_addr == target.regions["plain"].addr(0)
+    assert [(i, str(e)) for i, e in info.value.failures] == [(1, str(failed.error))]
+    assert buf.view()[:SIZE] == pattern(1, SIZE)
+
+
+def test_unknown_forced_transport_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="TIDEKV_TRANSPORT='carrier-pigeon'"):
+        TransferConfig.from_env({"TIDEKV_TRANSPORT": "carrier-pigeon"})
+
+
+def test_descriptor_with_an_unknown_transport_section(spawn_target: SpawnTarget, make_engine: MakeEngine) -> None:
+    """A peer of a build with a transport we lack (wire id 77) still serves us over what we share."""
+
+    class NewerPeerDirectory(DirectDirectory):
+        def lookup(self, name: str) -> bytes:
+            instance, sections = rawwire.parse_descriptor(super().lookup(name))
+            return rawwire.descriptor(sections=[(77, b"\x01" * 40), *sections, (78, b"")], instance=instance)
+
+    target = spawn_target({"mem": ("alloc", SIZE, 1)})
+    engine = make_engine(TransferConfig())
+    engine._directory = NewerPeerDirectory(engine._native)
+    assert engine.connect(target.name) == "shm"
+    buf = engine.register(bytearray(SIZE))
+    engine.transfer([TransferRequest(TransferOp.READ, buf.addr(0), SIZE, target.name, target.regions["mem"].addr(0))]).wait(
+        timeout_s=WAIT_S
+    )
+    assert buf.view() == pattern(1, SIZE)
+
+
+@pytest.mark.parametrize("damage", ["cut", "bad-length", "trailing", "bad-magic"])
+def test_malformed_descriptor_is_refused_by_name(damage: str, make_engine: MakeEngine) -> None:
+    engine = make_engine(TransferConfig())
+    good = rawwire.descriptor(sections=[(rawwire.TRANSPORT_SHM, b"\0" * 72)])
+    bad = {
+        "cut": good[:-10],
+        "bad-length": good[:32] + rawwire.SECTION_HEADER.pack(rawwire.TRANSPORT_SHM, 0, 1 << 20) + good[40:],
+        "trailing": good + b"x",
+        "bad-magic": b"\0\0\0\0" + good[4:],
+    }[damage]
+    with pytest.raises(ConfigError, match="descriptor of peer 127.0.0.1:9 is malformed"):
+        engine._native.add_peer("127.0.0.1:9", bad)
+
+
+def test_a_batch_naming_16_new_peers(spawn_target: SpawnTarget, make_engine: MakeEngine) -> None:
+    targets = [spawn_target({"mem": ("alloc", 4096, seed)}) for seed in range(16)]
+    engine = make_engine(initiator_config("tcp"))
+    buf = engine.register(bytearray(16 * 4096))
+    batch = [TransferRequest(TransferOp.READ, buf.addr(i * 4096), 4096, t.name, t.regions["mem"].addr(0))
+             for i, t in enumerate(targets)]
+    engine.transfer(batch).wait(timeout_s=WAIT_S)
+    for i in range(16):
+        assert buf.view()[i * 4096:(i + 1) * 4096] == pattern(i, 4096)
+
+
+def test_local_range_error_is_typed(make_engine: MakeEngine, spawn_target: SpawnTarget) -> None:
+    target = spawn_target({"mem": ("alloc", SIZE, 1)})
+    engine = make_engine(TransferConfig())
+    with pytest.raises(SegmentNotRegisteredError, match="register"):
+        engine.transfer([TransferRequest(TransferOp.READ, 0x1000, 16, target.name, target.regions["mem"].addr(0))])
+
+
+def test_closed_engine_is_one_error_everywhere(spawn_target: SpawnTarget) -> None:
+    """Closing the engine fails its own calls and its batches still in flight with
+    EngineClosedError alike (before, the batch said PeerUnavailableError)."""
+    target = spawn_target({"mem": ("alloc", 64 << 20, 1)})
+    engine = TransferEngine(config=initiator_config("tcp", slice_size_bytes=64 << 10, connections_per_peer=1))
+    buf = engine.register(bytearray(64 << 20))
+    engine.connect(target.name)
+    handle = engine.transfer([TransferRequest(TransferOp.READ, buf.addr(0), 64 << 20, target.name, target.regions["mem"].addr(0))])
+    engine.close()
+    status = handle.statuses()[0]
+    if status.state is TransferState.FAILED:  # the usual case: the close cut it short
+        assert isinstance(status.error, EngineClosedError), status.error
+        assert status.error.peer == target.name and status.error.op == "READ"
+    else:
+        assert status.state is TransferState.DONE  # it finished before the close reached it
+    with pytest.raises(EngineClosedError):
+        engine.transfer([TransferRequest(TransferOp.READ, buf.addr(0), 16, target.name, 0)])
