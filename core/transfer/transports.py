@@ -1,9 +1,11 @@
 """The transports this build knows, and whether each can carry requests here (with the reason).
 
 ``catalog()`` is the one list of transports: ``tidekv doctor`` prints it and self-tests what it
-calls available. Each probe only looks — it loads a shared library, reads /proc or /sys, or makes
-one harmless system call on this process — and each is a small function of its own, so that the
-native engine's own report can later back ``catalog()`` (same signature) probe by probe.
+calls available. Which transports this build has, and whether each can run, comes from the
+native engine itself (its transport registry); the probes here add the reasons in words a user
+can act on, and say what a transport not in this build (cuda, fabric) would find on this host.
+Each probe only looks — it loads a shared library, reads /proc or /sys, or makes one harmless
+system call on this process.
 Neighbours: ``memory`` (THP, Yama and seccomp facts the store also decides with),
 ``tidekv.config.TransferConfig`` (the settings a probe honours), ``tidekv.doctor``.
 """
@@ -12,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from tidekv.config import TransferConfig
+from tidekv.config import TransferConfig, TransportKind
 from tidekv.transfer import memory
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
@@ -37,15 +41,33 @@ class TransportStatus:
 
 
 def catalog(config: TransferConfig) -> list[TransportStatus]:
-    """Every transport this build knows, always in the same order.
+    """Every transport this build has (in the engine's order), then those it does not have yet.
 
     Args:
         config: the settings an engine here would run with (e.g. whether cross-memory attach is on).
 
     Returns:
-        One status each for "tcp", "shm", "cuda" and "fabric".
+        One status each for "tcp", "shm", "cuda" and "fabric" (and any transport a newer build adds).
     """
-    return [tcp_status(), shm_status(config), cuda_status(), fabric_status()]
+    out = []
+    for name, available, reason in built_transports(config):
+        detail = _DETAILS.get(name)
+        out.append(detail(config) if detail and available else TransportStatus(name, available, reason))
+    names = {status.name for status in out}
+    out += [probe() for name, probe in _NOT_BUILT.items() if name not in names]
+    return out
+
+
+def built_transports(config: TransferConfig) -> list[tuple[str, bool, str]]:
+    """The native engine's own report: (name, available, reason) for each transport it was built with."""
+    from tidekv import _native
+    from tidekv.transfer.engine import _native_options
+
+    engine = _native.Engine(_native_options("127.0.0.1", 0, dataclasses.replace(config, transport=TransportKind.AUTO)))
+    try:
+        return list(engine.transports())
+    finally:
+        engine.close()
 
 
 def tcp_status() -> TransportStatus:
@@ -187,3 +209,13 @@ def _status_field(name: str) -> str | None:
             if key == name:
                 return value.strip()
     return None
+
+
+_DETAILS: dict[str, Callable[[TransferConfig], TransportStatus]] = {
+    "tcp": lambda config: tcp_status(),
+    "shm": shm_status,
+}
+"""Probes that explain a built transport the engine calls available."""
+
+_NOT_BUILT: dict[str, Callable[[], TransportStatus]] = {"cuda": cuda_status, "fabric": fabric_status}
+"""Transports still to come, and what each would find on this host."""
