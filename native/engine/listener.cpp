@@ -183,9 +183,9 @@ void Listener::accept_ready() {
 
 void Listener::drop(Pending* p) {
   int fd = p->fd;
+  ctx_.counters.connections_open.fetch_sub(1, std::memory_order_relaxed);  // before the peer can see the close
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
   ::close(fd);
-  ctx_.counters.connections_open.fetch_sub(1, std::memory_order_relaxed);
   pending_.erase(fd);
 }
 

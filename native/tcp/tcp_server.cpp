@@ -107,13 +107,18 @@ void TcpServer::adopt(Connection conn) {
 }
 
 void TcpServer::close_conn(Conn* c) {
-  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->fd, nullptr);
-  ::close(c->fd);
+  // The books first, the descriptor last: once the peer sees the close, a new connection of its
+  // must find the slot free.
+  int fd = c->fd;
   ctx_.counters.connections_open.fetch_sub(1, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = per_peer_.find(c->instance);
-  if (it != per_peer_.end() && --it->second <= 0) per_peer_.erase(it);
-  conns_.erase(c);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = per_peer_.find(c->instance);
+    if (it != per_peer_.end() && --it->second <= 0) per_peer_.erase(it);
+    conns_.erase(c);
+  }
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  ::close(fd);
 }
 
 void TcpServer::sweep_idle() {
@@ -123,9 +128,9 @@ void TcpServer::sweep_idle() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [raw, c] : conns_) {
     if (c->busy || now - c->last_active_ms.load() < ctx_.options.idle_timeout_ms) continue;
-    ::shutdown(c->fd, SHUT_RDWR);
-    c->last_active_ms.store(now);  // once per timeout, not on every sweep until it is reaped
     ctx_.counters.connections_idle_closed.fetch_add(1, std::memory_order_relaxed);
+    c->last_active_ms.store(now);  // once per timeout, not on every sweep until it is reaped
+    ::shutdown(c->fd, SHUT_RDWR);
   }
 }
 
