@@ -46,6 +46,7 @@ class TidekvScheduler:
         self._store: Any = None
         self._store_down_until = 0.0
         self._store_warning = WarnEvery(_WARN_EVERY_S)
+        self._refusal_warnings: dict[type, WarnEvery] = {}  # one throttle per kind of refusal
         self._pulls: dict[str, PullJob] = {}
         self._loads: dict[str, int] = {}  # request -> external tokens to load from the store
         self._tokens: dict[str, list[int]] = {}  # prompt tokens of running requests (store mode)
@@ -107,7 +108,7 @@ class TidekvScheduler:
             handoff, error = self._read_handoff(request)
             params["do_remote_prefill"] = False  # pull once, even if this is called again
             if error is not None:
-                logger.warning("request %s: refusing to pull its KV: %s", request.request_id, error)
+                self._warn_refusal(request.request_id, error)
             remote = list(handoff.block_ids) if handoff is not None else []
             local: list[int] = []
             if num_external_tokens > 0:
@@ -126,19 +127,26 @@ class TidekvScheduler:
                 list(handoff.ranks) if handoff is not None else [],
                 handoff.request_id if handoff is not None else "",
                 is_sync=self.settings.is_sync_load or not local,
-                error=error,
+                error=None if error is None else str(error),
             )
         elif num_external_tokens > 0:
             self._loads[request.request_id] = num_external_tokens
 
-    def _read_handoff(self, request: Request) -> tuple[KVHandoff | None, str | None]:
+    def _read_handoff(self, request: Request) -> tuple[KVHandoff | None, TidekvError | None]:
         """The prefill's contract in the request's params, or why this engine cannot pull it."""
         try:
             handoff = contract.from_params(request.kv_transfer_params or {})
             contract.check_pullable(handoff, tp_size=self.tp_size, block_size=self.block_size)
         except TidekvError as exc:
-            return None, str(exc)
+            return None, exc
         return handoff, None
+
+    def _warn_refusal(self, request_id: str, error: TidekvError) -> None:
+        throttle = self._refusal_warnings.setdefault(type(error), WarnEvery(_WARN_EVERY_S))
+        held_back = throttle.due()
+        if held_back is not None:
+            logger.warning("request %s: refusing to pull its KV (kv_load_failure_policy decides its fate): %s "
+                           "(%d similar refusals not logged)", request_id, error, held_back)
 
     def _pull_end(self, prompt_len: int, handoff: KVHandoff | None) -> int:
         if handoff is None:

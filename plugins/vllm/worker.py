@@ -173,8 +173,9 @@ class TidekvWorker:
                 pull.error = str(exc)
         remote = pull.job.remote_ranks[self.tp_rank] if pull.job.remote_ranks else None
         if pull.error is not None:
-            logger.warning("request %s: pulling KV from %s failed: %s", pull.job.request_id,
-                           remote.engine if remote is not None else "the prefill", pull.error)
+            if pull.job.error is None:  # a refusal was logged by the scheduler already
+                logger.warning("request %s: pulling KV from %s failed: %s", pull.job.request_id,
+                               remote.engine if remote is not None else "the prefill", pull.error)
             self._load_errors.update(pull.job.local_blocks)
         elif remote is not None and remote.confirm_address:
             self.confirmer.confirm(remote.confirm_address, pull.job.remote_request_id)
