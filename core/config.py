@@ -71,8 +71,9 @@ class TransferConfig:
     """tcp connections opened to each peer; slices are striped over them. Default 4 (1..64)."""
     worker_threads: int = 4
     """Threads that run transfer tasks. Default 4 (1..256)."""
-    slice_size_bytes: int = 1 << 20
-    """Large requests are cut into slices of this size for striping. Default 1 MiB (4 KiB..256 MiB)."""
+    slice_size_bytes: int = 256 << 10
+    """tcp cuts requests into slices of this size and stripes them over the peer's connections (a
+    1 MiB request then moves on four at once). Default 256 KiB (4 KiB..256 MiB)."""
     io_timeout_s: float = 30.0
     """A socket that makes no progress for this long fails its requests. Default 30 s (0.1..3600)."""
     socket_buffer_bytes: int = 4 << 20

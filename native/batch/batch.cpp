@@ -56,6 +56,10 @@ bool Batch::wait(double timeout_s) {
   if (timeout_s >= 0)
     deadline = std::chrono::steady_clock::now() +
                std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
+  // Run the last task here and leave the others to the workers woken for them, so that a
+  // batch split over several connections runs them side by side; whatever is still unclaimed
+  // afterwards is run here too.
+  if (!tasks_.empty()) tasks_.back()->try_run(deadline);
   for (const auto& task : tasks_) task->try_run(deadline);
   if (is_done()) return true;
   // A short spin catches completions that arrive within microseconds; a futex sleep and

@@ -20,6 +20,7 @@ const char* class_name(ErrorKind kind) {
     case ErrorKind::kTransfer: return "TransferError";
     case ErrorKind::kPeerUnavailable: return "PeerUnavailableError";
     case ErrorKind::kHangup: return "PeerUnavailableError";
+    case ErrorKind::kRefused: return "PeerUnavailableError";
     case ErrorKind::kProtocolVersion: return "ProtocolVersionError";
     case ErrorKind::kAuth: return "AuthenticationError";
     case ErrorKind::kTimeout: return "TransferTimeoutError";

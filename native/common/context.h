@@ -18,7 +18,7 @@ struct EngineOptions {
   std::string transport = "auto";  // a transport's name forces it for every request
   int connections_per_peer = 4;
   int worker_threads = 4;
-  uint64_t slice_bytes = 1 << 20;
+  uint64_t slice_bytes = 256 << 10;
   int io_timeout_ms = 30000;
   int socket_buffer_bytes = 4 << 20;
   std::string secret;

@@ -18,6 +18,7 @@ enum class ErrorKind : int {
   kTimeout = 6,         // an operation ran past its deadline
   kClosed = 7,          // this engine is closed
   kHangup = 8,          // the other side closed an idle connection (between frames; not an error there)
+  kRefused = 9,         // the peer has no room for another connection of ours (its limits)
 };
 
 class Error : public std::runtime_error {

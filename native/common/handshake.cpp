@@ -68,8 +68,8 @@ Descriptor client_handshake(int fd, SocketReader& reader, wire::ConnType type, u
   if (welcome.status == uint32_t(wire::Status::kAuthFailed))
     TIDEKV_THROW(kAuth, "peer " + what + " refused our shared secret; check TransferConfig.secret on both sides");
   if (welcome.status == uint32_t(wire::Status::kRefused))
-    TIDEKV_THROW(kPeerUnavailable, "peer " + what + " refused the connection (no room: its connection limits, "
-                                                    "or it does not serve this transport)");
+    TIDEKV_THROW(kRefused, "peer " + what + " refused the connection (no room: its connection limits, "
+                                            "or it does not serve this transport)");
   if (welcome.status != uint32_t(wire::Status::kOk))
     TIDEKV_THROW(kPeerUnavailable, "peer " + what + " refused the connection (status " +
                                        std::to_string(welcome.status) + ")");

@@ -22,7 +22,7 @@
 namespace tidekv {
 namespace {
 
-constexpr size_t kReaderBuffer = 256 << 10;
+constexpr size_t kReaderBuffer = 64 << 10;
 constexpr size_t kDirectThreshold = 64 << 10;
 
 std::string errno_text(int err) { return std::string(std::strerror(err)); }

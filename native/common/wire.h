@@ -79,6 +79,9 @@ struct SectionHeader {
 
 constexpr uint32_t kMaxDescriptorBytes = 64 << 10;
 
+// One slice of a request. span_*: the whole request the slice belongs to; the server serves
+// the slice only when the whole span lies in one registered region, so a request that reaches
+// past its region fails whole and no slice of it lands.
 struct RequestHeader {
   uint32_t magic;
   uint8_t op;
@@ -86,6 +89,8 @@ struct RequestHeader {
   uint64_t remote_addr;
   uint64_t length;
   uint64_t tag;
+  uint64_t span_addr;
+  uint64_t span_length;
 };
 
 struct ResponseHeader {
@@ -101,7 +106,7 @@ static_assert(sizeof(Challenge) == 48);
 static_assert(sizeof(Welcome) == 16);
 static_assert(sizeof(DescriptorHeader) == 32);
 static_assert(sizeof(SectionHeader) == 8);
-static_assert(sizeof(RequestHeader) == 32);
+static_assert(sizeof(RequestHeader) == 48);
 static_assert(sizeof(ResponseHeader) == 32);
 
 }  // namespace tidekv::wire

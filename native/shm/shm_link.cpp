@@ -178,7 +178,10 @@ void ShmLink::run(Batch& batch, const std::vector<Slice>& slices) {
     const Slice& s = slices[i];
     try {
       if (closed_.load(std::memory_order_relaxed)) TIDEKV_THROW(kClosed, "engine closed");
-      auto guard = table_.acquire(s.remote, s.length, /*is_local=*/false);
+      // The whole request must lie in one region, not just this slice: no part of a request
+      // that reaches past its region may land.
+      const Request& q = batch.requests()[s.request];
+      auto guard = table_.acquire(q.remote_addr, q.length, /*is_local=*/false);
       if (!guard) TIDEKV_THROW(kNotRegistered, "peer " + peer_name_ + " has no registered region holding the range");
       if (guard->view().memfd >= 0) {
         copy(s, guard->view());

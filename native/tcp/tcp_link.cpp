@@ -36,7 +36,8 @@ TcpLink::Connection::~Connection() {
   ::close(fd);
 }
 
-TcpLink::TcpLink(EngineContext& ctx, PeerAddress peer) : ctx_(ctx), peer_(std::move(peer)), peer_name_(peer_.name) {}
+TcpLink::TcpLink(EngineContext& ctx, PeerAddress peer)
+    : ctx_(ctx), peer_(std::move(peer)), peer_name_(peer_.name), max_open_(ctx.options.connections_per_peer) {}
 
 TcpLink::~TcpLink() { close(); }
 
@@ -61,49 +62,62 @@ void TcpLink::close() {
 }
 
 std::unique_ptr<TcpLink::Connection> TcpLink::checkout(const Deadline& deadline) {
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      if (closed_) TIDEKV_THROW(kClosed, "engine closed");
-      while (!idle_.empty()) {
-        auto conn = std::move(idle_.back());
-        idle_.pop_back();
-        if (is_usable(*conn)) return conn;
-        --open_;  // the peer closed it while idle (its idle timeout, or a restart): open another
-        lock.unlock();
-        conn.reset();
-        lock.lock();
-      }
-      if (open_ < ctx_.options.connections_per_peer) break;
-      if (!deadline) {
-        cv_.wait(lock);
-      } else if (cv_.wait_until(lock, *deadline) == std::cv_status::timeout) {
-        return nullptr;
-      }
-    }
-    ++open_;
-  }
-  try {
-    auto conn = std::make_unique<Connection>();
-    conn->owner = this;
-    SocketOptions sopts{ctx_.options.socket_buffer_bytes, ctx_.options.io_timeout_ms};
-    conn->fd = connect_tcp(peer_.host, peer_.port, sopts);
+  for (;;) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      live_fds_.insert(conn->fd);
+      std::unique_lock<std::mutex> lock(mu_);
+      for (;;) {
+        if (closed_) TIDEKV_THROW(kClosed, "engine closed");
+        while (!idle_.empty()) {
+          auto conn = std::move(idle_.back());
+          idle_.pop_back();
+          if (is_usable(*conn)) return conn;
+          --open_;  // the peer closed it while idle (its idle timeout, or a restart): open another
+          lock.unlock();
+          conn.reset();
+          lock.lock();
+        }
+        if (open_ < max_open_) break;
+        if (!deadline) {
+          cv_.wait(lock);
+        } else if (cv_.wait_until(lock, *deadline) == std::cv_status::timeout) {
+          return nullptr;
+        }
+      }
+      ++open_;
     }
-    conn->reader = std::make_unique<SocketReader>(conn->fd, peer_name_);
-    Descriptor d = client_handshake(conn->fd, *conn->reader, wire::ConnType::kData, uint16_t(TransportId::kTcp),
-                                    ctx_.instance, ctx_.options.secret, peer_name_);
-    if (peer_.on_descriptor) peer_.on_descriptor(d);
-    ctx_.counters.connections_opened.fetch_add(1, std::memory_order_relaxed);
-    return conn;
-  } catch (...) {
-    std::lock_guard<std::mutex> lock(mu_);
-    --open_;
-    cv_.notify_one();
-    throw;
+    try {
+      return open_connection();
+    } catch (const Error& e) {
+      std::lock_guard<std::mutex> lock(mu_);
+      --open_;
+      cv_.notify_one();
+      // The peer has no room for one more of ours (its max_connections_per_peer is below our
+      // connections_per_peer): make do with the connections we have, if any.
+      if (e.kind() != ErrorKind::kRefused || open_ == 0) throw;
+      max_open_ = std::max(1, open_);
+      ctx_.log.emit_once("tcp-fewer:" + peer_name_, LogLevel::kWarning,
+                         "peer " + peer_name_ + " refused more than " + std::to_string(max_open_) +
+                             " connections from us (its max_connections_per_peer); using " +
+                             std::to_string(max_open_));
+    }
   }
+}
+
+std::unique_ptr<TcpLink::Connection> TcpLink::open_connection() {
+  auto conn = std::make_unique<Connection>();
+  conn->owner = this;
+  SocketOptions sopts{ctx_.options.socket_buffer_bytes, ctx_.options.io_timeout_ms};
+  conn->fd = connect_tcp(peer_.host, peer_.port, sopts);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_fds_.insert(conn->fd);
+  }
+  conn->reader = std::make_unique<SocketReader>(conn->fd, peer_name_);
+  Descriptor d = client_handshake(conn->fd, *conn->reader, wire::ConnType::kData, uint16_t(TransportId::kTcp),
+                                  ctx_.instance, ctx_.options.secret, peer_name_);
+  if (peer_.on_descriptor) peer_.on_descriptor(d);
+  ctx_.counters.connections_opened.fetch_add(1, std::memory_order_relaxed);
+  return conn;
 }
 
 bool TcpLink::is_usable(const Connection& conn) const {
@@ -173,7 +187,9 @@ void TcpLink::begin_window(Group& g) {
   g.iov_next = 0;
   for (size_t i = 0; i < count; ++i) {
     const Slice& s = g.slices[g.window_begin + i];
-    g.headers[i] = wire::RequestHeader{wire::kMagic, uint8_t(s.op), {0, 0, 0}, s.remote, s.length, uint64_t(i)};
+    const Request& q = g.batch->requests()[s.request];
+    g.headers[i] = wire::RequestHeader{wire::kMagic, uint8_t(s.op), {0, 0, 0}, s.remote, s.length, uint64_t(i),
+                                       q.remote_addr, q.length};
     g.iov.push_back(iovec{&g.headers[i], sizeof(wire::RequestHeader)});
     if (s.op == wire::Op::kWrite) g.iov.push_back(iovec{reinterpret_cast<void*>(s.local), s.length});
   }

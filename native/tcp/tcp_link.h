@@ -54,6 +54,7 @@ class TcpLink final : public PeerLink, public std::enable_shared_from_this<TcpLi
 
   // Deadline-aware checkout: nullptr when the deadline passes before a connection is free.
   std::unique_ptr<Connection> checkout(const Deadline& deadline);
+  std::unique_ptr<Connection> open_connection();
   void checkin(std::unique_ptr<Connection> conn);
   bool is_usable(const Connection& conn) const;
   void run(const std::shared_ptr<Group>& group, const Deadline& deadline);
@@ -70,6 +71,7 @@ class TcpLink final : public PeerLink, public std::enable_shared_from_this<TcpLi
   std::vector<std::unique_ptr<Connection>> idle_;
   std::set<int> live_fds_;  // every open connection, idle or in use (close() shuts them down)
   int open_ = 0;
+  int max_open_;  // connections_per_peer, lowered when the peer refuses more
   bool closed_ = false;
 };
 

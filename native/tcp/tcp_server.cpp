@@ -201,7 +201,9 @@ bool TcpServer::serve(Conn& c) {
       reader.read_exact(&h, sizeof(h), /*at_frame_boundary=*/iov.empty());
       if (h.magic != wire::kMagic || h.op > uint8_t(wire::Op::kWrite))
         TIDEKV_THROW(kTransfer, "malformed frame from " + c.what + " (bad magic or op)");
-      auto guard = regions_.acquire(h.remote_addr, h.length, /*is_local=*/true);
+      if (h.remote_addr < h.span_addr || h.length > h.span_length || h.remote_addr - h.span_addr > h.span_length - h.length)
+        TIDEKV_THROW(kTransfer, "malformed frame from " + c.what + " (slice outside its request)");
+      auto guard = regions_.acquire(h.span_addr, h.span_length, /*is_local=*/true);
       if (guard && !(guard->view().location.kind == MemoryKind::kCpu)) guard.reset();  // not host memory: not ours to serve
       wire::ResponseHeader resp{wire::kMagic, uint32_t(wire::Status::kOk), 0, h.tag, 0};
       if (!guard) {

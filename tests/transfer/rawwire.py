@@ -39,11 +39,11 @@ AUTH = struct.Struct("<32s")
 WELCOME = struct.Struct("<IIII")  # magic, status, descriptor_bytes, reserved; the descriptor follows
 DESCRIPTOR_HEADER = struct.Struct("<IIII16s")  # magic, version, sections, reserved, instance
 SECTION_HEADER = struct.Struct("<HHI")  # transport, reserved, length
-REQUEST = struct.Struct("<IB3xQQQ")  # magic, op, remote_addr, length, tag
+REQUEST = struct.Struct("<IB3xQQQQQ")  # magic, op, remote_addr, length, tag, span_addr, span_length
 RESPONSE = struct.Struct("<IIQQQ")  # magic, status, length, tag, reserved
 
 assert (HELLO.size, CHALLENGE.size, WELCOME.size, DESCRIPTOR_HEADER.size) == (64, 48, 16, 32)
-assert (REQUEST.size, RESPONSE.size) == (32, 32)
+assert (REQUEST.size, RESPONSE.size) == (48, 32)
 
 IO_TIMEOUT_S = 10.0
 
@@ -129,7 +129,12 @@ def handshake(name: str, secret: str | None = None, conn_type: int = CONN_DATA,
 
 
 def send_request(sock: socket.socket, op: int, remote_addr: int, length: int, tag: int, payload: bytes = b"") -> None:
-    sock.sendall(REQUEST.pack(MAGIC, op, remote_addr, length, tag) + payload)
+    sock.sendall(pack_request(op, remote_addr, length, tag) + payload)
+
+
+def pack_request(op: int, remote_addr: int, length: int, tag: int = 0, magic: int = MAGIC) -> bytes:
+    """A request frame whose slice is its whole request."""
+    return REQUEST.pack(magic, op, remote_addr, length, tag, remote_addr, length)
 
 
 def recv_response(sock: socket.socket) -> tuple[int, int, int, bytes]:

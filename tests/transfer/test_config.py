@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(30)
 def test_defaults() -> None:
     c = TransferConfig()
     assert c.transport is TransportKind.AUTO
-    assert (c.connections_per_peer, c.worker_threads, c.slice_size_bytes) == (4, 4, 1 << 20)
+    assert (c.connections_per_peer, c.worker_threads, c.slice_size_bytes) == (4, 4, 256 << 10)
     assert (c.io_timeout_s, c.secret, c.enable_cross_memory_attach) == (30.0, None, True)
 
 

@@ -172,3 +172,21 @@ def test_closed_engine_is_one_error_everywhere(spawn_target: SpawnTarget) -> Non
         assert status.state is TransferState.DONE  # it finished before the close reached it
     with pytest.raises(EngineClosedError):
         engine.transfer([TransferRequest(TransferOp.READ, buf.addr(0), 16, target.name, 0)])
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_a_request_reaching_past_its_region_lands_nowhere(transport: str, spawn_target: SpawnTarget,
+                                                          make_engine: MakeEngine) -> None:
+    """Slices are cut per transport (tcp 256 KiB, shm 16 MiB); a request whose last slice falls
+    outside the region must not land its other slices either."""
+    size = 24 << 20
+    target = spawn_target({"mem": ("alloc", size, 1)})
+    engine = make_engine(initiator_config(transport))
+    assert engine.connect(target.name) == transport
+    buf = engine.register(bytearray(size))
+    buf.view()[:] = pattern(2, size)
+    over = TransferRequest(TransferOp.WRITE, buf.addr(0), size - (1 << 20) + 1, target.name, target.regions["mem"].addr(1 << 20))
+    with pytest.raises(SegmentNotRegisteredError):
+        engine.transfer([over]).wait(timeout_s=WAIT_S)
+    assert target.read("mem", 0, 4 << 20) == pattern(1, size)[: 4 << 20]
+    assert target.read("mem", size - (4 << 20), 4 << 20) == pattern(1, size)[size - (4 << 20):]

@@ -90,7 +90,7 @@ def test_descriptor_exhaustion_recovers(spawn_target: SpawnTarget, make_engine: 
                f"descriptors back to {baseline} (now {open_fds(target.pid)})")
     assert_serves(make_engine, target)
     stats = target.stats()
-    assert stats["connections_open"] <= 1, stats  # the peer above may still hold its connection
+    assert stats["connections_open"] <= 4, stats  # the peer above may still hold its connections_per_peer
     lines = [line for line in target.log_text().splitlines() if "out of file descriptors" in line]
     assert 1 <= len(lines) <= 3, lines  # rate-limited, not a line per refused connection
 
@@ -184,7 +184,7 @@ def test_connections_per_peer_are_bounded(spawn_target: SpawnTarget, make_engine
 def test_engine_reports_a_refusal_by_the_limit(spawn_target: SpawnTarget, make_engine: MakeEngine) -> None:
     """An engine over its limit at a peer gets a clear error, not a hang or a silent close."""
     target = spawn_target({"mem": ("alloc", SIZE, 1)}, connections_per_peer=1, max_connections_per_peer=1)
-    engine = make_engine(initiator_config("tcp"))
+    engine = make_engine(initiator_config("tcp", connections_per_peer=1, max_connections_per_peer=1))
     instance, _ = rawwire.parse_descriptor(engine.descriptor)
     squatter, status = rawwire.handshake(target.name, instance=instance)  # takes the engine's one slot
     with squatter:
@@ -197,3 +197,16 @@ def test_engine_reports_a_refusal_by_the_limit(spawn_target: SpawnTarget, make_e
     wait_until(lambda: target.stats()["connections_open"] == 0, 10, "the target reaps the squatter")
     engine.transfer(read).wait(timeout_s=WAIT_S)  # the slot is free again
     assert buf.view() == pattern(1, SIZE)
+
+
+def test_engine_makes_do_with_the_connections_a_peer_allows(spawn_target: SpawnTarget, make_engine: MakeEngine) -> None:
+    """A peer that takes fewer connections than we stripe over: we use the ones it took."""
+    target = spawn_target({"mem": ("alloc", SIZE, 1)}, connections_per_peer=2, max_connections_per_peer=2)
+    engine = make_engine(initiator_config("tcp", connections_per_peer=4, slice_size_bytes=64 << 10))
+    buf = engine.register(bytearray(SIZE))
+    read = [TransferRequest(TransferOp.READ, buf.addr(0), SIZE, target.name, target.regions["mem"].addr(0))]
+    for _ in range(3):
+        buf.view()[:] = bytes(SIZE)
+        engine.transfer(read).wait(timeout_s=WAIT_S)
+        assert buf.view() == pattern(1, SIZE)
+    assert target.stats()["connections_open"] <= 2

@@ -93,10 +93,12 @@ def test_stalled_handshake_does_not_block_other_peers(spawn_target: SpawnTarget,
 
 
 BAD_FRAMES: dict[str, Callable[[int], bytes]] = {
-    "bad-magic": lambda addr: rawwire.REQUEST.pack(0x12345678, rawwire.OP_READ, addr, 16, 0),
-    "unknown-op": lambda addr: rawwire.REQUEST.pack(rawwire.MAGIC, 7, addr, 16, 0),
-    "random-bytes": lambda addr: os.urandom(32),
-    "huge-unregistered-write": lambda addr: rawwire.REQUEST.pack(rawwire.MAGIC, rawwire.OP_WRITE, 0x1000, 1 << 40, 0),
+    "bad-magic": lambda addr: rawwire.pack_request(rawwire.OP_READ, addr, 16, magic=0x12345678),
+    "unknown-op": lambda addr: rawwire.pack_request(7, addr, 16),
+    "slice-outside-its-request": lambda addr: rawwire.REQUEST.pack(rawwire.MAGIC, rawwire.OP_READ, addr + 64, 16, 0,
+                                                                   addr, 32),
+    "random-bytes": lambda addr: os.urandom(rawwire.REQUEST.size),
+    "huge-unregistered-write": lambda addr: rawwire.pack_request(rawwire.OP_WRITE, 0x1000, 1 << 40),
 }
 
 
@@ -217,7 +219,7 @@ def fake_engine(reply: Callable[[socket.socket, int, int, int], None]) -> Callab
 
     def script(sock: socket.socket) -> None:
         if rawwire.serve_handshake(sock) == rawwire.CONN_DATA:
-            magic, op, addr, length, tag = rawwire.REQUEST.unpack(rawwire.recv_exact(sock, rawwire.REQUEST.size))
+            magic, op, addr, length, tag, *_ = rawwire.REQUEST.unpack(rawwire.recv_exact(sock, rawwire.REQUEST.size))
             assert (magic, op) == (rawwire.MAGIC, rawwire.OP_READ)
             reply(sock, addr, length, tag)
 

@@ -44,7 +44,8 @@ def free_port() -> int:
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_target_killed_mid_batch(transport: str, kind: str, spawn_target: SpawnTarget, make_engine: MakeEngine) -> None:
     target = spawn_target({"mem": (kind, REQUEST_BYTES, 1)})
-    engine = make_engine(initiator_config(transport, io_timeout_s=30.0))
+    # One copying thread: on two vCPUs, two would starve this thread until the batch is over.
+    engine = make_engine(initiator_config(transport, io_timeout_s=30.0, shm_parallelism=1))
     assert engine.connect(target.name) == transport
     local = engine.register(bytearray(REQUESTS * REQUEST_BYTES))
     remote = target.regions["mem"].addr(0)
@@ -60,16 +61,26 @@ def test_target_killed_mid_batch(transport: str, kind: str, spawn_target: SpawnT
     was_running = not handle.done()
     target.kill()
     started = time.monotonic()
-    with pytest.raises(TransferError) as info:
+    try:
         handle.wait(timeout_s=DEADLINE_S)
+    except TransferError as e:
+        info = pytest.ExceptionInfo.from_exc_info((type(e), e, e.__traceback__))
+    else:
+        # Reads of engine-allocated shared memory may all finish before the kernel has torn the
+        # process down: the pages are the peer's shared memory, intact while we map them, so
+        # that is a correct result - and it must be the right bytes.
+        assert transport == "shm" and kind == "alloc", "a batch against a killed peer succeeded"
+        assert local.view() == pattern(1, REQUEST_BYTES) * REQUESTS
+        info = None
     elapsed = time.monotonic() - started
     assert was_running, "the batch finished before the kill; make it larger"
     assert elapsed < DEADLINE_S
-    assert isinstance(info.value, PeerUnavailableError), repr(info.value)
-    assert info.value.peer == target.name
-    states = [s.state for s in handle.statuses()]
-    assert TransferState.PENDING not in states
-    assert states.count(TransferState.FAILED) == len(info.value.failures) > 0
+    if info is not None:
+        assert isinstance(info.value, PeerUnavailableError), repr(info.value)
+        assert info.value.peer == target.name
+        states = [s.state for s in handle.statuses()]
+        assert TransferState.PENDING not in states
+        assert states.count(TransferState.FAILED) == len(info.value.failures) > 0
 
     # Later batches to the dead peer fail fast too (transfer() may refuse at once or per request).
     started = time.monotonic()
