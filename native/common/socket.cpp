@@ -23,7 +23,7 @@ namespace tidekv {
 namespace {
 
 constexpr size_t kReaderBuffer = 64 << 10;
-constexpr size_t kDirectThreshold = 64 << 10;
+constexpr size_t kDirectThreshold = 16 << 10;  // payloads this large go straight to their destination
 
 std::string errno_text(int err) { return std::string(std::strerror(err)); }
 
@@ -226,9 +226,9 @@ void send_all(int fd, const void* data, size_t size, const std::string& what) {
 SocketReader::SocketReader(int fd, std::string what)
     : fd_(fd), what_(std::move(what)), buf_(new uint8_t[kReaderBuffer]) {}
 
-size_t SocketReader::fill(bool wait_forever) {
+size_t SocketReader::fill(bool wait_forever, size_t max_bytes) {
   for (;;) {
-    ssize_t n = recv(fd_, buf_.get() + end_, kReaderBuffer - end_, 0);
+    ssize_t n = recv(fd_, buf_.get() + end_, std::min(kReaderBuffer - end_, max_bytes), 0);
     if (n > 0) {
       end_ += size_t(n);
       return size_t(n);
@@ -241,7 +241,7 @@ size_t SocketReader::fill(bool wait_forever) {
   }
 }
 
-void SocketReader::read_exact(void* dst, size_t size, bool at_frame_boundary) {
+void SocketReader::read_exact(void* dst, size_t size, bool at_frame_boundary, size_t read_ahead) {
   auto* out = static_cast<uint8_t*>(dst);
   size_t buffered = end_ - begin_;
   size_t take = std::min(buffered, size);
@@ -263,7 +263,7 @@ void SocketReader::read_exact(void* dst, size_t size, bool at_frame_boundary) {
       if (errno == EINTR) continue;
       throw_io(errno, what_, "receiving from");
     }
-    fill(idle);
+    fill(idle, read_ahead == SIZE_MAX ? SIZE_MAX : size + read_ahead);
     idle = false;
     take = std::min(end_ - begin_, size);
     std::memcpy(out, buf_.get() + begin_, take);

@@ -44,7 +44,9 @@ class SocketReader {
   SocketReader(int fd, std::string what);
   // Fills dst with exactly size bytes. With at_frame_boundary, an idle socket waits forever
   // (a quiet connection is not an error); otherwise the socket's timeout applies.
-  void read_exact(void* dst, size_t size, bool at_frame_boundary = false);
+  // read_ahead: at most this many bytes are read into the buffer beyond `size` (a header whose
+  // large payload should go straight to its destination reads none ahead).
+  void read_exact(void* dst, size_t size, bool at_frame_boundary = false, size_t read_ahead = SIZE_MAX);
   // Reads and throws away size bytes (a refused WRITE's payload).
   void discard(size_t size);
   // True when unread bytes are already buffered or waiting in the socket.
@@ -52,7 +54,7 @@ class SocketReader {
   size_t buffered() const { return end_ - begin_; }
 
  private:
-  size_t fill(bool wait_forever);
+  size_t fill(bool wait_forever, size_t max_bytes);
   int fd_;
   std::string what_;
   std::unique_ptr<uint8_t[]> buf_;

@@ -234,7 +234,10 @@ void TcpLink::handle_reply(Group& g) {
   const Slice& s = g.slices[g.done];
   Connection& conn = *g.conn;
   wire::ResponseHeader resp{};
-  conn.reader->read_exact(&resp, sizeof(resp));
+  // A large READ payload follows this header: read none of it into the buffer (it would be
+  // copied twice), let it go straight into the destination.
+  bool is_large_read = s.op == wire::Op::kRead && s.length >= (16 << 10);
+  conn.reader->read_exact(&resp, sizeof(resp), false, is_large_read ? 0 : SIZE_MAX);
   if (resp.magic != wire::kMagic || resp.tag != g.done - g.window_begin)
     TIDEKV_THROW(kTransfer, "peer " + peer_name_ + " sent a malformed reply");
   if (resp.status == uint32_t(wire::Status::kOk)) {
