@@ -55,7 +55,7 @@ def run(size_bytes: int, count: int, rounds: int, budget: Budget, log_dir: str) 
     with contextlib.ExitStack() as stack:
         near = stack.enter_context(HelperProcess("tidekv-shm-target", _target_main, (region_bytes, True), log_dir))
         far = stack.enter_context(HelperProcess("tidekv-tcp-target", _target_main, (region_bytes, False), log_dir))
-        engine = stack.enter_context(TransferEngine(config=TransferConfig(enable_cross_memory_attach=False)))
+        engine = stack.enter_context(TransferEngine(config=TransferConfig.from_env(enable_cross_memory_attach=False)))
         local = engine.allocate(2 * region_bytes)
 
         def half(target: HelperProcess, base: int) -> list[TransferRequest]:
