@@ -93,7 +93,9 @@ class ObjectTable:
         older = self.upserts.get(key)
         if older is not None and older.put is not None:
             self._drop_pending(older.put.token)
-        placed = self._allocate(size, replicas, preferred, now)
+        # An upsert never evicts the version it replaces: readers must find the old version or
+        # the new one, never neither.
+        placed = self._allocate(size, replicas, preferred, now, keep=key if existing is not None else None)
         if not placed:
             return PutSlot(Status.OUT_OF_SPACE)
         token = next(self._tokens)
@@ -214,9 +216,10 @@ class ObjectTable:
             (t, size, tuple(v for s, o in _pairs(r) if s not in names for v in (s, o))) for t, size, r in self.retired
         ]
 
-    def evict(self, bytes_needed: int, now: float) -> int:
-        """Evicts LRU objects to free about ``bytes_needed``; returns bytes freed."""
-        victims = eviction.select_victims(self.objects.items(), now, bytes_needed)
+    def evict(self, bytes_needed: int, now: float, keep: bytes | None = None) -> int:
+        """Evicts LRU objects (never ``keep``) to free about ``bytes_needed``; returns bytes freed."""
+        candidates = self.objects.items() if keep is None else ((k, m) for k, m in self.objects.items() if k != keep)
+        victims = eviction.select_victims(candidates, now, bytes_needed)
         freed = 0
         for key in victims:
             meta = self.objects.pop(key)
@@ -231,7 +234,8 @@ class ObjectTable:
 
     # ---- internals ----------------------------------------------------------------------
 
-    def _allocate(self, size: int, replicas: int, preferred: str, now: float) -> list[tuple[str, int]]:
+    def _allocate(self, size: int, replicas: int, preferred: str, now: float,
+                  keep: bytes | None = None) -> list[tuple[str, int]]:
         placed = self.segments.allocate(size, replicas, preferred)
         if placed or not self.segments.fits_anywhere(size):
             return placed
@@ -239,7 +243,7 @@ class ObjectTable:
         need = align(size) * replicas
         for _ in range(4):
             self.free_retired(now)
-            if self.evict(need, now) == 0 and not self.retired:
+            if self.evict(need, now, keep) == 0 and not self.retired:
                 break
             placed = self.segments.allocate(size, replicas, preferred)
             if placed:

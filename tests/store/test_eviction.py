@@ -92,3 +92,15 @@ def test_batch_put_into_a_full_pool_fails_only_the_keys_that_do_not_fit(pool: St
     assert len(failed) == 2
     stored = _alive(pool, keys)
     assert len(stored) == 2 and {k.encode() for k in stored}.isdisjoint(failed)
+
+
+def test_an_upsert_never_evicts_the_version_it_replaces(pool: Store) -> None:
+    """With the pool full of its own key, an upsert fails with OutOfSpaceError instead of evicting
+    the current version: a reader finds the old version or the new one, never neither."""
+    pool.put("hot", payload(0, 15 * PAGE))
+    time.sleep(LEASE_S + 0.1)
+    with pytest.raises(OutOfSpaceError):
+        pool.upsert("hot", payload(1, 2 * PAGE))  # 17 pages would need "hot" gone
+    assert pool.get("hot") == payload(0, 15 * PAGE)
+    pool.upsert("hot", payload(2, PAGE))  # fits beside it: the old version goes once replaced
+    assert pool.get("hot") == payload(2, PAGE)

@@ -64,12 +64,14 @@ def test_upsert_under_concurrent_readers_never_tears(spawn_master: SpawnMaster, 
 
     with ThreadPoolExecutor(4) as pool:
         writing = pool.submit(write)
-        local = [pool.submit(read) for _ in range(2)]
-        remote = pool.submit(remote_reader.call, "read_loop", DURATION_S + 20, key="hot", duration_s=DURATION_S,
-                             base_size=BASE)
-        results = [f.result(timeout=DURATION_S + 30) for f in local]
-        remote_result = remote.result(timeout=DURATION_S + 30)
-        stop.set()
+        try:
+            local = [pool.submit(read) for _ in range(2)]
+            remote = pool.submit(remote_reader.call, "read_loop", DURATION_S + 20, key="hot", duration_s=DURATION_S,
+                                 base_size=BASE)
+            results = [f.result(timeout=DURATION_S + 30) for f in local]
+            remote_result = remote.result(timeout=DURATION_S + 30)
+        finally:
+            stop.set()  # a failed reader must not leave the writer looping (the pool would wait forever)
         writing.result(timeout=30)
 
     assert upserts["ok"] >= 20, upserts
