@@ -1,7 +1,5 @@
 #include "engine/engine.h"
 
-#include <sys/mman.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,9 +14,6 @@
 #include "common/socket.h"
 #include "transport/registry.h"
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23  // Linux 5.14; older kernels refuse it and the fallback touches each page
-#endif
 
 namespace tidekv {
 namespace {
@@ -159,8 +154,12 @@ void Engine::register_region(uint64_t addr, uint64_t length, const std::string& 
   if (!handled)
     TIDEKV_THROW(kConfig, "location '" + location + "' cannot be registered: no transport available here moves " +
                               (where.kind == MemoryKind::kCpu ? "host" : "GPU") + " memory (see `tidekv doctor`)");
-  uint32_t slot = regions_.add(addr, length, -1, where);
-  RegionView view{slot, 0, addr, length, -1, where};
+  add_region(addr, length, -1, where);
+}
+
+void Engine::add_region(uint64_t addr, uint64_t length, int memfd, MemoryLocation where) {
+  uint32_t slot = regions_.add(addr, length, memfd, where);
+  RegionView view{slot, 0, addr, length, memfd, where};
   try {
     for (auto& t : transports_) t->on_register(view);
   } catch (...) {
@@ -169,62 +168,19 @@ void Engine::register_region(uint64_t addr, uint64_t length, const std::string& 
   }
 }
 
-void Engine::Allocation::release() {
-  munmap(base, mapped);
-  if (memfd >= 0) ::close(memfd);
-}
-
 uint64_t Engine::allocate(uint64_t length, bool huge) {
   TIDEKV_CHECK(!closed_.load(), kClosed, "engine " + name() + " is closed");
   TIDEKV_CHECK(length > 0, kConfig, "allocate() needs a size > 0");
-  Allocation a;
-  uint8_t* start = nullptr;
-  if (huge) {
-    // Private anonymous memory on 2 MiB boundaries with transparent huge pages: same-host peers
-    // reach it by cross-memory attach instead of mapping it, and reads of it stay fast after it
-    // sat idle (on some VMs idle 4 KiB pages read 3-4x slower the first time; huge pages do not).
-    constexpr uint64_t kHuge = 2ull << 20;
-    a.mapped = (length + kHuge - 1) / kHuge * kHuge + kHuge;
-    a.base = mmap(nullptr, a.mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (a.base == MAP_FAILED)
-      TIDEKV_THROW(kConfig, "cannot map " + std::to_string(length) + " bytes of memory: " + strerror(errno));
-    uint64_t b = reinterpret_cast<uint64_t>(a.base);
-    start = reinterpret_cast<uint8_t*>((b + kHuge - 1) / kHuge * kHuge);
-    madvise(start, length, MADV_HUGEPAGE);  // advisory: without THP the memory is still usable
-    // Fault it in now (huge pages where the kernel has them) rather than inside the first transfers.
-    if (madvise(start, length, MADV_POPULATE_WRITE) != 0) {
-      if (errno != EINVAL) {  // EINVAL: a kernel before 5.14; anything else: the memory is not there
-        int err = errno;
-        a.release();
-        TIDEKV_THROW(kConfig, "cannot allocate " + std::to_string(length) + " bytes of memory: " + strerror(err));
-      }
-      for (uint64_t off = 0; off < length; off += 4096) start[off] = 0;
-    }
-  } else {
-    a.memfd = memfd_create("tidekv-buffer", MFD_CLOEXEC);
-    if (a.memfd < 0) TIDEKV_THROW(kConfig, std::string("memfd_create failed: ") + strerror(errno));
-    if (ftruncate(a.memfd, off_t(length)) != 0) {
-      ::close(a.memfd);
-      TIDEKV_THROW(kConfig, "cannot allocate " + std::to_string(length) + " bytes of shared memory: " + strerror(errno));
-    }
-    // MAP_POPULATE: pay the page faults now rather than inside the first transfers into it.
-    a.mapped = length;
-    a.base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, a.memfd, 0);
-    if (a.base == MAP_FAILED) {
-      ::close(a.memfd);
-      TIDEKV_THROW(kConfig, "cannot map " + std::to_string(length) + " bytes of shared memory: " + strerror(errno));
-    }
-    start = static_cast<uint8_t*>(a.base);
-  }
-  uint64_t addr = reinterpret_cast<uint64_t>(start);
+  HostMemory memory = HostMemory::allocate(length, huge);
+  uint64_t addr = reinterpret_cast<uint64_t>(memory.start);
   try {
-    regions_.add(addr, length, a.memfd, MemoryLocation{});
+    add_region(addr, length, memory.memfd, MemoryLocation{});
   } catch (...) {
-    a.release();
+    memory.release();
     throw;
   }
   std::lock_guard<std::mutex> lock(alloc_mu_);
-  allocations_[addr] = a;
+  allocations_[addr] = memory;
   return addr;
 }
 

@@ -21,6 +21,7 @@
 #include "common/context.h"
 #include "common/descriptor.h"
 #include "engine/listener.h"
+#include "regions/host_memory.h"
 #include "regions/region_table.h"
 #include "transport/transport.h"
 
@@ -84,6 +85,8 @@ class Engine {
   // Why no link of `peer` takes request r (the per-request error).
   std::string no_route(const Peer& peer, const Request& r, MemoryLocation local) const;
   PeerAddress address_of(Peer& peer);
+  // Registers [addr, +length) in the region table and tells every transport.
+  void add_region(uint64_t addr, uint64_t length, int memfd, MemoryLocation where);
 
   EngineContext ctx_;
   RegionTable regions_;
@@ -94,13 +97,7 @@ class Engine {
   std::unique_ptr<Listener> listener_;
   std::string descriptor_bytes_;
   std::mutex alloc_mu_;
-  struct Allocation {
-    void* base = nullptr;  // the mapping (huge: a little larger than asked, for alignment)
-    uint64_t mapped = 0;
-    int memfd = -1;
-    void release();
-  };
-  std::map<uint64_t, Allocation> allocations_;  // by the registered address
+  std::map<uint64_t, HostMemory> allocations_;  // by the registered address
 
   std::mutex peers_mu_;
   std::vector<std::unique_ptr<Peer>> peers_;
