@@ -17,10 +17,37 @@ from tidekv.errors import TidekvError
 from tidekv.logs import configure_logging
 
 
+def _engines_epilog() -> str:
+    """How engines use tidekv: the vLLM connector and its JSON, the SGLang backend."""
+    import dataclasses
+    import textwrap
+
+    from tidekv.kvcache.settings import MASTER_ENV, KVConnectorConfig
+    from tidekv.store.cli import engine_flags
+
+    keys = textwrap.fill(", ".join(f"{f.name} ({f.default!r})" for f in dataclasses.fields(KVConnectorConfig)),
+                         width=92, initial_indent="    ", subsequent_indent="    ")
+    flags = engine_flags("HOST:PORT")
+    return f"""\
+engines (install tidekv into the engine's environment):
+  vLLM: the KV connector TidekvConnector (registered by tidekv's vllm.general_plugins entry
+  point), for PD disaggregation behind `tidekv proxy` and prefix reuse through the store:
+    python -m vllm.entrypoints.openai.api_server --model M {flags["vLLM"]}
+  kv_role: kv_both, kv_producer (prefill) or kv_consumer (decode). kv_connector_extra_config
+  keys (default; unknown ones are refused, by a server before its model loads):
+{keys}
+  Without "master" (null: no store) the connector reads ${MASTER_ENV}.
+  SGLang: HiCache storage backend (its "master" also defaults to ${MASTER_ENV}):
+    {flags["SGLang"]}
+  `tidekv up` starts a pool and prints these flags with its address."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tidekv",
         description="tidekv: KV-cache transfer engine and distributed KV store for disaggregated LLM serving.",
+        epilog=_engines_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"tidekv {__version__}")
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR (default: INFO or $TIDEKV_LOG_LEVEL)")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tidekv.kvcache.handoff import Confirmer
+from tidekv.kvcache.handoff import Releaser
 from tidekv.kvcache.settings import KVConnectorConfig
 
 
@@ -55,16 +55,16 @@ def _sent_until(worker: Any, rid: str, timeout_s: float = 5.0) -> list[set[str]]
 
 @pytest.mark.parametrize("saves_end_first", [True, False])
 def test_held_and_saving_request_is_reported_once_after_both(worker: Any, saves_end_first: bool) -> None:
-    confirmer = Confirmer()
+    releaser = Releaser()
     try:
         save = _finish(worker, "r", held=True, saving=True)
         assert save is not None
         if saves_end_first:
             save.set_result(None)
             assert worker.get_finished(set())[0] == set(), "still held for its decode"
-            confirmer.confirm(worker.holds.address, "r")
+            releaser.release(worker.holds.address, "r")
         else:
-            confirmer.confirm(worker.holds.address, "r")
+            releaser.release(worker.holds.address, "r")
             deadline = time.monotonic() + 5
             while worker.holds.is_held("r") and time.monotonic() < deadline:
                 assert worker.get_finished(set())[0] == set(), "its save still runs"
@@ -74,14 +74,14 @@ def test_held_and_saving_request_is_reported_once_after_both(worker: Any, saves_
         assert _sent_until(worker, "r") == [{"r"}]
         assert [worker.get_finished(set())[0] for _ in range(3)] == [set()] * 3, "reported once"
     finally:
-        confirmer.close()
+        releaser.close()
 
 
 def test_held_only_and_saving_only_requests_are_reported_once(worker: Any) -> None:
-    confirmer = Confirmer()
+    releaser = Releaser()
     try:
         _finish(worker, "held", held=True, saving=False)
-        confirmer.confirm(worker.holds.address, "held")
+        releaser.release(worker.holds.address, "held")
         assert _sent_until(worker, "held") == [{"held"}]
         save = _finish(worker, "saving", held=False, saving=True)
         assert save is not None
@@ -89,7 +89,7 @@ def test_held_only_and_saving_only_requests_are_reported_once(worker: Any) -> No
         assert _sent_until(worker, "saving") == [{"saving"}]
         assert worker.get_finished(set())[0] == set()
     finally:
-        confirmer.close()
+        releaser.close()
 
 
 def test_saving_request_is_reported_even_without_a_store_client(worker: Any) -> None:

@@ -10,7 +10,7 @@ versions before any other field is read, so a decode never mis-reads a prefill o
 tidekv; what then happens to the request is the engine's load-failure policy (recompute or fail).
 
 The request a prefill instance gets (``remote_decode_params()``) is the engines' convention,
-not ours, and is not versioned. Neighbours: ``handoff`` (which blocks move; hold and confirm),
+not ours, and is not versioned. Neighbours: ``handoff`` (which blocks move; hold and release),
 ``layout`` (the per-rank layouts named here), ``ranks`` (the tensor-parallel checks), the vLLM
 plugin (builds and reads the contract), ``tidekv.proxy`` (passes it on).
 """
@@ -24,8 +24,10 @@ import msgspec
 
 from tidekv.errors import ConfigError, ProtocolVersionError
 
-PROTOCOL_VERSION = 1
-"""Version of ``KVHandoff``. Bump it on any change a decode of the previous version would mis-read."""
+PROTOCOL_VERSION = 2
+"""Version of ``KVHandoff`` and of the hold channel's messages (``handoff.HoldRelease``). Bump it
+on any change a peer of the previous version would mis-read. 2: releases are versioned and say
+why (a failed decode frees the blocks at once, not only a pull)."""
 
 
 class RankEndpoint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -36,7 +38,8 @@ class RankEndpoint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     layout: dict[str, Any]
     """This rank's ``KVLayout.to_wire()``: where each block of each layer lies."""
     confirm_address: str
-    """"host:port" of this rank's hold table: the decode rank that pulled confirms there."""
+    """"host:port" of this rank's hold table: where the request's hold is released (by the decode
+    rank that pulled, or by whoever saw the decode fail; ``handoff.HoldRelease``)."""
 
 
 class KVHandoff(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,16 +1,23 @@
 """The prefill -> decode hand-off of held KV blocks: which blocks move, who holds what, and
-the "done" signal.
+the "release" signal.
 
 The decode side pulls the prefill blocks that hold the prompt tokens it does not have
-(``pull_end``, ``pulled_blocks``). The prefill side holds a finished request's blocks until the
-decode side confirms it pulled them, or until a deadline passes (a decode that never comes
-leaks nothing). Confirmations travel over a ZeroMQ PUSH -> PULL channel: ``HoldTable`` owns the
-PULL end on the prefill worker, ``Confirmer`` the PUSH ends on decode workers. Each does its
-ZeroMQ I/O on a thread of its own: a step never waits on a socket.
+(``pull_end``, ``pulled_blocks``). The prefill side holds a finished request's blocks until it
+is told to release them, or until ``hold_timeout_s`` passes (the last resort: a decode that
+never comes leaks nothing for longer). Releases travel over one ZeroMQ PUSH -> PULL channel per
+prefill rank, as ``HoldRelease`` messages (versioned with the PD contract), and say why
+(``ReleaseReason``): the decode pulled the blocks (its worker says so), its pull failed (its
+worker), the decode request ended before any pull was planned (its scheduler, e.g. aborted when
+its client left), or the decode leg failed before the decode took the request (the proxy:
+decode unreachable or answering an error). ``HoldTable`` owns the PULL end on the prefill worker
+and ``Releaser`` a PUSH end wherever a release is sent from. Each does its ZeroMQ I/O on a
+thread of its own: a step never waits on a socket. Neighbours: ``contract`` (the hold table's
+address travels in ``RankEndpoint.confirm_address``; ``PROTOCOL_VERSION``).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import queue
 import threading
@@ -19,18 +26,40 @@ import time
 import msgspec
 import zmq
 
+from tidekv.kvcache.contract import PROTOCOL_VERSION, KVHandoff
+from tidekv.logs import WarnEvery
+
 logger = logging.getLogger(__name__)
 
 
-class _Done(msgspec.Struct, array_like=True):
+class ReleaseReason(enum.Enum):
+    """Why a prefill may free a request's held blocks now."""
+
+    PULLED = "pulled"  #: the decode rank pulled them (sent by the decode worker)
+    PULL_FAILED = "pull_failed"  #: the decode rank's pull failed and finished; it recomputes or fails
+    DECODE_ENDED = "decode_ended"  #: the decode request ended before a pull was planned (e.g. aborted)
+    DECODE_FAILED = "decode_failed"  #: the decode never took the request, or answered an error (the proxy)
+
+
+class HoldRelease(msgspec.Struct, frozen=True, array_like=True):
+    """The one message of the hold channel: "free request ``request_id``'s blocks, because ``reason``"."""
+
+    protocol_version: int
+    """The sender's ``contract.PROTOCOL_VERSION``; a hold table drops (and names) any other."""
     request_id: str
+    """The prefill's id of the request (``KVHandoff.request_id``)."""
+    reason: ReleaseReason
+    detail: str = ""
+    """What happened, for the prefill's log (e.g. the proxy's error for a failed decode)."""
 
 
 _encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder(_Done).decode
+_decode = msgspec.msgpack.Decoder(HoldRelease).decode
 _MAX_UNPAIRED = 4096
-"""Confirmations kept without a matching hold before the stale ones (older than the hold
-timeout) are pruned."""
+"""Releases kept without a matching hold before the stale ones (older than the hold timeout)
+are pruned. A release may come before its hold (the proxy can hear of a failed decode before
+the prefill's worker has recorded the hold), and after it (a second sender, e.g. the proxy's
+backstop after the decode's own release)."""
 
 
 def pull_end(prompt_len: int, remote_num_tokens: int, num_remote_blocks: int, block_size: int, *,
@@ -64,11 +93,12 @@ def pulled_blocks(end_token: int, num_pulled_tokens: int, block_size: int) -> sl
 
 
 class HoldTable:
-    """Prefill side: held requests, released on confirmation or at their deadline.
+    """Prefill side: held requests, released when told (``HoldRelease``) or at their deadline.
 
-    A receiver thread reads the confirmations as they arrive, so a step never touches ZeroMQ:
-    on this 2-vCPU VM the first poll/recv after the process slept costs 0.1-0.25 ms, paid
-    inside the prefill's step when the step read the socket itself.
+    A receiver thread reads the releases as they arrive, so a step never touches ZeroMQ: on this
+    2-vCPU VM the first poll/recv after the process slept costs 0.1-0.25 ms, paid inside the
+    prefill's step when the step read the socket itself. ``hold``, ``released``, ``wait`` and
+    ``is_held`` may be called from any thread (the worker's step thread calls them).
     """
 
     def __init__(self, host: str, hold_timeout_s: float) -> None:
@@ -86,7 +116,9 @@ class HoldTable:
         self._stop_tx.setsockopt(zmq.LINGER, 0)
         self._stop_tx.connect(stop_endpoint)
         self._deadlines: dict[str, float] = {}
-        self._confirmed: dict[str, float] = {}  # request -> arrival, until released() pairs it with a hold
+        # request -> (arrival, the release), until released() pairs it with a hold
+        self._releases: dict[str, tuple[float, HoldRelease]] = {}
+        self._bad_version = WarnEvery()
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._receive_loop, args=(sock, stop_rx), name="tidekv-holds",
                                         daemon=True)
@@ -95,16 +127,22 @@ class HoldTable:
     def hold(self, request_id: str) -> None:
         with self._cond:
             self._deadlines[request_id] = time.monotonic() + self.hold_timeout_s
-            if request_id in self._confirmed:
-                self._cond.notify_all()  # confirmed before its hold was recorded
+            if request_id in self._releases:
+                self._cond.notify_all()  # released before its hold was recorded
 
     def released(self) -> set[str]:
-        """Requests whose blocks may be freed now (confirmed, or past their deadline)."""
+        """Requests whose blocks may be freed now (released, or past their deadline). A release
+        for a failed or ended decode is logged at INFO, a deadline at WARNING."""
         if not self._deadlines:  # every step of every engine asks: no lock while nothing is held
             return set()
         with self._cond:
             now = time.monotonic()
-            out = {r for r in self._deadlines if r in self._confirmed}
+            out = {r for r in self._deadlines if r in self._releases}
+            for r in out:
+                release = self._releases.pop(r)[1]
+                if release.reason is not ReleaseReason.PULLED:
+                    logger.info("request %s: freeing its held KV blocks now (%s%s)", r, release.reason.value,
+                                f": {release.detail}" if release.detail else "")
             expired = {r for r, t in self._deadlines.items() if t <= now and r not in out}
             for r in expired:
                 logger.warning("request %s: decode did not pull its KV within %.1f s; freeing the blocks",
@@ -112,13 +150,12 @@ class HoldTable:
             out |= expired
             for r in out:
                 del self._deadlines[r]
-                self._confirmed.pop(r, None)
             return out
 
     def wait(self, timeout_s: float) -> bool:
-        """Sleeps until a held request is confirmed or ``timeout_s`` passes; True if one is."""
+        """Sleeps until a held request is released or ``timeout_s`` passes; True if one is."""
         with self._cond:
-            return self._cond.wait_for(self._any_confirmed, max(0.0, timeout_s))
+            return self._cond.wait_for(self._any_released, max(0.0, timeout_s))
 
     @property
     def pending(self) -> int:
@@ -134,8 +171,8 @@ class HoldTable:
             self._thread.join(timeout=5)
         self._stop_tx.close(linger=0)
 
-    def _any_confirmed(self) -> bool:
-        return any(r in self._confirmed for r in self._deadlines)
+    def _any_released(self) -> bool:
+        return any(r in self._releases for r in self._deadlines)
 
     def _receive_loop(self, sock: zmq.Socket, stop: zmq.Socket) -> None:
         poller = zmq.Poller()
@@ -148,54 +185,85 @@ class HoldTable:
                         frame = sock.recv(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    try:
-                        request_id = _decode(frame).request_id
-                    except msgspec.DecodeError:
-                        logger.warning("dropped a malformed hand-off confirmation")
-                        continue
-                    self._record(request_id)
+                    self._receive(frame)
         except zmq.ContextTerminated:
             pass  # the process is shutting down
         except Exception:
-            logger.exception("the hand-off confirmation receiver stopped; held blocks now free only at their deadline")
+            logger.exception("the hold-release receiver stopped; held blocks now free only at their deadline")
         finally:
             sock.close(linger=0)
             stop.close(linger=0)
 
-    def _record(self, request_id: str) -> None:
+    def _receive(self, frame: bytes) -> None:
+        try:
+            release = _decode(frame)
+        except msgspec.DecodeError:
+            version = _peek_version(frame)
+            if version is None or version == PROTOCOL_VERSION:
+                logger.warning("dropped a malformed hold-release message on %s", self.address)
+                return
+            release = HoldRelease(version, "?", ReleaseReason.PULLED)
+        if release.protocol_version != PROTOCOL_VERSION:
+            held_back = self._bad_version.due()
+            if held_back is not None:
+                logger.warning("dropped a hold release of tidekv PD protocol version %s on %s (this prefill speaks "
+                               "version %d): run the same tidekv release on every instance and the proxy (%d similar "
+                               "not logged)", release.protocol_version, self.address, PROTOCOL_VERSION, held_back)
+            return
+        self._record(release)
+
+    def _record(self, release: HoldRelease) -> None:
         with self._cond:
             now = time.monotonic()
-            self._confirmed[request_id] = now
-            if len(self._confirmed) > _MAX_UNPAIRED:
-                # Confirmations whose hold never came (a restarted prefill, a stray sender): a
-                # real one is paired within a step or two, so anything this old is dropped.
-                for r, t in list(self._confirmed.items()):
+            self._releases.setdefault(release.request_id, (now, release))  # the first reason counts
+            if len(self._releases) > _MAX_UNPAIRED:
+                # Releases whose hold never came or was gone already (a restarted prefill, a
+                # second sender): a real one is paired within a step or two, so old ones go.
+                for r, (t, _) in list(self._releases.items()):
                     if now - t > self.hold_timeout_s and r not in self._deadlines:
-                        del self._confirmed[r]
-            if request_id in self._deadlines:
+                        del self._releases[r]
+            if release.request_id in self._deadlines:
                 self._cond.notify_all()
 
 
-class Confirmer:
-    """Decode side: tells a prefill worker that a request's blocks were pulled.
+def _peek_version(frame: bytes) -> int | None:
+    """The protocol version a hold message of another layout claims (its first field), if any."""
+    try:
+        fields = msgspec.msgpack.decode(frame)
+    except msgspec.DecodeError:
+        return None
+    return fields[0] if isinstance(fields, list) and fields and isinstance(fields[0], int) else None
 
-    ``confirm`` only queues the message: a sender thread puts it on the wire, so the step that
-    pulled the blocks does not also pay for waking ZeroMQ's I/O thread (~0.1-0.25 ms on a 2-vCPU
-    VM). The prefill frees the blocks a moment later; nothing waits for that.
+
+class Releaser:
+    """Sends ``HoldRelease`` messages to prefill hold tables (decode workers and schedulers, the proxy).
+
+    ``release`` only queues the message: a sender thread puts it on the wire, so the step that
+    pulled the blocks (or the proxy's event loop) does not also pay for waking ZeroMQ's I/O
+    thread (~0.1-0.25 ms on a 2-vCPU VM). The prefill frees the blocks a moment later; nothing
+    waits for that. Thread-safe.
     """
 
     def __init__(self) -> None:
         self._socks: dict[str, zmq.Socket] = {}
-        self._queue: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._send_loop, name="tidekv-confirm", daemon=True)
+        self._queue: queue.SimpleQueue[tuple[str, HoldRelease] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._send_loop, name="tidekv-release", daemon=True)
         self._thread.start()
 
-    def confirm(self, address: str, request_id: str) -> None:
-        self._queue.put((address, request_id))
+    def release(self, address: str, request_id: str, reason: ReleaseReason = ReleaseReason.PULLED,
+                detail: str = "") -> None:
+        """Queues "free ``request_id``'s blocks" for the hold table at ``address`` ("host:port")."""
+        self._queue.put((address, HoldRelease(PROTOCOL_VERSION, request_id, reason, detail)))
+
+    def release_handoff(self, handoff: KVHandoff, reason: ReleaseReason, detail: str = "") -> None:
+        """Queues the release of ``handoff``'s hold on every prefill rank that holds its blocks."""
+        for rank in handoff.ranks:
+            if rank.confirm_address:
+                self.release(rank.confirm_address, handoff.request_id, reason, detail)
 
     def _send_loop(self) -> None:
         while (item := self._queue.get()) is not None:
-            address, request_id = item
+            address, release = item
             sock = self._socks.get(address)
             if sock is None:
                 sock = zmq.Context.instance().socket(zmq.PUSH)
@@ -204,10 +272,10 @@ class Confirmer:
                 sock.connect(f"tcp://{address}")
                 self._socks[address] = sock
             try:
-                sock.send(_encode(_Done(request_id)), zmq.NOBLOCK)
+                sock.send(_encode(release), zmq.NOBLOCK)
             except zmq.Again:
-                logger.warning("could not confirm request %s to %s (queue full); it frees at its deadline",
-                               request_id, address)
+                logger.warning("could not release request %s at %s (queue full); it frees at its deadline",
+                               release.request_id, address)
 
     def close(self) -> None:
         """Sends what is queued, then closes the sockets."""

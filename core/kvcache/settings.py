@@ -1,12 +1,18 @@
 """Settings of the engine KV connectors (vLLM's ``kv_connector_extra_config``, SGLang's extra
-config): one validated dataclass, built from the engine's free-form mapping. Unknown keys are
-errors, so a typo never silently disables a feature.
+config): one validated dataclass, built from the engine's free-form mapping, and where every
+plugin finds the store master (``resolve_master``: the engine's own config, else
+``$TIDEKV_MASTER``). Unknown keys are errors, so a typo never silently disables a feature; the
+message suggests the closest allowed name. Neighbours: ``tidekv.config`` (the transfer and store
+settings underneath), ``plugins/vllm`` and ``plugins/sglang`` (which map their engine's config here).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import difflib
+import os
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,11 +21,53 @@ from tidekv.errors import ConfigError
 
 LOAD_MODES = ("sync", "async")
 
+MASTER_ENV = "TIDEKV_MASTER"
+"""The environment variable every tidekv plugin reads the store master's "host:port" from when
+the engine's own config names none (``tidekv up`` prints it)."""
+
+_MASTER_RE = re.compile(r"\[?[^\s\[\]]+\]?:\d{1,5}")
+
+
+def check_master_address(name: str, value: Any) -> str:
+    """Returns ``value`` if it is a master's "host:port" (``[v6]:port`` too).
+
+    Raises:
+        ConfigError: naming ``name`` (the setting or variable it came from) and the value.
+    """
+    if not isinstance(value, str) or not _MASTER_RE.fullmatch(value) or not 0 < int(value.rsplit(":", 1)[1]) < 65536:
+        raise ConfigError(f"{name}={value!r} must be 'host:port' of a tidekv master (e.g. 127.0.0.1:50051, "
+                          "what `tidekv up` prints)")
+    return value
+
+
+def resolve_master(values: Mapping[str, Any], key: str = "master",
+                   environ: Mapping[str, str] | None = None) -> str | None:
+    """Where a plugin finds the store master: ``values[key]`` (the engine's extra config) when the
+    key is there, even as None (no store, whatever the environment says); else ``$TIDEKV_MASTER``
+    when set and not empty; else None (no store).
+
+    Raises:
+        ConfigError: the address chosen is not "host:port" (naming where it came from).
+    """
+    if key in values:
+        return None if values[key] is None else check_master_address(key, values[key])
+    env = os.environ if environ is None else environ
+    raw = env.get(MASTER_ENV, "")
+    return check_master_address(f"${MASTER_ENV}", raw) if raw else None
+
+
+def did_you_mean(name: str, allowed: Iterable[str]) -> str:
+    """" (did you mean 'x'?)" for the allowed name closest to ``name`` (case-insensitive), else ""."""
+    choices = {a.lower(): a for a in allowed}
+    close = difflib.get_close_matches(name.lower(), list(choices), n=1, cutoff=0.75)
+    return f" (did you mean {choices[close[0]]!r}?)" if close else ""
+
 
 @dataclass(frozen=True, slots=True)
 class KVConnectorConfig:
     master: str | None = None
-    """Store master "host:port": enables store-backed prefix reuse across instances. Default None (off)."""
+    """Store master "host:port": enables store-backed prefix reuse across instances. Default
+    ``$TIDEKV_MASTER`` when set (``from_mapping``), else None (off)."""
     store_segment_size: int = 0
     """Bytes of this instance's memory contributed to the store pool. Default 0 (pure client)."""
     save: bool = True
@@ -45,8 +93,8 @@ class KVConnectorConfig:
     WAITING_FOR_REMOTE_KVS), which keeps long pulls off other requests' steps. Default sync."""
 
     def __post_init__(self) -> None:
-        if self.master is not None and (not isinstance(self.master, str) or ":" not in self.master):
-            raise ConfigError(f"master={self.master!r} must be 'host:port'")
+        if self.master is not None:
+            check_master_address("master", self.master)
         if not isinstance(self.store_segment_size, int) or self.store_segment_size < 0:
             raise ConfigError(f"store_segment_size={self.store_segment_size!r} must be an integer >= 0 (bytes)")
         for name in ("save", "load"):
@@ -68,11 +116,20 @@ class KVConnectorConfig:
         return self.load_mode == "sync"
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any] | None) -> KVConnectorConfig:
-        """Raises ConfigError naming unknown keys and the allowed ones."""
+    def from_mapping(cls, values: Mapping[str, Any] | None,
+                     environ: Mapping[str, str] | None = None) -> KVConnectorConfig:
+        """The settings in an engine's extra config; ``master`` from ``resolve_master`` (the
+        mapping's, else ``$TIDEKV_MASTER`` in ``environ``, default ``os.environ``).
+
+        Raises:
+            ConfigError: an unknown key (naming it, the closest allowed one and all allowed ones)
+                or a bad value (naming the setting).
+        """
         values = dict(values or {})
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
-            raise ConfigError(f"unknown tidekv connector setting(s) {unknown}; allowed {sorted(names)}")
+            hints = "".join(did_you_mean(k, names) for k in unknown[:1])
+            raise ConfigError(f"unknown tidekv connector setting(s) {unknown}{hints}; allowed {sorted(names)}")
+        values["master"] = resolve_master(values, environ=environ)
         return cls(**values)

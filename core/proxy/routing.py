@@ -59,6 +59,13 @@ class ProxyConfig:
     master: str = ""
     """store policy: the tidekv master (``host:port``) asked where a prompt's KV blocks are.
     Required by the store policy, refused by the others."""
+    release_grace_s: float = 5.0
+    """When a decode that had taken a request fails it silently (timeout, a stream cut before its
+    first token, the client gone by then), the proxy hangs up (vLLM aborts the request and the
+    decode's connector frees the prefill's blocks itself) and tells the prefill to free them this
+    much later, for a decode too stuck to. Default 5 s (0..600): late enough that a pull in flight
+    when the proxy hung up has ended. A decode that is unreachable or answers an error gets no
+    grace: the prefill is told at once."""
 
     def __post_init__(self) -> None:
         for name in ("prefill_urls", "decode_urls"):
@@ -79,7 +86,7 @@ class ProxyConfig:
         elif self.master:
             raise ConfigError(f"master={self.master!r} is set but policy={self.policy.value!r} does not use it; "
                               "use policy 'store'")
-        for name, low, high in (("port", 0, 65535), ("timeout_s", 0.1, 86400),
+        for name, low, high in (("port", 0, 65535), ("timeout_s", 0.1, 86400), ("release_grace_s", 0, 600),
                                 ("prefix_chunk_chars", 1, 65536), ("prefix_capacity", 1, 1 << 24)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:

@@ -18,6 +18,11 @@ token ids from the instance's ``/tokenize``).
 
 Failures answer in OpenAI's error shape and name the backend: unreachable or 5xx backends give
 502, a backend silent for ``timeout_s`` gives 504, a backend's 4xx is passed on with its status.
+When the decode leg fails after the prefill answered, the prefill holds the prompt's KV blocks
+for a decode that will not pull them: the proxy releases them through the prefill's hold
+tables (``tidekv.kvcache.handoff.Releaser``, addressed by the ranks in the prefill's
+``kv_transfer_params``), at once when the decode never took the request or answered an error,
+and ``release_grace_s`` after hanging up when it had taken it (see ``ProxyConfig``).
 aiohttp (``pip install 'tidekv[proxy]'``) is imported only when a proxy starts. Everything runs
 on one event loop, so the routing state needs no lock. Neighbours: ``plugins/vllm`` (the
 connector that fills in ``kv_transfer_params``), ``cli`` (registers ``add_parser``), ``routing`` (who gets a request).
@@ -36,6 +41,9 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from tidekv.errors import ConfigError, TidekvError
+from tidekv.kvcache import contract
+from tidekv.kvcache.contract import KVHandoff
+from tidekv.kvcache.handoff import Releaser, ReleaseReason
 from tidekv.logs import WarnEvery
 from tidekv.proxy.routing import (
     ProxyConfig,
@@ -82,6 +90,8 @@ class ProxyServer:
         self._locator = StoreLocator(config.master) if config.policy is RoutingPolicy.STORE else None
         self._tokenize_warning = WarnEvery()
         self._tokenize_turn = 0
+        self._releaser = Releaser()
+        self._pending_releases: set[asyncio.TimerHandle] = set()
 
     async def start(self) -> str:
         """Binds the socket and serves in the running loop until ``stop()``.
@@ -127,6 +137,9 @@ class ProxyServer:
             await self._session.close()
         if self._locator is not None:
             self._locator.close()
+        for timer in self._pending_releases:
+            timer.cancel()  # the prefills' hold timeouts take over
+        self._releaser.close()
         logger.info("proxy on %s stopped", self.address)
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
@@ -143,14 +156,47 @@ class ProxyServer:
         decode_url = self.router.pick_decode()
         logger.debug("request %s: prefill %s, decode %s, kv_transfer_params %s",
                      headers["X-Request-Id"], prefill_url, decode_url, kv_params)
-        resp = await self._open("decode", decode_url, "POST", request.path, decode_request(body, kv_params), headers)
+        held = _held_blocks(kv_params)
+
+        def abandon(why: str, *, decode_took_it: bool) -> None:
+            if held is not None:
+                self._release(held, headers["X-Request-Id"], prefill_url, why, decode_took_it=decode_took_it)
+
+        try:
+            resp = await self._open("decode", decode_url, "POST", request.path, decode_request(body, kv_params),
+                                    headers)
+        except ProxyError as exc:
+            # Unreachable, or an error answer: the decode has not got (or has ended) the request.
+            # Silent (504): it may be running it; hanging up makes vLLM abort it there.
+            abandon(str(exc), decode_took_it=exc.status == 504)
+            raise
         try:
             if body.get("stream") is True:
-                return await self._relay_stream(request, resp, decode_url)
+                return await self._relay_stream(request, resp, decode_url, abandon)
+            # A 200 answer without a stream comes when the decode has finished: it pulled.
             raw = await self._read("decode", decode_url, resp)
             return _passthrough(raw, resp)
         finally:
             resp.release()
+
+    def _release(self, held: KVHandoff, request_id: str, prefill_url: str, why: str, *, decode_took_it: bool) -> None:
+        """Tells the prefill to free the blocks it holds for a decode that failed: at once, or
+        ``release_grace_s`` from now when the decode had taken the request (see ProxyConfig)."""
+        detail = f"proxy request {request_id}: {why}"
+        delay_s = self.config.release_grace_s if decode_took_it else 0.0
+        logger.info("request %s: the decode leg failed (%s); prefill %s frees its KV blocks for request %s %s",
+                    request_id, why, prefill_url, held.request_id, f"in {delay_s:g} s" if delay_s else "now")
+        if delay_s <= 0:
+            self._releaser.release_handoff(held, ReleaseReason.DECODE_FAILED, detail)
+            return
+        timer: asyncio.TimerHandle | None = None
+
+        def fire() -> None:
+            self._pending_releases.discard(timer)  # type: ignore[arg-type]
+            self._releaser.release_handoff(held, ReleaseReason.DECODE_FAILED, detail)
+
+        timer = asyncio.get_running_loop().call_later(delay_s, fire)
+        self._pending_releases.add(timer)
 
     async def _pick_prefill(self, body: dict[str, Any], headers: dict[str, str]) -> str:
         if self._locator is None:
@@ -185,14 +231,22 @@ class ProxyServer:
             logger.warning("store policy: cannot tokenize the prompt (%s); routing round robin", problem)
         return None
 
-    async def _relay_stream(self, request: web.Request, resp: aiohttp.ClientResponse,
-                            decode_url: str) -> web.StreamResponse:
+    async def _relay_stream(self, request: web.Request, resp: aiohttp.ClientResponse, decode_url: str,
+                            abandon: Callable[..., None]) -> web.StreamResponse:
+        """Passes the decode's stream on as it comes. A stream that breaks, or whose client
+        leaves, before its first chunk ``abandon``s the request (vLLM streams the status line
+        before it schedules the request, so the decode may not have pulled yet)."""
         import aiohttp
         from aiohttp import web
 
         out = web.StreamResponse(headers={"Content-Type": resp.headers.get("Content-Type", "text/event-stream"),
                                           "Cache-Control": "no-cache"})
-        await out.prepare(request)
+        relayed = 0
+        try:
+            await out.prepare(request)
+        except ConnectionResetError:
+            abandon("the client left before the stream started", decode_took_it=True)
+            return out
         chunks = resp.content.iter_any().__aiter__()
         while True:
             try:
@@ -203,6 +257,8 @@ class ProxyServer:
                 # The status line is sent: the failure can only travel in the stream, as vLLM's own errors do.
                 error = _backend_error("decode", decode_url, exc, self.config.timeout_s)
                 logger.warning("stream from %s broke: %s", decode_url, error)
+                if not relayed:
+                    abandon(str(error), decode_took_it=True)
                 await out.write(b"data: " + json.dumps(error.to_json()).encode() + b"\n\n")
                 break
             try:
@@ -211,7 +267,10 @@ class ProxyServer:
                 # Returning releases resp mid-stream, which closes the connection: the decode aborts
                 # the request instead of generating for nobody.
                 logger.info("client left a stream from %s; aborting it there", decode_url)
+                if not relayed:
+                    abandon("the client left before the first token", decode_took_it=True)
                 return out
+            relayed += 1
         await out.write_eof()
         return out
 
@@ -307,6 +366,19 @@ class ProxyServer:
                        "(%d similar warnings suppressed)", prefill_url, suppressed)
 
 
+def _held_blocks(kv_params: dict[str, Any] | None) -> KVHandoff | None:
+    """The prefill's hand-off in its answer's params (what to release if the decode fails), or
+    None when there is none this proxy can read (then the prefill's hold timeout frees them)."""
+    if kv_params is None:
+        return None
+    try:
+        return contract.from_params(kv_params)
+    except TidekvError as exc:
+        logger.debug("cannot read the prefill's kv_transfer_params (%s); a failed decode leaves its blocks to the "
+                     "prefill's hold timeout", exc)
+        return None
+
+
 def _require_aiohttp() -> None:
     try:
         import aiohttp  # noqa: F401
@@ -389,7 +461,7 @@ def _run(args: argparse.Namespace) -> int:
     config = ProxyConfig(
         prefill_urls=tuple(args.prefill), decode_urls=tuple(args.decode), host=args.host, port=args.port,
         policy=RoutingPolicy(args.policy), timeout_s=args.timeout_s, prefix_chunk_chars=args.prefix_chunk_chars,
-        prefix_capacity=args.prefix_capacity, master=args.master or "")
+        prefix_capacity=args.prefix_capacity, master=args.master or "", release_grace_s=args.release_grace_s)
     asyncio.run(_serve(config))
     return 0
 
@@ -449,6 +521,11 @@ Decode instances always go round robin.""",
     parser.add_argument("--timeout-s", type=float, default=d.timeout_s,
                         help=f"a backend silent this long (connecting, or mid-answer) fails the request with "
                              f"504 (default {d.timeout_s:g})")
+    parser.add_argument("--release-grace-s", type=float, default=d.release_grace_s,
+                        help=f"a decode that took a request and then failed it silently (timeout, a stream cut "
+                             f"before its first token) has its prefill's KV blocks released this long after the "
+                             f"proxy hangs up; an unreachable or erroring decode's at once (default "
+                             f"{d.release_grace_s:g})")
     parser.add_argument("--prefix-chunk-chars", type=int, default=d.prefix_chunk_chars,
                         help=f"prefix policy: characters per hashed chunk (default {d.prefix_chunk_chars})")
     parser.add_argument("--prefix-capacity", type=int, default=d.prefix_capacity,

@@ -1,7 +1,8 @@
 """The ``tidekv master`` and ``tidekv up`` subcommands.
 
 ``master`` serves a store master in the foreground. ``up`` is the embedded default: a master
-and a storage segment in one process, no other server (no etcd) — it prints where engines point.
+and a storage segment in one process, no other server (no etcd) — it prints where engines point:
+``$TIDEKV_MASTER``, and the exact vLLM and SGLang flags (``engine_flags``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dataclasses
 import json
 import logging
 import os
+import shlex
 import signal
 import threading
 from typing import Any
@@ -19,6 +21,26 @@ from tidekv.config import ENV_PREFIX, MasterConfig, StoreConfig, TransferConfig
 from tidekv.errors import ConfigError
 
 logger = logging.getLogger(__name__)
+
+VLLM_CONNECTOR = "TidekvConnector"  # tidekv_vllm's name (a test checks they agree)
+SGLANG_BACKEND = {"backend_name": "tidekv", "module_path": "tidekv_sglang.hicache",
+                  "class_name": "TidekvHiCacheStorage", "interface_v1": 1}
+
+
+def engine_flags(master: str) -> dict[str, str]:
+    """The command-line flags that point each engine at ``master`` (shell-quoted, one line each)."""
+    vllm = {"kv_connector": VLLM_CONNECTOR, "kv_role": "kv_both", "kv_connector_extra_config": {"master": master}}
+    sglang = {**SGLANG_BACKEND, "master": master}
+    return {
+        "vLLM": "--kv-transfer-config " + shlex.quote(json.dumps(vllm, separators=(",", ":"))),
+        "SGLang": "--enable-hierarchical-cache --hicache-mem-layout page_first --hicache-storage-backend dynamic "
+                  "--hicache-storage-backend-extra-config " + shlex.quote(json.dumps(sglang, separators=(",", ":"))),
+    }
+
+
+def _engine_help(master: str) -> str:
+    lines = [f"  {engine + ':':8}{flags}" for engine, flags in engine_flags(master).items()]
+    return "\n".join(lines)
 
 
 def _size(text: str) -> int:
@@ -92,8 +114,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     up = sub.add_parser(
         "up",
         help="run a master plus a storage segment in one process (the embedded default)",
-        description="Start an all-in-one tidekv pool: a master and one storage segment in this process, with no "
-        "other server. Engines point their tidekv settings at the printed master address.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Start an all-in-one tidekv pool: a master and one storage segment in this process, with no\n"
+        "other server. It prints the master's address and the flags that point engines at it:\n\n"
+        f"{_engine_help('HOST:PORT')}\n\n"
+        "or set TIDEKV_MASTER=HOST:PORT in the engines' environment (both plugins read it when their\n"
+        "config names no master; the config's \"master\" wins). The vLLM connector's other\n"
+        "kv_connector_extra_config keys are listed by `tidekv --help`.",
     )
     _add_master_flags(up)
     up.add_argument("--segment-size", type=_size, default=_size("1GiB"),
@@ -128,7 +155,8 @@ def _run_up(args: argparse.Namespace) -> int:
             "engine": store.engine.name,
         }
         print("tidekv is up:", json.dumps(info), flush=True)
-        print(f"  point engines at the master: TIDEKV_MASTER={server.address}", flush=True)
+        print(f"  point engines at the master: TIDEKV_MASTER={server.address} in their environment, or the flags\n"
+              f"{_engine_help(server.address)}", flush=True)
         if args.selftest:
             payload = bytes(range(256)) * 4096
             store.put("tidekv-selftest", payload)

@@ -10,7 +10,6 @@ from these settings; ``tidekv.config`` holds the transfer and store settings und
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,9 +17,7 @@ from typing import Any
 
 from tidekv.config import TransportKind
 from tidekv.errors import ConfigError
-
-MASTER_ENV = "TIDEKV_MASTER"
-"""Where the master address comes from when the extra config has no ``master`` (what ``tidekv up`` prints)."""
+from tidekv.kvcache.settings import MASTER_ENV, check_master_address, resolve_master
 
 SGLANG_KEYS = frozenset({
     # routing of the dynamic backend factory and the controller's zero-copy switch
@@ -75,8 +72,7 @@ class HiCacheSettings:
     """Extra key prefix to separate tenants sharing one pool (as with SGLang's mooncake backend). Default None."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.master, str) or not re.fullmatch(r"\[?[^\s\]]+\]?:\d{1,5}", self.master):
-            raise ConfigError(f"master={self.master!r} must be 'host:port' of a tidekv master")
+        check_master_address("master", self.master)
         if not isinstance(self.engine_host, str) or not self.engine_host:
             raise ConfigError(f"engine_host={self.engine_host!r} must be a non-empty address")
         if self.transport not in {k.value for k in TransportKind}:
@@ -107,13 +103,12 @@ class HiCacheSettings:
         if unknown:
             raise ConfigError(f"unknown tidekv HiCache setting(s) {unknown} in --hicache-storage-backend-extra-config; "
                               f"allowed {sorted(names)} (plus SGLang's own {sorted(SGLANG_KEYS)})")
-        if "master" not in values:
-            env = os.environ if environ is None else environ
-            if not env.get(MASTER_ENV):
-                raise ConfigError(f"no tidekv master: put \"master\": \"host:port\" in "
-                                  f"--hicache-storage-backend-extra-config or set ${MASTER_ENV} "
-                                  "(start one with `tidekv up`)")
-            values["master"] = env[MASTER_ENV]
+        master = resolve_master(values, environ=environ)
+        if master is None:
+            raise ConfigError(f"no tidekv master: put \"master\": \"host:port\" in "
+                              f"--hicache-storage-backend-extra-config or set ${MASTER_ENV} "
+                              "(start one with `tidekv up`)")
+        values["master"] = master
         if "segment_size" in values:
             values["segment_size"] = parse_size("segment_size", values["segment_size"])
         return cls(**values)

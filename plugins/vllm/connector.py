@@ -3,7 +3,9 @@
 Enable with ``--kv-transfer-config '{"kv_connector": "TidekvConnector", "kv_role": "kv_both",
 "kv_connector_extra_config": {...}}'`` (the ``vllm.general_plugins`` entry point registers the
 name; ``"kv_connector_module_path": "tidekv_vllm.connector"`` works too). Extra-config keys are
-``tidekv.kvcache.settings.KVConnectorConfig``'s fields; unknown keys are refused.
+``tidekv.kvcache.settings.KVConnectorConfig``'s fields; unknown keys are refused (on a server's
+command line already by the plugin, before the model loads: ``command_line``). Without
+``master`` the store master comes from ``$TIDEKV_MASTER``.
 
 - PD disaggregation: a prefill request sent with ``kv_transfer_params={"do_remote_decode": true}``
   holds its blocks when it finishes and returns params naming its transfer engine, blocks and
@@ -70,7 +72,7 @@ class TidekvConnector(KVConnectorBase_V1):
             from tidekv_vllm.worker import TidekvWorker
 
             self._worker = TidekvWorker(vllm_config, settings, tp_rank=get_tensor_model_parallel_rank(),
-                                        tp_size=parallel.tensor_parallel_size)
+                                        tp_size=parallel.tensor_parallel_size, kv_role=str(transfer_config.kv_role))
 
     # ---- worker side --------------------------------------------------------------------
 

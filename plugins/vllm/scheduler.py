@@ -3,22 +3,24 @@ from outside (a prefill instance, or the store), which blocks to save, and what 
 
 Side-effect-free lookups in get_num_new_matched_tokens; per-step decisions are handed to the
 workers through TidekvMetadata. A store that cannot be reached only disables reuse (with a
-warning): the engine keeps serving by recomputing.
+warning) until it answers again (``tidekv.kvcache.store_link``): the engine keeps serving by
+recomputing. A decode request that ends before its pull was planned (aborted: its client or
+the proxy hung up) releases the prefill's hold on its blocks at once.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
-from tidekv.errors import TidekvError
+from tidekv.errors import MasterUnavailableError, TidekvError
 from tidekv.kvcache import contract, ranks
 from tidekv.kvcache.contract import KVHandoff, RankEndpoint
-from tidekv.kvcache.handoff import pull_end, pulled_blocks
+from tidekv.kvcache.handoff import Releaser, ReleaseReason, pull_end, pulled_blocks
 from tidekv.kvcache.layout import KVLayout
 from tidekv.kvcache.ranks import RankedKeys
 from tidekv.kvcache.settings import KVConnectorConfig
+from tidekv.kvcache.store_link import StoreLink
 from tidekv.logs import WarnEvery
 from tidekv_vllm.metadata import PullJob, StoreJob, TidekvHandshake, TidekvMetadata
 
@@ -31,7 +33,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _WARN_EVERY_S = 30.0
-_STORE_RETRY_S = 10.0  # after a failed lookup, recompute without asking for this long
 
 
 class TidekvScheduler:
@@ -43,8 +44,8 @@ class TidekvScheduler:
         self.tp_size = vllm_config.parallel_config.tensor_parallel_size
         self.endpoints: list[RankEndpoint] = []  # every rank's, rank 0 first (what a decode pulls from)
         self.keys: RankedKeys | None = None  # every rank's store keys
-        self._store: Any = None
-        self._store_down_until = 0.0
+        self._link: StoreLink | None = None
+        self._releaser: Releaser | None = None  # made on first use: most engines never need it
         self._store_warning = WarnEvery(_WARN_EVERY_S)
         self._refusal_warnings: dict[type, WarnEvery] = {}  # one throttle per kind of refusal
         self._pulls: dict[str, PullJob] = {}
@@ -55,7 +56,7 @@ class TidekvScheduler:
         self._had_saves: set[str] = set()
         self._holds: list[str] = []
         if settings.master and (settings.save or settings.load):
-            self._connect_store()
+            self._link = StoreLink(settings.master, self._connect_store, owner="scheduler")
 
     # ---- start-up -----------------------------------------------------------------------
 
@@ -76,18 +77,18 @@ class TidekvScheduler:
         """Rank 0's store-key namespace (what the proxy's store policy routes by)."""
         return self.keys.namespaces[0] if self.keys is not None else None
 
-    def _connect_store(self) -> None:
+    def _connect_store(self) -> Any:
         from tidekv.config import StoreConfig
         from tidekv.store import Store
 
-        try:
-            # Lookups sit on the scheduling path: a master that does not answer fast is skipped.
-            self._store = Store.connect(self.settings.master or "", segment_size=0,
-                                        config=StoreConfig(rpc_timeout_s=self.settings.store_timeout_s))
-        except TidekvError as exc:
-            self._warn("tidekv store at %s unreachable (%s): prefix reuse is off, prompts are recomputed",
-                       self.settings.master, exc)
-            self._store = None
+        # Lookups sit on the scheduling path: a master that does not answer fast is skipped.
+        return Store.connect(self.settings.master or "", segment_size=0,
+                             config=StoreConfig(rpc_timeout_s=self.settings.store_timeout_s))
+
+    @property
+    def _store(self) -> Any:
+        """The store client while its master answers, else None (no lookups, no saves)."""
+        return self._link.store if self._link is not None else None
 
     # ---- per request --------------------------------------------------------------------
 
@@ -198,6 +199,10 @@ class TidekvScheduler:
         delay = rid in self._had_saves
         self._had_saves.discard(rid)
         result: dict[str, Any] | None = None
+        if contract.is_handoff(request.kv_transfer_params):
+            # A decode request that ends with its pull never planned (update_state_after_alloc
+            # clears the flag): nothing will ever read the prefill's blocks for it.
+            self._release_prefill(request)
         if contract.wants_remote_decode(request.kv_transfer_params) and self.endpoints and block_ids:
             from vllm.v1.request import RequestStatus
 
@@ -219,26 +224,42 @@ class TidekvScheduler:
                 ))
         return delay, result
 
+    def _release_prefill(self, request: Request) -> None:
+        handoff, _ = self._read_handoff(request)
+        if handoff is None:
+            return
+        if self._releaser is None:
+            self._releaser = Releaser()
+        logger.info("request %s ended before pulling its KV (%s); telling prefill %s to free its blocks",
+                    request.request_id, request.status.name, handoff.engine_id)
+        self._releaser.release_handoff(handoff, ReleaseReason.DECODE_ENDED,
+                                       f"decode request {request.request_id} ended ({request.status.name}) before "
+                                       "its pull")
+
     def shutdown(self) -> None:
-        if self._store is not None:
-            self._store.close()
+        if self._link is not None:
+            self._link.close()
+        if self._releaser is not None:
+            self._releaser.close()
 
     # ---- store --------------------------------------------------------------------------
 
     def _stored_prefix_blocks(self, prompt: list[int], num_computed_tokens: int) -> int:
         """Full blocks of the prompt (beyond those computed locally) found in the store, on every rank."""
-        if self._store is None or not self.settings.load or self.keys is None:
-            return 0
-        if time.monotonic() < self._store_down_until:
+        store = self._store
+        if store is None or not self.settings.load or self.keys is None:
             return 0
         # Leave at least one token to compute: vLLM needs a forward step to sample from.
         limit = (len(prompt) - 1) // self.block_size
         first = num_computed_tokens // self.block_size
         try:
-            hits = self.keys.stored_blocks(prompt, first, limit, self._store.exists_many)
+            hits = self.keys.stored_blocks(prompt, first, limit, store.exists_many)
+        except MasterUnavailableError as exc:
+            if self._link is not None:
+                self._link.lost(exc)  # reuse is off until the master answers again (the link says so)
+            return 0
         except TidekvError as exc:
-            self._store_down_until = time.monotonic() + _STORE_RETRY_S
-            self._warn("tidekv store lookup failed (%s): recomputing prompts, retrying in %.0f s", exc, _STORE_RETRY_S)
+            self._warn("tidekv store lookup failed (%s): this prompt is recomputed", exc)
             return 0
         return first + hits if hits else 0
 

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 from tidekv.config import TransferConfig, TransportKind
 from tidekv.errors import TidekvError
 from tidekv.kvcache import ranks
-from tidekv.kvcache.handoff import Confirmer, HoldTable
+from tidekv.kvcache.handoff import HoldTable, Releaser, ReleaseReason
 from tidekv.kvcache.layout import KVLayout, chunk_keys
 from tidekv.kvcache.settings import KVConnectorConfig
+from tidekv.kvcache.store_link import StoreLink
 from tidekv.transfer import TransferEngine, TransferHandle, TransferOp
 from tidekv_vllm.metadata import PullJob, StoreJob, TidekvHandshake, TidekvMetadata
 
@@ -46,8 +47,9 @@ class TidekvWorker:
     store client; it moves only its rank's slice of each block (rank ``tp_rank`` of ``tp_size``)."""
 
     def __init__(self, vllm_config: VllmConfig, settings: KVConnectorConfig, tp_rank: int = 0,
-                 tp_size: int = 1) -> None:
+                 tp_size: int = 1, kv_role: str = "kv_both") -> None:
         self.settings = settings
+        self.kv_role = kv_role
         self.tp_rank = tp_rank
         self.block_size = vllm_config.cache_config.block_size
         self.model_tag = ranks.layout_tag(f"{vllm_config.model_config.model}|{vllm_config.model_config.dtype}",
@@ -55,7 +57,7 @@ class TidekvWorker:
         config = TransferConfig.from_env(transport=TransportKind(settings.transport), secret=settings.secret)
         self.engine = TransferEngine(settings.engine_host, ranks.rank_port(settings.engine_port, tp_rank), config)
         self.holds = HoldTable(settings.engine_host, settings.hold_timeout_s)
-        self.confirmer = Confirmer()
+        self.releaser = Releaser()
         self.layout: KVLayout | None = None
         self._kv_caches: dict[str, torch.Tensor] = {}
         self._pulls: dict[str, _Pull] = {}
@@ -63,20 +65,22 @@ class TidekvWorker:
         self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidekv-save")
         self._saves: dict[str, list[Future[None]]] = {}
         self._finished_waiting: set[str] = set()  # finished requests whose saves are still running
-        self._store: Any = None
+        self._link: StoreLink | None = None
         if settings.master and (settings.save or settings.load):
-            self._connect_store()
+            self._link = StoreLink(settings.master, self._connect_store, owner=f"rank {tp_rank}")
 
-    def _connect_store(self) -> None:
+    def _connect_store(self) -> Any:
         from tidekv.config import StoreConfig
         from tidekv.store import Store
 
-        try:
-            config = StoreConfig(rpc_timeout_s=self.settings.store_timeout_s)
-            self._store = Store.connect(self.settings.master or "", segment_size=self.settings.store_segment_size,
-                                        config=config, engine=self.engine)
-        except TidekvError as exc:
-            logger.warning("tidekv store at %s unreachable (%s): prefix reuse is off", self.settings.master, exc)
+        config = StoreConfig(rpc_timeout_s=self.settings.store_timeout_s)
+        return Store.connect(self.settings.master or "", segment_size=self.settings.store_segment_size,
+                             config=config, engine=self.engine)
+
+    @property
+    def _store(self) -> Any:
+        """This rank's store client while its master answers, else None."""
+        return self._link.store if self._link is not None else None
 
     # ---- start-up -----------------------------------------------------------------------
 
@@ -85,9 +89,13 @@ class TidekvWorker:
         self.layout = KVLayout.from_tensors(kv_caches, self.block_size, self.model_tag)
         for address, length in self.layout.memory_ranges():
             self.engine.register((address, length))
-        logger.info("tidekv: rank %d registered KV cache of %d layers (%d blocks, layout %s) on engine %s",
-                    self.tp_rank, len(self.layout.layers), self.layout.layers[0].num_blocks if self.layout.layers else 0,
-                    self.layout.fingerprint, self.engine.name)
+        available = [name for name, ok, _ in self.engine.transports() if ok]
+        logger.info("tidekv connector: role %s, tp rank %d, transfer engine %s, transport %s (available: %s), "
+                    "store %s, load mode %s, hold table %s; KV cache of %d layers, %d blocks, layout %s",
+                    self.kv_role, self.tp_rank, self.engine.name, self.settings.transport, ", ".join(available) or "none",
+                    f"master {self.settings.master}" if self._link is not None else "none (no store)",
+                    self.settings.load_mode, self.holds.address, len(self.layout.layers),
+                    self.layout.layers[0].num_blocks if self.layout.layers else 0, self.layout.fingerprint)
 
     def handshake(self) -> TidekvHandshake:
         assert self.layout is not None, "register_kv_caches() comes first"
@@ -123,13 +131,14 @@ class TidekvWorker:
 
     def save(self, meta: TidekvMetadata) -> None:
         for job in meta.saves:
-            if self._store is None or self.layout is None:
-                # Nothing to save to (this rank's store client failed to connect), but the scheduler
+            store = self._store
+            if store is None or self.layout is None:
+                # Nothing to save to (this rank's master does not answer), but the scheduler
                 # delays freeing the request until every rank reports its saves done: report it.
                 fut: Future[None] = Future()
                 fut.set_result(None)
             else:
-                fut = self._saver.submit(self._save_job, job)
+                fut = self._saver.submit(self._save_job, job, store)
             self._saves.setdefault(job.request_id, []).append(fut)
 
     def get_finished(self, finished_req_ids: set[str], idle: bool = False) -> tuple[set[str], set[str]]:
@@ -177,8 +186,13 @@ class TidekvWorker:
                 logger.warning("request %s: pulling KV from %s failed: %s", pull.job.request_id,
                                remote.engine if remote is not None else "the prefill", pull.error)
             self._load_errors.update(pull.job.local_blocks)
+            if remote is not None and remote.confirm_address:
+                # The batch has ended (failed): nothing reads the prefill's blocks any more, and
+                # vLLM recomputes or fails this request, so the prefill need not hold them.
+                self.releaser.release(remote.confirm_address, pull.job.remote_request_id, ReleaseReason.PULL_FAILED,
+                                      f"decode request {pull.job.request_id}: {pull.error}")
         elif remote is not None and remote.confirm_address:
-            self.confirmer.confirm(remote.confirm_address, pull.job.remote_request_id)
+            self.releaser.release(remote.confirm_address, pull.job.remote_request_id)
 
     def block_ids_with_load_errors(self) -> set[int]:
         out, self._load_errors = self._load_errors, set()
@@ -186,10 +200,10 @@ class TidekvWorker:
 
     def shutdown(self) -> None:
         self._saver.shutdown(wait=True)
-        if self._store is not None:
-            self._store.close()
+        if self._link is not None:
+            self._link.close()
         self.holds.close()
-        self.confirmer.close()
+        self.releaser.close()
         self.engine.close()
 
     # ---- internals ----------------------------------------------------------------------
@@ -212,7 +226,8 @@ class TidekvWorker:
 
     def _load_from_store(self, jobs: list[StoreJob]) -> None:
         assert self.layout is not None
-        if self._store is None:
+        store = self._store
+        if store is None:
             for job in jobs:
                 self._load_errors.update(job.blocks)
             return
@@ -224,11 +239,12 @@ class TidekvWorker:
                     spans.append(span)
                     owners.append(block)
         try:
-            sizes = self._store.get_many_into(keys, spans)
+            sizes = store.get_many_into(keys, spans)
         except TidekvError as exc:
             logger.warning("tidekv: loading %d blocks from the store failed (%s); vLLM recomputes them",
                            len(set(owners)), exc)
             self._load_errors.update(owners)
+            self._link_lost(exc)
             return
         missing = {block for block, size, (_, length) in zip(owners, sizes, spans) if size != length}
         if missing:
@@ -238,14 +254,19 @@ class TidekvWorker:
                            self.tp_rank, len(missing), len(set(owners)))
             self._load_errors |= missing
 
-    def _save_job(self, job: StoreJob) -> None:
-        assert self.layout is not None and self._store is not None
+    def _save_job(self, job: StoreJob, store: Any) -> None:
+        assert self.layout is not None
         keys, spans = [], []
         for block, key in zip(job.blocks, job.keys[self.tp_rank]):
             keys.extend(chunk_keys(key, self.layout))
             spans.extend(self.layout.block_spans(block))
         try:
-            self._store.put_many_from(keys, spans)
+            store.put_many_from(keys, spans)
         except TidekvError as exc:
             # A failed save only costs a future recompute; never the request.
             logger.warning("tidekv: saving %d blocks of request %s failed: %s", len(job.blocks), job.request_id, exc)
+            self._link_lost(exc)
+
+    def _link_lost(self, exc: TidekvError) -> None:
+        if self._link is not None:
+            self._link.lost(exc)

@@ -66,7 +66,7 @@ def test_params_without_a_version_are_refused() -> None:
     old = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine": "127.0.0.1:7000",
            "remote_block_ids": [1, 2], "remote_request_id": "r", "remote_num_tokens": 64}
     assert contract.is_handoff(old)
-    with pytest.raises(ProtocolVersionError, match=r"no protocol_version .* speaks tidekv PD protocol version 1"):
+    with pytest.raises(ProtocolVersionError, match=rf"no protocol_version .* speaks tidekv PD protocol version {PROTOCOL_VERSION}"):
         contract.from_params(old)
 
 

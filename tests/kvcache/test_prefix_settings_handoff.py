@@ -1,17 +1,20 @@
-"""Prefix keys, connector settings and the hand-off (which blocks move, hold/confirm)."""
+"""Prefix keys, connector settings and the hand-off (which blocks move, hold/release)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 
+import msgspec
 import pytest
 import zmq
 
 from tidekv.errors import ConfigError
 from tidekv.kvcache import handoff, prefix
-from tidekv.kvcache.handoff import Confirmer, HoldTable, pull_end, pulled_blocks
-from tidekv.kvcache.settings import KVConnectorConfig
+from tidekv.kvcache.contract import PROTOCOL_VERSION, KVHandoff, RankEndpoint
+from tidekv.kvcache.handoff import HoldTable, Releaser, ReleaseReason, pull_end, pulled_blocks
+from tidekv.kvcache.settings import MASTER_ENV, KVConnectorConfig, did_you_mean, resolve_master
 
 
 def test_block_keys_chain_the_whole_prefix() -> None:
@@ -51,6 +54,32 @@ def test_settings_refuse_unknown_and_bad_values() -> None:
         KVConnectorConfig.from_mapping({"load_mode": "later"})
 
 
+def test_master_comes_from_the_extra_config_else_tidekv_master() -> None:
+    env = {MASTER_ENV: "10.0.0.9:50051"}
+    assert MASTER_ENV == "TIDEKV_MASTER"
+    assert KVConnectorConfig.from_mapping({}, env).master == "10.0.0.9:50051"
+    assert KVConnectorConfig.from_mapping({"master": "127.0.0.1:7"}, env).master == "127.0.0.1:7", "the config wins"
+    assert KVConnectorConfig.from_mapping({"master": None}, env).master is None, "explicit null: no store"
+    assert KVConnectorConfig.from_mapping({}, {}).master is None
+    assert KVConnectorConfig.from_mapping({}, {MASTER_ENV: ""}).master is None
+    assert resolve_master({}, environ={MASTER_ENV: "[::1]:50051"}) == "[::1]:50051"
+    with pytest.raises(ConfigError, match=r"\$TIDEKV_MASTER='nohost' must be 'host:port'"):
+        KVConnectorConfig.from_mapping({}, {MASTER_ENV: "nohost"})
+    with pytest.raises(ConfigError, match=r"master='h:99999' must be 'host:port'"):
+        KVConnectorConfig.from_mapping({"master": "h:99999"}, {})
+
+
+def test_unknown_setting_suggests_the_closest_name() -> None:
+    with pytest.raises(ConfigError, match=r"\['mastr'\] \(did you mean 'master'\?\); allowed \["):
+        KVConnectorConfig.from_mapping({"mastr": "x:1"})
+    with pytest.raises(ConfigError) as err:
+        KVConnectorConfig.from_mapping({"zzz": 1})
+    assert "did you mean" not in str(err.value)
+    assert did_you_mean("TideKVConnector", ["TidekvConnector"]) == " (did you mean 'TidekvConnector'?)"
+    assert did_you_mean("TidekvConector", ["TidekvConnector"]) == " (did you mean 'TidekvConnector'?)"
+    assert did_you_mean("NixlConnector", ["TidekvConnector"]) == ""
+
+
 @pytest.mark.parametrize("prompt_len", [64, 65, 66, 2000])
 def test_sync_pull_takes_every_prompt_token_but_the_last(prompt_len: int) -> None:
     bs = 32
@@ -77,17 +106,17 @@ def test_pull_skips_the_local_hit_and_stops_at_what_the_prefill_has() -> None:
 
 
 @pytest.fixture
-def hand_off() -> Iterator[Callable[..., tuple[HoldTable, Confirmer]]]:
-    """Makes a prefill-side HoldTable and a decode-side Confirmer; closes both afterwards."""
-    made: list[tuple[HoldTable, Confirmer]] = []
+def hand_off() -> Iterator[Callable[..., tuple[HoldTable, Releaser]]]:
+    """Makes a prefill-side HoldTable and a decode-side Releaser; closes both afterwards."""
+    made: list[tuple[HoldTable, Releaser]] = []
 
-    def make(hold_timeout_s: float = 60.0) -> tuple[HoldTable, Confirmer]:
-        made.append((HoldTable("127.0.0.1", hold_timeout_s), Confirmer()))
+    def make(hold_timeout_s: float = 60.0) -> tuple[HoldTable, Releaser]:
+        made.append((HoldTable("127.0.0.1", hold_timeout_s), Releaser()))
         return made[-1]
 
     yield make
-    for table, confirmer in made:
-        confirmer.close()
+    for table, releaser in made:
+        releaser.close()
         table.close()
 
 
@@ -100,13 +129,13 @@ def _released_until(table: HoldTable, want: set[str], timeout_s: float = 5.0) ->
     return released
 
 
-def test_hold_released_on_confirmation_or_deadline(hand_off: Callable[..., tuple[HoldTable, Confirmer]]) -> None:
-    table, confirmer = hand_off(hold_timeout_s=0.5)
+def test_hold_released_on_confirmation_or_deadline(hand_off: Callable[..., tuple[HoldTable, Releaser]]) -> None:
+    table, releaser = hand_off(hold_timeout_s=0.5)
     held_at = time.monotonic()
     table.hold("a")
     table.hold("b")
-    confirmer.confirm(table.address, "a")
-    confirmer.confirm(table.address, "early")  # before its hold: remembered
+    releaser.release(table.address, "a")
+    releaser.release(table.address, "early")  # before its hold: remembered
     released = _released_until(table, {"a"})
     assert "a" in released and "b" not in released
     table.hold("early")
@@ -119,11 +148,11 @@ def test_hold_released_on_confirmation_or_deadline(hand_off: Callable[..., tuple
 
 
 def test_confirmation_while_nothing_is_held_is_kept_for_its_hold(
-        hand_off: Callable[..., tuple[HoldTable, Confirmer]]) -> None:
-    table, confirmer = hand_off()
-    confirmer.confirm(table.address, "r")
+        hand_off: Callable[..., tuple[HoldTable, Releaser]]) -> None:
+    table, releaser = hand_off()
+    releaser.release(table.address, "r")
     deadline = time.monotonic() + 5
-    while not table._confirmed and time.monotonic() < deadline:  # the receiver thread reads it
+    while not table._releases and time.monotonic() < deadline:  # the receiver thread reads it
         time.sleep(0.005)
     assert table.released() == set()  # nothing held: nothing released, and "r" is not lost
     table.hold("r")
@@ -142,36 +171,92 @@ def test_malformed_confirmations_are_dropped_and_stale_ones_pruned(monkeypatch: 
         sender.send(b"\xff not msgpack")
         sender.send(b"")  # an empty frame from a peer is just as malformed; it must not stop the receiver
         for rid in ("stray1", "stray2"):
-            sender.send(handoff._encode(handoff._Done(rid)))
+            sender.send(handoff._encode(handoff.HoldRelease(PROTOCOL_VERSION, rid, ReleaseReason.PULLED)))
         time.sleep(0.1)  # older than the hold timeout now
         table.hold("r")
-        sender.send(handoff._encode(handoff._Done("r")))
+        sender.send(handoff._encode(handoff.HoldRelease(PROTOCOL_VERSION, "r", ReleaseReason.PULLED)))
         assert table.wait(5.0) is True, "the receiver survived the malformed frames"
         assert table.released() == {"r"}
-        assert set(table._confirmed) == set(), "stale unpaired confirmations were pruned"
+        assert set(table._releases) == set(), "stale unpaired confirmations were pruned"
     finally:
         sender.close()
         table.close()
     assert not table._thread.is_alive(), "close() stops the receiver thread"
 
 
-def test_hold_wait_sleeps_until_a_confirmation_arrives(hand_off: Callable[..., tuple[HoldTable, Confirmer]]) -> None:
-    table, confirmer = hand_off()
+def test_hold_wait_sleeps_until_a_confirmation_arrives(hand_off: Callable[..., tuple[HoldTable, Releaser]]) -> None:
+    table, releaser = hand_off()
     table.hold("r")
     started = time.monotonic()
     assert table.wait(0.05) is False  # nothing confirmed: the whole timeout passes
     assert time.monotonic() - started >= 0.04
-    confirmer.confirm(table.address, "r")
+    releaser.release(table.address, "r")
     started = time.monotonic()
     assert table.wait(5.0) is True, "a confirmation ends the wait"
     assert time.monotonic() - started < 2.0
     assert table.released() == {"r"}
 
 
-def test_confirmer_close_sends_what_is_queued(hand_off: Callable[..., tuple[HoldTable, Confirmer]]) -> None:
-    table, confirmer = hand_off()
+def test_releaser_close_sends_what_is_queued(hand_off: Callable[..., tuple[HoldTable, Releaser]]) -> None:
+    table, releaser = hand_off()
     for i in range(50):
         table.hold(f"r{i}")
-        confirmer.confirm(table.address, f"r{i}")
-    confirmer.close()  # flushes the queue before closing its sockets
+        releaser.release(table.address, f"r{i}")
+    releaser.close()  # flushes the queue before closing its sockets
     assert _released_until(table, {f"r{i}" for i in range(50)}) == {f"r{i}" for i in range(50)}
+
+
+def test_failed_decode_frees_the_hold_at_once_and_says_so(hand_off: Callable[..., tuple[HoldTable, Releaser]],
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """A release for a failed decode frees the blocks at once (not at the 60 s deadline) and is
+    logged at INFO with the request id and what happened; a pull's release is not logged."""
+    caplog.set_level(logging.INFO, logger="tidekv.kvcache.handoff")
+    table, releaser = hand_off(hold_timeout_s=60.0)
+    releaser.release(table.address, "early", ReleaseReason.DECODE_FAILED, "decode http://d:1 unreachable")
+    time.sleep(0.1)  # the proxy heard of the failure before the prefill's worker recorded the hold
+    for rid in ("early", "failed", "pulled"):
+        table.hold(rid)
+    releaser.release(table.address, "failed", ReleaseReason.DECODE_ENDED, "aborted")
+    releaser.release(table.address, "pulled")
+    started = time.monotonic()
+    assert _released_until(table, {"early", "failed", "pulled"}) == {"early", "failed", "pulled"}
+    assert time.monotonic() - started < 2.0
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any("request early" in m and "decode_failed: decode http://d:1 unreachable" in m for m in infos), infos
+    assert any("request failed" in m and "decode_ended: aborted" in m for m in infos), infos
+    assert not any("request pulled" in m for m in infos)
+    assert not any(r.levelno >= logging.WARNING for r in caplog.records), "no deadline was needed"
+
+
+def test_release_handoff_reaches_every_rank(hand_off: Callable[..., tuple[HoldTable, Releaser]]) -> None:
+    (t0, releaser), (t1, _) = hand_off(), hand_off()
+    ranks = [RankEndpoint(f"127.0.0.1:{i}", {}, t.address) for i, t in enumerate((t0, t1))]
+    handoff = KVHandoff(request_id="r", engine_id="p", block_ids=[1], num_tokens=3, block_size=4, tp_size=2,
+                        ranks=ranks)
+    t0.hold("r")
+    t1.hold("r")
+    releaser.release_handoff(handoff, ReleaseReason.DECODE_FAILED, "x")
+    assert _released_until(t0, {"r"}) == {"r"} and _released_until(t1, {"r"}) == {"r"}
+
+
+def test_release_of_another_protocol_version_is_dropped_naming_both(caplog: pytest.LogCaptureFixture) -> None:
+    table = HoldTable("127.0.0.1", hold_timeout_s=60.0)
+    sender = zmq.Context.instance().socket(zmq.PUSH)
+    sender.setsockopt(zmq.LINGER, 0)
+    sender.connect(f"tcp://{table.address}")
+    try:
+        table.hold("r")
+        newer = msgspec.msgpack.encode([PROTOCOL_VERSION + 1, "r", "some_new_reason", ""])
+        sender.send(newer)
+        sender.send(msgspec.msgpack.encode(["r"]))  # protocol 1's confirmation: a bare request id
+        assert table.wait(0.3) is False, "neither released the hold"
+        assert table.released() == set() and table.is_held("r")
+        messages = [r.getMessage() for r in caplog.records]
+        assert any(f"protocol version {PROTOCOL_VERSION + 1}" in m and f"speaks version {PROTOCOL_VERSION}" in m
+                   for m in messages), messages
+        assert any("malformed hold-release message" in m for m in messages), messages
+        sender.send(handoff._encode(handoff.HoldRelease(PROTOCOL_VERSION, "r", ReleaseReason.PULLED)))
+        assert table.wait(5.0) is True, "the receiver still works"
+    finally:
+        sender.close()
+        table.close()

@@ -28,11 +28,13 @@ CALL_TIMEOUT_S = 10.0
 HANG_S = 30.0  # longer than any proxy timeout the tests set; teardown cancels it
 
 
-def handoff_params(request_id: str, engine: str, card: StoreCard | None = None) -> dict[str, Any]:
-    """The PD contract a prefill answers with, its rank 0's engine named ``engine`` (or the card's)."""
+def handoff_params(request_id: str, engine: str, card: StoreCard | None = None,
+                   hold_address: str = "127.0.0.1:1") -> dict[str, Any]:
+    """The PD contract a prefill answers with, its rank 0's engine named ``engine`` (or the card's)
+    and its hold table at ``hold_address``."""
     handoff = KVHandoff(request_id=request_id, engine_id=engine, block_ids=[0, 1], num_tokens=20,
                         block_size=card.block_size if card else 16, tp_size=1,
-                        ranks=[RankEndpoint(card.engine if card else engine, {}, "127.0.0.1:1")],
+                        ranks=[RankEndpoint(card.engine if card else engine, {}, hold_address)],
                         prefix_namespace=card.namespace if card else None)
     return contract.to_params(handoff)
 
@@ -51,6 +53,7 @@ class Mode(enum.Enum):
     FAIL = "fail"  #: HTTP 500 with an OpenAI-style error
     REJECT = "reject"  #: HTTP 400 with an OpenAI-style error (the client's fault)
     STALL_STREAM = "stall_stream"  #: a decode stream that sends one chunk, then goes silent
+    MUTE_STREAM = "mute_stream"  #: a decode stream that sends its status line, then nothing
 
 
 class LoopThread:
@@ -97,6 +100,8 @@ class FakeBackend:
     """How POST /tokenize answers: OK, FAIL (HTTP 500) or HANG."""
     card: StoreCard | None = None
     """prefill: the store card its answers' contract names (namespace, block size, rank 0's engine)."""
+    hold_address: str = "127.0.0.1:1"
+    """prefill: the hold table its answers' contract names (where the proxy releases a failed decode's blocks)."""
     url: str = ""
     _runner: web.AppRunner | None = None
 
@@ -138,7 +143,8 @@ class FakeBackend:
         if self.role == "prefill":
             answer: dict[str, Any] = {"id": f"{self.name}-{n}", "choices": [{"text": "p"}]}
             if self.mode is not Mode.NO_KV:
-                answer["kv_transfer_params"] = handoff_params(f"{self.name}-{n}", self.name, self.card)
+                answer["kv_transfer_params"] = handoff_params(f"{self.name}-{n}", self.name, self.card,
+                                                              self.hold_address)
             return web.json_response(answer)
         if body.get("stream"):
             return await self._stream(request)
@@ -147,6 +153,8 @@ class FakeBackend:
     async def _stream(self, request: web.Request) -> web.StreamResponse:
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
+        if self.mode is Mode.MUTE_STREAM:
+            await asyncio.sleep(HANG_S)
         try:
             for i in range(self.stream_chunks):
                 event = {"choices": [{"text": f"tok{i}"}], "served_by": self.name}

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-
+import importlib.util
 import json
 import os
 import re
 import selectors
+import shlex
 import signal
 import subprocess
 import sys
@@ -44,7 +45,44 @@ def test_up_selftest_puts_and_gets_through_the_pool() -> None:
     result = _tidekv("up", "--port", "0", "--metrics-port", "0", "--segment-size", "16MiB", "--selftest")
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     assert "OK" in result.stdout and "selftest" in result.stdout
-    assert "TIDEKV_MASTER=127.0.0.1:" in result.stdout
+    address = re.search(r'"master": "([^"]+)"', result.stdout).group(1)  # type: ignore[union-attr]
+    assert f"TIDEKV_MASTER={address}" in result.stdout
+    _check_engine_flags(result.stdout, address)
+
+
+def _check_engine_flags(text: str, master: str) -> None:
+    """The vLLM and SGLang lines in ``text`` are flags each plugin accepts, naming ``master``."""
+    from tidekv.kvcache.settings import KVConnectorConfig
+    from tidekv_sglang.settings import HiCacheSettings
+    from tidekv_vllm.command_line import CONNECTOR_NAME
+
+    vllm_line = next(line for line in text.splitlines() if line.strip().startswith("vLLM:"))
+    flag, value = shlex.split(vllm_line.split("vLLM:", 1)[1])
+    assert flag == "--kv-transfer-config"
+    config = json.loads(value)
+    assert config["kv_connector"] == CONNECTOR_NAME and config["kv_role"] == "kv_both"
+    assert KVConnectorConfig.from_mapping(config["kv_connector_extra_config"], environ={}).master == master
+    sglang_line = next(line for line in text.splitlines() if line.strip().startswith("SGLang:"))
+    args = shlex.split(sglang_line.split("SGLang:", 1)[1])
+    assert args[args.index("--hicache-storage-backend") + 1] == "dynamic"
+    extra = json.loads(args[args.index("--hicache-storage-backend-extra-config") + 1])
+    assert HiCacheSettings.from_extra_config(extra, environ={}).master == master
+    module = importlib.util.find_spec(extra["module_path"])
+    assert module is not None and module.origin is not None
+    assert f"class {extra['class_name']}" in Path(module.origin).read_text()
+
+
+def test_help_names_the_engine_plugins_and_their_json() -> None:
+    top = _tidekv("--help")
+    assert top.returncode == 0, top.stderr
+    assert "TidekvConnector" in top.stdout and "kv_connector_extra_config" in top.stdout
+    for key in ("master", "store_segment_size", "hold_timeout_s", "load_mode", "transport"):
+        assert f"{key} (" in top.stdout, key
+    assert "$TIDEKV_MASTER" in top.stdout
+    assert "--kv-transfer-config '{" in top.stdout and "--hicache-storage-backend-extra-config '{" in top.stdout
+    up = _tidekv("up", "--help")
+    assert up.returncode == 0, up.stderr
+    assert "TidekvConnector" in up.stdout and "TIDEKV_MASTER" in up.stdout and "SGLang:" in up.stdout
 
 
 @pytest.mark.parametrize(

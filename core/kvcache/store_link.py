@@ -1,0 +1,177 @@
+"""A KV connector's link to the store master: connected when it can be, retried in the
+background with backoff when it cannot, so that prefix reuse turns itself back on.
+
+An engine started while its master is down, or whose master goes away, keeps serving by
+recomputing prompts; ``StoreLink.store`` is None meanwhile, so no request waits on a master that
+does not answer. A background thread retries (``Backoff``: 0.5 s, doubling, at most 10 s between
+attempts): it connects a client that never connected, or asks a client that lost its master
+once more (the client itself re-registers with a restarted master, see ``Store``'s heartbeat).
+The link logs once when reuse turns off (WARNING) and once when it turns on again (INFO).
+
+Users call ``lost(exc)`` when a store call failed because the master did not answer
+(``MasterUnavailableError``); other failures (a transfer to a peer, a missing object) leave the
+link up. Thread-safe. Neighbours: ``tidekv.store.Store`` (the client it holds), the vLLM plugin's
+scheduler and worker (one link each).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tidekv.errors import ConfigError, MasterUnavailableError, TidekvError
+
+logger = logging.getLogger(__name__)
+
+PROBE_KEY = "tidekv/link-probe"
+"""Key the link asks the master about to see whether it answers (one round trip, no lease)."""
+
+
+class StoreClient(Protocol):
+    """What the link needs of a store client (``tidekv.store.Store`` is one)."""
+
+    def exists_many(self, keys: Any) -> list[bool]: ...
+
+    def close(self) -> None: ...
+
+
+class LinkState(enum.Enum):
+    UP = "up"  #: the master answered last time: ``store`` is the client
+    DOWN = "down"  #: never connected, or lost: ``store`` is None, the retry thread works
+    CLOSED = "closed"  #: ``close()`` was called
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Delays between reconnection attempts: ``initial_s``, times ``factor`` each time, at most ``max_s``."""
+
+    initial_s: float = 0.5
+    """Delay before the first retry. Default 0.5 s."""
+    factor: float = 2.0
+    """Growth per failed attempt. Default 2."""
+    max_s: float = 10.0
+    """Longest delay: a master that comes back is used again at most this long after. Default 10 s."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.initial_s <= self.max_s:
+            raise ConfigError(f"initial_s={self.initial_s!r} must be > 0 and <= max_s={self.max_s!r}")
+        if self.factor < 1:
+            raise ConfigError(f"factor={self.factor!r} must be >= 1")
+
+    def delay_s(self, failures: int) -> float:
+        """The wait before the attempt that follows ``failures`` failed ones (0: the first retry)."""
+        return min(self.max_s, self.initial_s * self.factor ** min(failures, 64))
+
+
+class StoreLink:
+    """One component's store client (``owner`` names it in the log, e.g. "scheduler", "rank 0").
+
+    The first connection attempt runs in the constructor (so that a master that is up serves the
+    very first requests); if it fails, the retry thread takes over.
+
+    Args:
+        master: the master's "host:port" (for the log).
+        connect: makes a connected client; raises TidekvError when the master does not answer.
+        owner: which component this is, for the log.
+        backoff: delays between attempts.
+    """
+
+    def __init__(self, master: str, connect: Callable[[], StoreClient], *, owner: str,
+                 backoff: Backoff | None = None) -> None:
+        self.master = master
+        self.owner = owner
+        self.backoff = backoff if backoff is not None else Backoff()
+        self._connect = connect
+        self._client: StoreClient | None = None
+        self._state = LinkState.DOWN
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        try:
+            self._client = connect()
+        except TidekvError as exc:
+            with self._cond:
+                self._went_down(exc, "unreachable")
+        else:
+            self._state = LinkState.UP
+            logger.info("tidekv store at %s: connected (%s); prefix reuse is on", master, owner)
+
+    @property
+    def store(self) -> Any:
+        """The client while the master answers, else None (reuse is off: recompute)."""
+        return self._client if self._state is LinkState.UP else None
+
+    @property
+    def state(self) -> LinkState:
+        return self._state
+
+    def lost(self, exc: BaseException) -> None:
+        """A store call failed with ``exc``: a master that did not answer turns reuse off until
+        it answers again; any other error is not the link's business."""
+        if isinstance(exc, MasterUnavailableError):
+            with self._cond:
+                if self._state is LinkState.UP:
+                    self._went_down(exc, "stopped answering")
+
+    def wait_up(self, timeout_s: float) -> bool:
+        """Blocks until the link is up (or ``timeout_s`` passes); True if it is."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._state is not LinkState.DOWN, timeout_s) \
+                and self._state is LinkState.UP
+
+    def close(self) -> None:
+        """Stops retrying and closes the client. Idempotent."""
+        with self._cond:
+            self._state = LinkState.CLOSED
+            self._cond.notify_all()
+            client, self._client = self._client, None
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if client is not None:
+            client.close()
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _went_down(self, exc: BaseException, how: str) -> None:
+        """Turns reuse off and wakes (or starts) the retry thread; the caller holds the lock."""
+        self._state = LinkState.DOWN
+        self._cond.notify_all()
+        logger.warning("tidekv store at %s %s (%s): prefix reuse is off (%s), prompts are recomputed; "
+                       "retrying in the background", self.master, how, exc, self.owner)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._retry_loop, name=f"tidekv-store-link-{self.owner}",
+                                            daemon=True)
+            self._thread.start()
+
+    def _retry_loop(self) -> None:
+        """Sleeps while the link is up; while it is down, tries again after each backoff delay."""
+        failures = 0
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._state is not LinkState.UP)
+                if self._cond.wait_for(lambda: self._state is LinkState.CLOSED, self.backoff.delay_s(failures)):
+                    return
+                known = client = self._client
+            try:
+                if client is None:
+                    client = self._connect()
+                else:
+                    client.exists_many([PROBE_KEY])
+            except TidekvError as exc:
+                failures += 1
+                logger.debug("tidekv store at %s still unreachable (%s, attempt %d): %s", self.master, self.owner,
+                             failures, exc)
+                continue
+            with self._cond:
+                if self._state is LinkState.CLOSED:
+                    if client is not known:  # connected just as close() ran: close() did not see it
+                        client.close()
+                    return
+                self._client = client
+                self._state = LinkState.UP
+                self._cond.notify_all()
+            logger.info("tidekv store at %s answers again: prefix reuse is on (%s)", self.master, self.owner)
+            failures = 0
