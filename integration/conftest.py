@@ -145,10 +145,11 @@ def prefill_params(n: int) -> list[dict[str, Any] | None]:
 
 
 @contextlib.contextmanager
-def tidekv_up(segment: str = "256MiB") -> Iterator[str]:
-    """`tidekv up` (master + one storage segment) as a subprocess; yields the master address."""
+def tidekv_up(segment: str = "256MiB", port: int = 0) -> Iterator[str]:
+    """`tidekv up` (master + one storage segment) as a subprocess on ``port`` (0: any free); yields
+    the master address."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tidekv", "up", "--port", "0", "--metrics-port", "-1", "--segment-size", segment],
+        [sys.executable, "-m", "tidekv", "up", "--port", str(port), "--metrics-port", "-1", "--segment-size", segment],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:

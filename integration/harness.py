@@ -384,6 +384,16 @@ class OpenAIServer:
         except OSError as e:
             raise HarnessError(f"POST {path} failed: {e}; server log:\n{_tail(self.log())}") from e
 
+    def metric(self, name: str) -> float:
+        """The sum of every series of Prometheus metric ``name`` in the server's /metrics (0 if absent)."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.split("{")[0].split(" ")[0] == name:
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
     def complete(self, prompt: Prompt, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
         """Greedy /v1/completions for one prompt; `extra` goes into the body (e.g. kv_transfer_params)."""
         body = {"model": self.model_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
