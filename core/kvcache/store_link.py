@@ -10,7 +10,9 @@ The link logs once when reuse turns off (WARNING) and once when it turns on agai
 
 Users call ``lost(exc)`` when a store call failed because the master did not answer
 (``MasterUnavailableError``); other failures (a transfer to a peer, a missing object) leave the
-link up. Thread-safe. Neighbours: ``tidekv.store.Store`` (the client it holds), the vLLM plugin's
+link up. ``try_now()`` makes one attempt at once, for a caller that has news the master answers
+(a vLLM worker told to load blocks the scheduler just found in the store must not wait for its
+own backoff: a load that finds no client fails its request). Thread-safe. Neighbours: ``tidekv.store.Store`` (the client it holds), the vLLM plugin's
 scheduler and worker (one link each).
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -89,7 +92,10 @@ class StoreLink:
         self._client: StoreClient | None = None
         self._state = LinkState.DOWN
         self._cond = threading.Condition()
+        self._attempt = threading.Lock()  # one connection attempt at a time (retry thread or try_now)
+        self._last_attempt = float("-inf")
         self._thread: threading.Thread | None = None
+        self._last_attempt = time.monotonic()
         try:
             self._client = connect()
         except TidekvError as exc:
@@ -115,6 +121,17 @@ class StoreLink:
             with self._cond:
                 if self._state is LinkState.UP:
                     self._went_down(exc, "stopped answering")
+
+    def try_now(self) -> Any:
+        """The client, after one attempt at once if the link is down and none was made in the
+        last ``backoff.initial_s`` (so a master that stays down costs callers little); None if
+        the master still does not answer or the link is closed."""
+        if self._state is LinkState.UP:
+            return self._client
+        with self._attempt:
+            if self._state is LinkState.DOWN and time.monotonic() - self._last_attempt >= self.backoff.initial_s:
+                self._attempt_once()
+        return self.store
 
     def wait_up(self, timeout_s: float) -> bool:
         """Blocks until the link is up (or ``timeout_s`` passes); True if it is."""
@@ -154,24 +171,31 @@ class StoreLink:
                 self._cond.wait_for(lambda: self._state is not LinkState.UP)
                 if self._cond.wait_for(lambda: self._state is LinkState.CLOSED, self.backoff.delay_s(failures)):
                     return
-                known = client = self._client
-            try:
-                if client is None:
-                    client = self._connect()
-                else:
-                    client.exists_many([PROBE_KEY])
-            except TidekvError as exc:
-                failures += 1
-                logger.debug("tidekv store at %s still unreachable (%s, attempt %d): %s", self.master, self.owner,
-                             failures, exc)
-                continue
-            with self._cond:
+            with self._attempt:
                 if self._state is LinkState.CLOSED:
-                    if client is not known:  # connected just as close() ran: close() did not see it
-                        client.close()
                     return
-                self._client = client
-                self._state = LinkState.UP
-                self._cond.notify_all()
-            logger.info("tidekv store at %s answers again: prefix reuse is on (%s)", self.master, self.owner)
-            failures = 0
+                failures = 0 if self._state is LinkState.UP or self._attempt_once() else failures + 1
+
+    def _attempt_once(self) -> bool:
+        """Connects (or asks the client already made) once; True and the link up if the master
+        answered. The caller holds ``_attempt``."""
+        self._last_attempt = time.monotonic()
+        known = client = self._client
+        try:
+            if client is None:
+                client = self._connect()
+            else:
+                client.exists_many([PROBE_KEY])
+        except TidekvError as exc:
+            logger.debug("tidekv store at %s still unreachable (%s): %s", self.master, self.owner, exc)
+            return False
+        with self._cond:
+            if self._state is LinkState.CLOSED:
+                if client is not known:  # connected just as close() ran: close() did not see it
+                    client.close()
+                return False
+            self._client = client
+            self._state = LinkState.UP
+            self._cond.notify_all()
+        logger.info("tidekv store at %s answers again: prefix reuse is on (%s)", self.master, self.owner)
+        return True

@@ -189,14 +189,14 @@ class ProxyServer:
         if delay_s <= 0:
             self._releaser.release_handoff(held, ReleaseReason.DECODE_FAILED, detail)
             return
-        timer: asyncio.TimerHandle | None = None
+        timers: list[asyncio.TimerHandle] = []
 
         def fire() -> None:
-            self._pending_releases.discard(timer)  # type: ignore[arg-type]
+            self._pending_releases.difference_update(timers)
             self._releaser.release_handoff(held, ReleaseReason.DECODE_FAILED, detail)
 
-        timer = asyncio.get_running_loop().call_later(delay_s, fire)
-        self._pending_releases.add(timer)
+        timers.append(asyncio.get_running_loop().call_later(delay_s, fire))
+        self._pending_releases.update(timers)
 
     async def _pick_prefill(self, body: dict[str, Any], headers: dict[str, str]) -> str:
         if self._locator is None:

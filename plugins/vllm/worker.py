@@ -77,11 +77,6 @@ class TidekvWorker:
         return Store.connect(self.settings.master or "", segment_size=self.settings.store_segment_size,
                              config=config, engine=self.engine)
 
-    @property
-    def _store(self) -> Any:
-        """This rank's store client while its master answers, else None."""
-        return self._link.store if self._link is not None else None
-
     # ---- start-up -----------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -131,14 +126,13 @@ class TidekvWorker:
 
     def save(self, meta: TidekvMetadata) -> None:
         for job in meta.saves:
-            store = self._store
-            if store is None or self.layout is None:
-                # Nothing to save to (this rank's master does not answer), but the scheduler
-                # delays freeing the request until every rank reports its saves done: report it.
+            if self._link is None or self.layout is None:
+                # Nothing to save to, but the scheduler delays freeing the request until every
+                # rank reports its saves done: report it.
                 fut: Future[None] = Future()
                 fut.set_result(None)
             else:
-                fut = self._saver.submit(self._save_job, job, store)
+                fut = self._saver.submit(self._save_job, job)
             self._saves.setdefault(job.request_id, []).append(fut)
 
     def get_finished(self, finished_req_ids: set[str], idle: bool = False) -> tuple[set[str], set[str]]:
@@ -226,7 +220,9 @@ class TidekvWorker:
 
     def _load_from_store(self, jobs: list[StoreJob]) -> None:
         assert self.layout is not None
-        store = self._store
+        # The scheduler found these blocks on the master a moment ago: a link still waiting out
+        # its backoff tries at once (a load without a client fails its requests).
+        store = self._link.try_now() if self._link is not None else None
         if store is None:
             for job in jobs:
                 self._load_errors.update(job.blocks)
@@ -254,8 +250,12 @@ class TidekvWorker:
                            self.tp_rank, len(missing), len(set(owners)))
             self._load_errors |= missing
 
-    def _save_job(self, job: StoreJob, store: Any) -> None:
-        assert self.layout is not None
+    def _save_job(self, job: StoreJob) -> None:
+        assert self.layout is not None and self._link is not None
+        # The scheduler planned this save: its link is up, so ours is worth a try off-schedule.
+        store = self._link.try_now()
+        if store is None:
+            return  # this rank's master does not answer: the blocks are recomputed some day
         keys, spans = [], []
         for block, key in zip(job.blocks, job.keys[self.tp_rank]):
             keys.extend(chunk_keys(key, self.layout))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Callable
 
 import pytest
@@ -106,3 +107,35 @@ def test_close_while_retrying_stops_the_thread_promptly() -> None:
     assert thread is not None and thread.is_alive()
     link.close()
     assert not thread.is_alive(), "close() woke the retry thread out of its backoff sleep"
+
+
+class _Client:
+    def exists_many(self, keys: object) -> list[bool]:
+        return [False]
+
+    def close(self) -> None:
+        pass
+
+
+def test_try_now_does_not_wait_for_the_backoff() -> None:
+    """A caller that knows the master answers again (the scheduler found blocks there) gets the
+    client at once, though the retry thread would sleep on; but no more often than initial_s."""
+    calls, up = [], [False]
+
+    def connect() -> _Client:
+        calls.append(time.monotonic())
+        if not up[0]:
+            raise MasterUnavailableError("down")
+        return _Client()
+
+    link = StoreLink("h:1", connect, owner="rank 0", backoff=Backoff(initial_s=0.2, factor=1000.0, max_s=1000.0))
+    try:
+        assert link.try_now() is None and len(calls) == 1, "no second attempt within initial_s of the first"
+        time.sleep(0.5)
+        assert len(calls) == 2, "the retry thread tried once at 0.2 s and now sleeps 200 s"
+        up[0] = True
+        store = link.try_now()
+        assert isinstance(store, _Client) and len(calls) == 3
+        assert link.state is LinkState.UP and link.store is store and link.try_now() is store
+    finally:
+        link.close()
