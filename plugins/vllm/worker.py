@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.01
-"""Longest sleep in an idle step while holding blocks; a confirmation ends it at once."""
+"""Longest sleep in an idle step while holding blocks; a release ends it at once."""
 
 
 @dataclass
@@ -138,11 +138,11 @@ class TidekvWorker:
     def get_finished(self, finished_req_ids: set[str], idle: bool = False) -> tuple[set[str], set[str]]:
         if idle and self.holds.pending and not self._pulls:
             # vLLM steps without pause while blocks are held (it polls us for their release); on
-            # a step with nothing else to do, sleep until a confirmation arrives or IDLE_WAIT_S
+            # a step with nothing else to do, sleep until a release arrives or IDLE_WAIT_S
             # passes, instead of spinning a core that the decode side may need.
             self.holds.wait(IDLE_WAIT_S)
         # A finished request's blocks are freed (reported in ``sending``, exactly once) when
-        # nothing needs them any more: neither its decode (a hold, until confirmed or expired)
+        # nothing needs them any more: neither its decode (a hold, until released or expired)
         # nor its store saves (until done). A request with both waits for both.
         released = self.holds.released()
         self._finished_waiting |= {r for r in finished_req_ids if r in self._saves}
