@@ -1,5 +1,5 @@
-"""``tidekv proxy``: an OpenAI-compatible router for prefill/decode disaggregation (``server``)
-and its routing policies (``routing``)."""
+"""``tidekv proxy``: an OpenAI-compatible router for prefill/decode disaggregation (``server``),
+its routing policies (``routing``) and its command line (``cli``)."""
 
 from tidekv.proxy.routing import (
     PrefixIndex,
@@ -12,7 +12,8 @@ from tidekv.proxy.routing import (
     prefill_request,
     prompt_text,
 )
-from tidekv.proxy.server import ProxyServer, add_parser
+from tidekv.proxy.cli import add_parser
+from tidekv.proxy.server import ProxyServer
 
 __all__ = [
     "PrefixIndex",
