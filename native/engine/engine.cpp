@@ -55,7 +55,6 @@ Engine::Engine(EngineOptions options)
   for (const auto& entry : transport_registry()) {
     transports_.push_back(entry.make(TransportEnv{ctx_, regions_}));
     availability_.push_back(transports_.back()->availability());
-    if (std::string(entry.name) == "shm") shm_index_ = int(transports_.size() - 1);
     names += (names.empty() ? "" : ", ") + std::string(entry.name);
   }
   if (ctx_.options.transport != "auto") {

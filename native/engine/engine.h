@@ -72,7 +72,6 @@ class Engine {
     std::mutex mu;
     Descriptor descriptor;
     std::vector<std::shared_ptr<PeerLink>> links;  // by transport index; null: not reachable by it
-    bool is_stale = false;                           // a link learned of a new descriptor
   };
   void worker_loop();
   void enqueue(const std::shared_ptr<Batch>& batch);
@@ -93,7 +92,6 @@ class Engine {
   std::vector<std::unique_ptr<Transport>> transports_;
   std::vector<Availability> availability_;
   int forced_ = -1;  // index into transports_, or -1 for auto
-  int shm_index_ = -1;
   std::unique_ptr<Listener> listener_;
   std::string descriptor_bytes_;
   std::mutex alloc_mu_;
