@@ -302,8 +302,10 @@ class OpenAIServer:
         env: dict[str, str] | None = None,
         log_path: str | Path | None = None,
         python: str = sys.executable,
+        cpus: set[int] | None = None,
     ) -> None:
         self.port = free_port()
+        self._cpus = cpus  # CPU affinity of the server and every process it starts; None: inherited
         self.url = f"http://127.0.0.1:{self.port}"
         self.model_name = served_model_name
         self._argv = [
@@ -336,7 +338,8 @@ class OpenAIServer:
         t0 = time.monotonic()
         with open(self._log_path, "wb") as log_file:
             self._proc = subprocess.Popen(
-                self._argv, stdout=log_file, stderr=subprocess.STDOUT, env=self._env, start_new_session=True
+                self._argv, stdout=log_file, stderr=subprocess.STDOUT, env=self._env, start_new_session=True,
+                preexec_fn=None if self._cpus is None else lambda: os.sched_setaffinity(0, self._cpus or set()),
             )
         deadline = t0 + timeout_s
         while time.monotonic() < deadline:

