@@ -181,6 +181,68 @@ def _from_env(cls: type[T], environ: Mapping[str, str], overrides: Mapping[str, 
     return cls(**values)
 
 
+def parse_host_port(text: Any, what: str) -> tuple[str, int]:
+    """Splits "host:port" (or "[v6]:port") into (host, port): the one address parser of tidekv.
+
+    Raises:
+        ConfigError: naming ``what`` (the setting the text came from) and the text.
+    """
+    host, sep, port = text.rpartition(":") if isinstance(text, str) else ("", "", "")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or any(c.isspace() or c in "[]/" for c in host) or not port.isdigit() \
+            or not 0 < int(port) < 65536:
+        raise ConfigError(f"{what}={text!r} is not 'host:port' (e.g. 127.0.0.1:50051)")
+    return host, int(port)
+
+
+ETCD_SCHEME = "etcd://"
+
+
+@dataclass(frozen=True, slots=True)
+class MasterAddress:
+    """Where a store client finds its master: one master's "host:port", or the leader of a
+    cluster of masters registered in etcd, written "etcd://HOST:PORT[,HOST:PORT...]/CLUSTER"."""
+
+    address: str | None
+    """The lone master's "host:port"; None for an etcd cluster."""
+    etcd_endpoints: tuple[str, ...] = ()
+    """etcd's client URLs ("http://host:port"), for a cluster."""
+    cluster: str = ""
+    """The cluster's name in etcd."""
+
+    @classmethod
+    def parse(cls, text: Any, what: str = "master") -> MasterAddress:
+        """Raises ConfigError naming ``what`` and the text unless it is one of the two forms."""
+        if isinstance(text, str) and text.startswith(ETCD_SCHEME):
+            hosts, _, cluster = text[len(ETCD_SCHEME):].partition("/")
+            if not cluster or not all(c.isalnum() or c in "-_." for c in cluster):
+                raise ConfigError(f"{what}={text!r} names no cluster; expected etcd://HOST:PORT[,HOST:PORT...]/NAME "
+                                  "(NAME of letters, digits, '-', '_' or '.')")
+            endpoints = tuple(f"http://{h}" for h in hosts.split(",") if parse_host_port(h, what))
+            return cls(None, endpoints, cluster)
+        parse_host_port(text, what)
+        return cls(text)
+
+    @property
+    def is_cluster(self) -> bool:
+        return self.address is None
+
+    def __str__(self) -> str:
+        if self.address is not None:
+            return self.address
+        return ETCD_SCHEME + ",".join(e[len("http://"):] for e in self.etcd_endpoints) + "/" + self.cluster
+
+
+def parse_etcd_endpoints(text: str, what: str = "--etcd") -> tuple[str, ...]:
+    """"http://H:P[,http://H:P...]" (the scheme may be left out) -> client URLs; raises ConfigError."""
+    out = []
+    for item in text.split(","):
+        hostport = item.strip().removeprefix("http://")
+        parse_host_port(hostport, what)
+        out.append("http://" + hostport)
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True)
 class MasterConfig:
     """Settings of the store master (``tidekv master``); env vars ``TIDEKV_MASTER_<FIELD>``."""
@@ -188,7 +250,7 @@ class MasterConfig:
     host: str = "127.0.0.1"
     """Address the RPC and HTTP listeners bind to. Default 127.0.0.1."""
     port: int = 50051
-    """ZeroMQ RPC port (0 = any free port). Default 50051."""
+    """RPC port (0 = any free port). Default 50051."""
     metrics_port: int = 9003
     """HTTP port for /metrics and /health (0 = any free port, -1 = off). Default 9003."""
     client_ttl_s: float = 10.0
@@ -209,10 +271,35 @@ class MasterConfig:
     """Period of housekeeping (liveness, reclaim, eviction). Default 0.1 s."""
     busy_poll_us: int = 200
     """After a request, poll this long for the next before sleeping (0 = never spin). Default 200 µs."""
+    state_dir: str | None = None
+    """Directory of the master's journal (every index change, written before it is acknowledged):
+    a lone master restarted on it comes back with every object. None = no journal (a restart
+    starts empty). Default None."""
+    etcd: str = ""
+    """etcd client URLs ("http://H:P[,...]"): the master campaigns for leadership of ``cluster``
+    and stands by when another leads. Empty = a lone master. Default empty."""
+    cluster: str = "tidekv"
+    """Name of the cluster of masters in etcd (with ``etcd``). Default "tidekv"."""
+    leader_ttl_s: int = 3
+    """TTL of the leader's etcd lease: a dead leader is replaced after at most this long. Default 3 s (2..60)."""
+    sync_timeout_s: float = 1.0
+    """A standby that has not confirmed a change this long after it was sent is dropped from the
+    in-sync set (recorded in etcd first), so it can no longer become leader. Default 1 s."""
 
     def __post_init__(self) -> None:
         _check_types(self)
         _check_range("port", self.port, 0, 65535)
+        _check_range("leader_ttl_s", self.leader_ttl_s, 2, 60)
+        _check_range("sync_timeout_s", self.sync_timeout_s, 0.05, 60)
+        if self.etcd:
+            parse_etcd_endpoints(self.etcd, "etcd")
+            if self.state_dir:
+                raise ConfigError("state_dir and etcd exclude each other: in a cluster the standbys hold the "
+                                  "index (drop state_dir, or run a lone master)")
+            MasterAddress.parse(f"etcd://127.0.0.1:1/{self.cluster}", "cluster")
+            if self.host in ("0.0.0.0", "::", ""):
+                raise ConfigError(f"host={self.host!r}: a master in an etcd cluster registers its address for "
+                                  "clients to reach; bind a reachable address, not a wildcard")
         _check_range("metrics_port", self.metrics_port, -1, 65535)
         _check_range("client_ttl_s", self.client_ttl_s, 0.1, 86400)
         _check_range("lease_ttl_s", self.lease_ttl_s, 0.0, 3600)
@@ -247,7 +334,12 @@ class StoreConfig:
     heartbeat_interval_s: float = 1.0
     """How often the client tells the master it is alive. Default 1 s."""
     rpc_timeout_s: float = 5.0
-    """A master that does not answer within this time raises MasterUnavailableError. Default 5 s."""
+    """A master that does not answer one request within this time is taken as gone (the client
+    looks for the leader again, see ``failover_timeout_s``). Default 5 s."""
+    failover_timeout_s: float = 15.0
+    """How long a request that may be retried (see ``MasterClient``) keeps looking for a master
+    that answers - the leader after a failover, a restarted master - before it raises
+    MasterUnavailableError or MasterNotReadyError. 0 = one attempt. Default 15 s."""
     rpc_busy_poll_us: int = 50
     """Poll this long for the master's reply before sleeping (0 = sleep at once): a reply takes
     ~20 µs, and waking a sleeping thread on a VM costs about as much again. Default 50 µs."""
@@ -270,6 +362,7 @@ class StoreConfig:
         _check_range("replicas", self.replicas, 1, 16)
         _check_range("heartbeat_interval_s", self.heartbeat_interval_s, 0.01, 3600)
         _check_range("rpc_timeout_s", self.rpc_timeout_s, 0.01, 3600)
+        _check_range("failover_timeout_s", self.failover_timeout_s, 0, 3600)
         _check_range("rpc_busy_poll_us", self.rpc_busy_poll_us, 0, 100_000)
 
     @classmethod

@@ -99,7 +99,28 @@ class ObjectLeasedError(StoreError):
 
 
 class MasterUnavailableError(StoreError):
-    """The master did not answer within the RPC timeout, or is not reachable."""
+    """No master answered: not reachable, or no reply within the RPC timeout (after the master
+    client looked for the leader for ``failover_timeout_s``).
+
+    Attributes:
+        is_request_sent: False when the request certainly never reached a master (it was not
+            applied); True when it may have been (a put_start then is not retried: see
+            ``tidekv.store.master_client``).
+    """
+
+    def __init__(self, message: str, *, key: bytes | str | None = None, is_request_sent: bool = True) -> None:
+        super().__init__(message, key=key)
+        self.is_request_sent = is_request_sent
+
+
+class MasterNotReadyError(MasterUnavailableError):
+    """A master answered but does not serve yet: it is rebuilding its index after a restart, or
+    it is a standby (or a deposed leader) and another master leads. Nothing was applied; the
+    master client retries it until ``failover_timeout_s``."""
+
+    def __init__(self, message: str, *, key: bytes | str | None = None, leader: str = "") -> None:
+        super().__init__(message, key=key, is_request_sent=False)
+        self.leader = leader
 
 
 class RpcError(StoreError):

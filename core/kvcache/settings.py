@@ -11,33 +11,33 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tidekv.config import TransportKind
+from tidekv.config import MasterAddress, TransportKind
 from tidekv.errors import ConfigError
 
 LOAD_MODES = ("sync", "async")
 
 MASTER_ENV = "TIDEKV_MASTER"
-"""The environment variable every tidekv plugin reads the store master's "host:port" from when
-the engine's own config names none (``tidekv up`` prints it)."""
-
-_MASTER_RE = re.compile(r"\[?[^\s\[\]]+\]?:\d{1,5}")
-
+"""The environment variable every tidekv plugin reads the store master's address from when the
+engine's own config names none: "host:port" (``tidekv up`` prints it) or "etcd://H:P/CLUSTER"."""
 
 def check_master_address(name: str, value: Any) -> str:
-    """Returns ``value`` if it is a master's "host:port" (``[v6]:port`` too).
+    """Returns ``value`` if it names a master: "host:port" (``[v6]:port`` too) or a cluster of
+    masters in etcd, "etcd://HOST:PORT[,HOST:PORT...]/CLUSTER".
 
     Raises:
         ConfigError: naming ``name`` (the setting or variable it came from) and the value.
     """
-    if not isinstance(value, str) or not _MASTER_RE.fullmatch(value) or not 0 < int(value.rsplit(":", 1)[1]) < 65536:
+    try:
+        MasterAddress.parse(value, name)
+    except ConfigError:
         raise ConfigError(f"{name}={value!r} must be 'host:port' of a tidekv master (e.g. 127.0.0.1:50051, "
-                          "what `tidekv up` prints)")
-    return value
+                          "what `tidekv up` prints) or 'etcd://HOST:PORT[,HOST:PORT...]/CLUSTER' for a cluster "
+                          "of masters") from None
+    return str(value)
 
 
 def resolve_master(values: Mapping[str, Any], key: str = "master",
@@ -66,7 +66,7 @@ def did_you_mean(name: str, allowed: Iterable[str]) -> str:
 @dataclass(frozen=True, slots=True)
 class KVConnectorConfig:
     master: str | None = None
-    """Store master "host:port": enables store-backed prefix reuse across instances. Default
+    """Store master "host:port", or "etcd://H:P[,H:P...]/CLUSTER" for a cluster of masters: enables store-backed prefix reuse across instances. Default
     ``$TIDEKV_MASTER`` when set (``from_mapping``), else None (off)."""
     store_segment_size: int = 0
     """Bytes of this instance's memory contributed to the store pool. Default 0 (pure client)."""

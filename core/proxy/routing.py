@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tidekv.config import MasterAddress
 from tidekv.errors import ConfigError, TidekvError
 from tidekv.kvcache.contract import remote_decode_params
 from tidekv.proxy.store_policy import StoreCard
@@ -79,10 +80,11 @@ class ProxyConfig:
         if not isinstance(self.policy, RoutingPolicy):
             raise ConfigError(f"policy={self.policy!r} is invalid; allowed {[p.value for p in RoutingPolicy]}")
         if self.policy is RoutingPolicy.STORE:
-            host, sep, port = self.master.rpartition(":")
-            if not sep or not host or not port.isdigit():
+            try:
+                MasterAddress.parse(self.master)
+            except ConfigError:
                 raise ConfigError(f"master={self.master!r} is invalid; the store policy needs the tidekv master "
-                                  "as host:port")
+                                  "as host:port (or etcd://HOST:PORT/CLUSTER)") from None
         elif self.master:
             raise ConfigError(f"master={self.master!r} is set but policy={self.policy.value!r} does not use it; "
                               "use policy 'store'")

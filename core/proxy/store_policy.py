@@ -115,30 +115,28 @@ def tokenize_request(body: dict[str, Any]) -> dict[str, Any] | None:
 
 class StoreLocator:
     """Asks the master which engines hold keys; backs off after a failure. Thread-safe (the
-    channel locks), blocking: the proxy calls it from a worker thread."""
+    master client locks), blocking: the proxy calls it from a worker thread. One attempt per
+    lookup (routing must not wait out a failover), the leader followed on the next."""
 
     def __init__(self, master: str) -> None:
-        from tidekv.store.rpc import MasterChannel
+        from tidekv.store.master_client import MasterClient
 
-        self._channel = MasterChannel(master, f"tidekv-proxy-{uuid.uuid4().hex[:8]}", STORE_TIMEOUT_S)
+        self._client = MasterClient(master, f"tidekv-proxy-{uuid.uuid4().hex[:8]}", timeout_s=STORE_TIMEOUT_S)
         self._down_until = 0.0
         self._warning = WarnEvery()
 
     def locate(self, keys: list[str]) -> list[list[str]] | None:
         """Engines holding each key; None while the master is unreachable (a warning says so)."""
-        from tidekv.store import protocol as p
-
         if not keys or time.monotonic() < self._down_until:
             return None
         try:
-            raw = self._channel.call(p.Locate([k.encode() for k in keys]))
+            return self._client.locate_many(keys)
         except TidekvError as exc:
             self._down_until = time.monotonic() + STORE_RETRY_S
             if self._warning.due() is not None:
                 logger.warning("store policy: master %s did not answer (%s); routing round robin for %.0f s",
-                               self._channel.address, exc, STORE_RETRY_S)
+                               self._client.address, exc, STORE_RETRY_S)
             return None
-        return [[str(e) for e in engines] for engines in raw]
 
     def close(self) -> None:
-        self._channel.close()
+        self._client.close()

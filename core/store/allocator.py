@@ -36,6 +36,20 @@ class OffsetAllocator:
         self._sizes: list[int] = []  # sorted distinct sizes present in _bins
         self._add_free(0, capacity)
 
+    @classmethod
+    def with_used(cls, capacity: int, used: list[tuple[int, int]]) -> OffsetAllocator:
+        """An allocator whose only allocations are ``used`` ((offset, size) pairs, any order,
+        not overlapping): what a restored master rebuilds from the replicas it knows."""
+        alloc = cls(capacity)
+        alloc._remove_free(0, capacity)
+        end = 0
+        for offset, size in sorted(used):
+            alloc._add_free(end, offset - end)
+            end = offset + align(size)
+            alloc.used += align(size)
+        alloc._add_free(end, capacity - end)
+        return alloc
+
     @property
     def free(self) -> int:
         return self.capacity - self.used

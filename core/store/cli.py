@@ -80,6 +80,17 @@ def _add_master_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--busy-poll-us", type=int, default=None,
                         help=f"after a request, poll this long for the next before sleeping; 0 = never spin "
                         f"(default {d.busy_poll_us})")
+    parser.add_argument("--state-dir", default=None, metavar="DIR",
+                        help="journal every index change here before acknowledging it; a master restarted on the "
+                        "same DIR comes back with every object (default: none, a restart starts empty)")
+    parser.add_argument("--etcd", default=None, metavar="URLS",
+                        help="etcd client URLs http://H:P[,...]: campaign for leadership of --cluster, stand by "
+                        "while another master leads (default: none, a lone master)")
+    parser.add_argument("--cluster", default=None, help=f"name of the cluster of masters in etcd (default {d.cluster})")
+    parser.add_argument("--leader-ttl-s", type=int, default=None,
+                        help=f"TTL of the leader's etcd lease; a dead leader is replaced within it (default {d.leader_ttl_s})")
+    parser.add_argument("--sync-timeout-s", type=float, default=None,
+                        help=f"a standby this late to confirm a change leaves the in-sync set (default {d.sync_timeout_s})")
 
 
 def master_config_from_args(args: argparse.Namespace) -> MasterConfig:

@@ -9,7 +9,7 @@ Put is two-phase: put_start (the master places replicas) -> write every replica 
 objects. Get asks for locations and a read lease, reads one replica (the next one if a holder is
 gone), and refuses the bytes if the lease ran out before the read finished.
 
-Neighbours: ``rpc`` (the channel to the master), ``staging`` (scratch memory for bytes objects),
+Neighbours: ``master_client`` (the master, followed across failovers), ``staging`` (scratch memory for bytes objects),
 ``tidekv.transfer`` (the data path). Thread-safe.
 """
 
@@ -25,7 +25,7 @@ from typing import Any, Union
 
 import msgspec
 
-from tidekv.config import StoreConfig, TransferConfig
+from tidekv.config import MasterAddress, StoreConfig, TransferConfig
 from tidekv.errors import (
     ConfigError,
     LeaseExpiredError,
@@ -39,7 +39,7 @@ from tidekv.errors import (
 )
 from tidekv.store import protocol as p
 from tidekv.store.protocol import Pin, Status
-from tidekv.store.rpc import MasterChannel
+from tidekv.store.master_client import MasterClient
 from tidekv.store.staging import StagingArea
 from tidekv.transfer.batch import TransferOp, TransferRequest, TransferState
 from tidekv.transfer.engine import TransferEngine
@@ -97,7 +97,7 @@ class Store:
 
     def __init__(
         self,
-        master: str,
+        master: str | MasterAddress,
         config: StoreConfig,
         engine: TransferEngine,
         owns_engine: bool,
@@ -106,7 +106,9 @@ class Store:
         self.client_id = uuid.uuid4().hex[:16]
         self.engine = engine
         self._owns_engine = owns_engine
-        self._rpc = MasterChannel(master, self.client_id, config.rpc_timeout_s, config.rpc_busy_poll_us)
+        self._rpc = MasterClient(master, self.client_id, timeout_s=config.rpc_timeout_s,
+                                 failover_timeout_s=config.failover_timeout_s, busy_poll_us=config.rpc_busy_poll_us,
+                                 register=True)
         self._segment: Region | None = None
         self.segment_name = ""
         self._lease_expired = 0
@@ -114,7 +116,7 @@ class Store:
         self._heartbeat: threading.Thread | None = None
         self._staging: StagingArea | None = None
         try:
-            self._hello()
+            self._rpc.connect()
             if config.segment_size_bytes > 0:
                 self._segment = engine.allocate(config.segment_size_bytes, huge=_huge_segment(config.segment_memory, engine))
                 self.segment_name = f"{engine.name}/{self.client_id}"
@@ -133,7 +135,7 @@ class Store:
     @classmethod
     def connect(
         cls,
-        master: str = "127.0.0.1:50051",
+        master: str | MasterAddress = "127.0.0.1:50051",
         segment_size: int | None = None,
         *,
         config: StoreConfig | None = None,
@@ -141,10 +143,11 @@ class Store:
         transfer_config: TransferConfig | None = None,
         host: str = "127.0.0.1",
     ) -> Store:
-        """Connects to the master at ``master`` ("host:port") and mounts a segment.
+        """Connects to the master at ``master`` and mounts a segment.
 
         Args:
-            master: the master's RPC address.
+            master: a lone master's "host:port", or "etcd://H:P[,H:P...]/CLUSTER" for the
+                leader of a cluster of masters (followed across failovers).
             segment_size: bytes of this process's memory to contribute (0: pure client);
                 overrides ``config.segment_size_bytes``.
             config: client settings (default ``StoreConfig.from_env()``).
@@ -295,12 +298,12 @@ class Store:
 
     def exists_many(self, keys: Sequence[Key]) -> list[bool]:
         """Whether each key holds a complete object (one round trip; grants no lease)."""
-        return list(self._rpc.call(p.Exists([_key(k) for k in keys])))
+        return self._rpc.exists_many([_key(k) for k in keys])
 
     def locate_many(self, keys: Sequence[Key]) -> list[list[str]]:
         """Names of the transfer engines whose segments hold each key's replicas (empty: no
         complete object); one round trip, grants no lease."""
-        return [list(engines) for engines in self._rpc.call(p.Locate([_key(k) for k in keys]))]
+        return self._rpc.locate_many([_key(k) for k in keys])
 
     def remove(self, key: Key, *, force: bool = False) -> None:
         """Deletes an object.
@@ -335,7 +338,8 @@ class Store:
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=5)
         try:
-            self._rpc.call(p.Disconnect(self.client_id), timeout_s=min(self.config.rpc_timeout_s, 2.0))
+            self._rpc.call(p.Disconnect(self.client_id), timeout_s=min(self.config.rpc_timeout_s, 2.0),
+                           failover_timeout_s=0)
         except StoreError as exc:
             logger.warning("store client %s: master not told of disconnect: %s", self.client_id, exc)
         self._rpc.close()
@@ -360,10 +364,6 @@ class Store:
             self.engine.unregister(self._segment)
             self._segment = None
 
-    def _hello(self) -> None:
-        info = self._rpc.call(p.Hello(self.client_id, p.PROTOCOL_VERSION))
-        self._rpc.max_message_bytes = int(info["max_message_bytes"])
-
     def _mount(self) -> None:
         assert self._segment is not None
         self._rpc.call(p.MountSegment(self.client_id, self.segment_name, self.engine.name,
@@ -374,10 +374,11 @@ class Store:
         while not self._closed.wait(self.config.heartbeat_interval_s):
             expired, self._lease_expired = self._lease_expired, 0
             try:
-                need_remount = self._rpc.call(p.Heartbeat(self.client_id, expired))
+                mounted = [self.segment_name] if self._segment is not None else []
+                need_remount = self._rpc.call(p.Heartbeat(self.client_id, expired, mounted), failover_timeout_s=0)
                 if need_remount:
                     logger.warning("master %s does not know client %s (restarted?): re-mounting", self._rpc.address, self.client_id)
-                    self._hello()
+                    self._rpc.call(p.Hello(self.client_id, p.PROTOCOL_VERSION))
                     if self._segment is not None:
                         self._mount()
                 warned = False

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from tidekv.config import MasterConfig
-from tidekv.errors import ConfigError, ProtocolVersionError
+from tidekv.errors import ConfigError, MasterNotReadyError, ProtocolVersionError
 from tidekv.metrics import Registry
+from tidekv.store import journal as j
 from tidekv.store import protocol as p
 from tidekv.store.objects import ObjectTable
 from tidekv.store.segments import SegmentTable
@@ -29,6 +30,9 @@ class MasterService:
         self.config = config
         self.clock = clock
         self.master_id = uuid.uuid4().hex[:12]
+        self.started = clock()
+        self.not_serving = ""  # why requests are refused as not ready (recovering, standing by); "" = serving
+        self.leader_hint = ""  # the leader's address, told to clients refused while standing by
         self.segments = SegmentTable()
         self.objects = ObjectTable(self.segments, config.max_key_bytes)
         self.metrics = Registry()
@@ -84,7 +88,7 @@ class MasterService:
         if len(data) > self.config.max_message_bytes:
             self._failures.inc(reason="oversized")
             head = p.probe_header(data)
-            return self._error(head[1] if head else 0, "oversized",
+            return self._error(head[1] if head else 0, p.ErrorKind.OVERSIZED,
                                f"request of {len(data)} bytes exceeds the master's limit of "
                                f"{self.config.max_message_bytes} bytes; split the batch")
         try:
@@ -93,22 +97,29 @@ class MasterService:
             head = p.probe_header(data)
             if head is not None and head[0] != p.PROTOCOL_VERSION:
                 self._failures.inc(reason="version")
-                return self._error(head[1], "version", self._version_message(head[0]))
+                return self._error(head[1], p.ErrorKind.VERSION, self._version_message(head[0]))
             self._failures.inc(reason="malformed")
-            return self._error(head[1] if head else 0, "malformed", f"malformed request: {exc}")
+            return self._error(head[1] if head else 0, p.ErrorKind.MALFORMED, f"malformed request: {exc}")
         if envelope.protocol_version != p.PROTOCOL_VERSION:
             self._failures.inc(reason="version")
-            return self._error(envelope.request_id, "version", self._version_message(envelope.protocol_version))
+            return self._error(envelope.request_id, p.ErrorKind.VERSION, self._version_message(envelope.protocol_version))
         body = envelope.body
         kind = type(body).__name__
+        if self.not_serving:
+            self._failures.inc(reason="not_ready")
+            return p.encode(p.Reply(envelope.request_id, error_kind=p.ErrorKind.NOT_READY,
+                                    error=f"master {self.master_id} {self.not_serving}", result=self.leader_hint))
         try:
             result = self._handlers[type(body)](body, self.clock())
         except ProtocolVersionError as exc:
             self._failures.inc(reason="version")
-            return self._error(envelope.request_id, "version", str(exc))
+            return self._error(envelope.request_id, p.ErrorKind.VERSION, str(exc))
         except ConfigError as exc:
             self._failures.inc(reason="invalid")
-            return self._error(envelope.request_id, "invalid", str(exc))
+            return self._error(envelope.request_id, p.ErrorKind.INVALID, str(exc))
+        except MasterNotReadyError as exc:
+            self._failures.inc(reason="not_ready")
+            return self._error(envelope.request_id, p.ErrorKind.NOT_READY, str(exc))
         self._requests.inc(type=kind)
         self._latency.observe(time.perf_counter() - started, type=kind)
         return p.encode(p.Reply(envelope.request_id, result=result))
@@ -138,19 +149,26 @@ class MasterService:
                 "lease_ttl_s": self.config.lease_ttl_s}
 
     def _mount(self, m: p.MountSegment, now: float) -> None:
+        is_new = m.name not in self.segments.segments
         self.segments.mount(m.client_id, m.name, m.engine, m.base, m.capacity)
+        if is_new and self.objects.journal is not None:
+            self.objects.journal.append(j.MountOp(m.client_id, m.name, m.engine, m.base, m.capacity))
 
     def _unmount(self, m: p.UnmountSegment, now: float) -> bool:
         if self.segments.unmount(m.client_id, m.name):
-            self.objects.drop_segments({m.name})
+            self._dropped([m.name])
             return True
         return False
 
     def _heartbeat(self, m: p.Heartbeat, now: float) -> bool:
-        """Returns True when the client must hello and re-mount (this master does not know it)."""
+        """Returns True when the client must hello and re-mount (this master does not know it, or
+        not all of its segments)."""
         if m.lease_expired:
             self._lease_expired.inc(m.lease_expired)
-        return not self.segments.touch(m.client_id, now)
+        if not self.segments.touch(m.client_id, now):
+            return True
+        mine = self.segments.clients[m.client_id].segments
+        return any(name not in mine for name in m.segments)
 
     def _disconnect(self, m: p.Disconnect, now: float) -> None:
         self._forget_client(m.client_id)
@@ -158,6 +176,11 @@ class MasterService:
 
     def _put_start(self, m: p.PutStart, now: float) -> list[p.PutSlot]:
         self._check_batch(m.keys, m.sizes)
+        if not self.segments.segments and now - self.started < self.config.client_ttl_s:
+            # A master that just started (a restart without --state-dir) has no segment until
+            # the holders' next heartbeats re-mount theirs: "not yet", not "out of space".
+            raise MasterNotReadyError(f"master {self.master_id} started {now - self.started:.1f} s ago and no holder "
+                                      "has mounted a segment yet; holders re-mount within a heartbeat")
         self.segments.touch(m.client_id, now)
         self._items.inc(len(m.keys), type="PutStart")
         put = self.objects.put_start
@@ -226,8 +249,49 @@ class MasterService:
 
     def _forget_client(self, client_id: str) -> None:
         names = self.segments.remove_client(client_id)
-        self.objects.drop_segments(set(names))
+        self._dropped(names)
         self.objects.reclaim_stale_puts(self.clock(), self.config.put_timeout_s, {client_id})
+
+    def _dropped(self, names: list[str]) -> None:
+        if names and self.objects.journal is not None:
+            self.objects.journal.append(j.UnmountOp(list(names)))
+        self.objects.drop_segments(set(names))
+
+    # ---- journal ------------------------------------------------------------------------
+
+    def enable_journal(self) -> None:
+        """From now on every change of the index is kept as an op until ``take_ops``."""
+        if self.objects.journal is None:
+            self.objects.journal = []
+
+    def take_ops(self) -> list[j.Op]:
+        """The ops of the changes made since the last call (empty without a journal)."""
+        ops = self.objects.journal
+        if not ops:
+            return []
+        self.objects.journal = []
+        return ops
+
+    def snapshot(self) -> list[j.Op]:
+        """Ops that rebuild the whole index (``journal.Mirror``)."""
+        mounts: list[j.Op] = [j.MountOp(s.client_id, s.name, s.engine, s.base, s.capacity)
+                              for s in self.segments.segments.values()]
+        return mounts + self.objects.snapshot()
+
+    def restore(self, mirror: j.Mirror) -> None:
+        """Makes this (empty) master serve the index in ``mirror``: segments with their bytes in
+        use re-reserved, objects, pending puts; clients count as alive from now."""
+        assert not self.segments.segments and not self.objects.objects, "restore into an empty master"
+        now = self.clock()
+        used: dict[str, list[tuple[int, int]]] = {name: [] for name in mirror.segments}
+        for size, flat in ([(o.size, o.replicas) for o in mirror.objects.values()]
+                           + [(s.size, s.replicas) for s in mirror.pending.values()]
+                           + [(r.size, r.replicas) for _, r in mirror.retired]):
+            for i in range(0, len(flat), 2):
+                used[flat[i]].append((flat[i + 1], size))  # type: ignore[index]
+        for name, op in mirror.segments.items():
+            self.segments.restore(op.client_id, name, op.engine, op.base, op.capacity, used[name], now)
+        self.objects.restore(mirror, now)
 
     @staticmethod
     def _check_batch(keys: list[bytes], other: list[int]) -> None:

@@ -10,12 +10,12 @@ Neighbours: ``segments`` (placement and freeing), ``eviction`` (victim choice), 
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from tidekv.store import eviction
+from tidekv.store import journal as j
 from tidekv.store.allocator import align
 from tidekv.store.protocol import GetResult, Location, PutSlot, Status
 from tidekv.store.segments import SegmentTable
@@ -36,14 +36,15 @@ class PendingPut:
 class ObjectMeta:
     """One object. ``replicas`` is flat: (segment, offset, segment, offset, ...) to stay small."""
 
-    __slots__ = ("size", "replicas", "put", "lease_until", "pin")
+    __slots__ = ("size", "replicas", "put", "lease_until", "pin", "token")
 
-    def __init__(self, size: int, replicas: tuple[object, ...], put: PendingPut | None, pin: int) -> None:
+    def __init__(self, size: int, replicas: tuple[object, ...], put: PendingPut | None, pin: int, token: int) -> None:
         self.size = size
         self.replicas = replicas
         self.put = put
         self.lease_until = _NO_LEASE
         self.pin = pin
+        self.token = token  # the put that wrote this version (put_end quoting it again is answered OK)
 
     @property
     def is_pending(self) -> bool:
@@ -73,7 +74,9 @@ class ObjectTable:
         self.pending: dict[int, bytes] = {}  # token -> key of every pending put
         self.retired: list[tuple[float, int, tuple[object, ...]]] = []  # (free_at, size, replicas)
         self.counters = TableCounters()
-        self._tokens = itertools.count(1)
+        self.last_token = 0  # tokens are never reused, across restores too
+        self.journal: list[j.Op] | None = None  # when set, every change is appended as an op
+        self.quarantine_until = 0.0  # a restored table frees nothing before this (leases it cannot know)
 
     # ---- writes -------------------------------------------------------------------------
 
@@ -98,20 +101,25 @@ class ObjectTable:
         placed = self._allocate(size, replicas, preferred, now, keep=key if existing is not None else None)
         if not placed:
             return PutSlot(Status.OUT_OF_SPACE)
-        token = next(self._tokens)
+        token = self.last_token = self.last_token + 1
         flat = tuple(v for pair in placed for v in pair)
-        meta = ObjectMeta(size, flat, PendingPut(token, writer, now, existing is not None), pin)
+        meta = ObjectMeta(size, flat, PendingPut(token, writer, now, existing is not None), pin, token)
         if existing is not None:
             self.upserts[key] = meta
         else:
             self.objects[key] = meta
         self.pending[token] = key
+        if self.journal is not None:
+            self.journal.append(j.StartOp(token, key, size, list(flat), pin, existing is not None, writer))
         return PutSlot(Status.OK, token, self._locations(meta))
 
     def put_end(self, key: bytes, token: int, now: float) -> Status:
+        """Publishes the put ``token`` of ``key``; OK again for a put already ended (a writer that
+        retried across a failover), STALE for one that was revoked or reclaimed."""
         meta = self._pending_meta(key, token)
         if meta is None or meta.put is None:
-            return Status.STALE
+            done = self.objects.get(key)
+            return Status.OK if done is not None and done.put is None and done.token == token else Status.STALE
         del self.pending[token]
         if meta.put.is_upsert:
             del self.upserts[key]
@@ -122,6 +130,8 @@ class ObjectTable:
             self.objects.pop(key, None)
         meta.put = None
         self.objects[key] = meta  # newest at the LRU end
+        if self.journal is not None:
+            self.journal.append(j.EndOp(key, token))
         return Status.OK
 
     def put_revoke(self, key: bytes, token: int) -> Status:
@@ -138,6 +148,8 @@ class ObjectTable:
             return Status.LEASED
         del self.objects[key]
         self._retire(meta, now)
+        if self.journal is not None:
+            self.journal.append(j.RemoveOp(key))
         return Status.OK
 
     # ---- reads --------------------------------------------------------------------------
@@ -218,6 +230,8 @@ class ObjectTable:
 
     def evict(self, bytes_needed: int, now: float, keep: bytes | None = None) -> int:
         """Evicts LRU objects (never ``keep``) to free about ``bytes_needed``; returns bytes freed."""
+        if now < self.quarantine_until:
+            return 0  # any object may be read under a lease granted before the restore
         candidates = self.objects.items() if keep is None else ((k, m) for k, m in self.objects.items() if k != keep)
         victims = eviction.select_victims(candidates, now, bytes_needed)
         freed = 0
@@ -230,7 +244,38 @@ class ObjectTable:
             self.counters.evicted_bytes += meta.size
         if victims:
             logger.debug("evicted %d objects (%d bytes)", len(victims), freed)
+            if self.journal is not None:
+                self.journal.append(j.EvictOp(victims))
         return freed
+
+    def restore(self, mirror: j.Mirror, now: float) -> None:
+        """Fills an empty table from ``mirror`` (segments must be restored first): its objects,
+        its pending puts (ended by their writers' put_end, or reclaimed as usual), and bytes kept
+        for leases; nothing it frees is reused before ``now + mirror.lease_ttl_s``."""
+        for op in mirror.objects.values():
+            self.objects[op.key] = ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token)
+        for start in mirror.pending.values():
+            meta = ObjectMeta(start.size, tuple(start.replicas), PendingPut(start.token, start.writer, now,
+                                                                            start.is_upsert), start.pin, start.token)
+            (self.upserts if start.is_upsert else self.objects)[start.key] = meta
+            self.pending[start.token] = start.key
+        self.quarantine_until = now + mirror.lease_ttl_s
+        self.retired = [(max(t, self.quarantine_until), r.size, tuple(r.replicas)) for t, r in mirror.retired]
+        self.last_token = mirror.max_token
+
+    def snapshot(self) -> list[j.Op]:
+        """Ops that rebuild this table (after the segments' MountOps)."""
+        out: list[j.Op] = [j.TokensOp(self.last_token)]
+        for key, meta in self.objects.items():
+            if meta.put is None:
+                out.append(j.ObjectOp(key, meta.size, list(meta.replicas), meta.pin, meta.token))
+        for table in (self.objects, self.upserts):
+            for key, meta in table.items():
+                if meta.put is not None:
+                    out.append(j.StartOp(meta.put.token, key, meta.size, list(meta.replicas), meta.pin,
+                                         meta.put.is_upsert, meta.put.writer))
+        out += [j.RetireOp(size, list(replicas)) for _, size, replicas in self.retired]
+        return out
 
     # ---- internals ----------------------------------------------------------------------
 
@@ -266,10 +311,13 @@ class ObjectTable:
         else:
             del self.objects[key]
         self._release(meta.size, meta.replicas)
+        if self.journal is not None:
+            self.journal.append(j.DropOp(token))
 
     def _retire(self, meta: ObjectMeta, now: float) -> None:
-        if meta.lease_until > now:
-            self.retired.append((meta.lease_until, meta.size, meta.replicas))
+        free_at = max(meta.lease_until, self.quarantine_until)
+        if free_at > now:
+            self.retired.append((free_at, meta.size, meta.replicas))
         else:
             self._release(meta.size, meta.replicas)
 

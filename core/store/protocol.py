@@ -15,7 +15,9 @@ from typing import Union
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""v2: the ``not_ready`` error kind (a recovering master, a standby), idempotent put_end, and the
+replication stream between masters (``journal``)."""
 
 MAGIC = b"tkv\x01"
 """First bytes a client sends on a new connection (anything else is not a tidekv store client)."""
@@ -38,6 +40,16 @@ class Status(enum.IntEnum):
     LEASED = 4  # remove refused: a reader holds a lease
     STALE = 5  # put_end/put_revoke for a put the master already reclaimed
     INVALID = 6  # bad key or size
+
+
+class ErrorKind(enum.StrEnum):
+    """Why the master refused a whole request (``Reply.error_kind``)."""
+
+    VERSION = "version"  # another protocol version
+    INVALID = "invalid"  # an argument out of range
+    OVERSIZED = "oversized"  # beyond max_message_bytes
+    MALFORMED = "malformed"  # not a request
+    NOT_READY = "not_ready"  # recovering its index, or not the leader (``result`` names the leader if known)
 
 
 class Pin(enum.IntEnum):
@@ -81,6 +93,7 @@ class UnmountSegment(msgspec.Struct, tag="unmount", array_like=True):
 class Heartbeat(msgspec.Struct, tag="heartbeat", array_like=True):
     client_id: str
     lease_expired: int = 0  # reads that outlived their lease since the last heartbeat
+    segments: list[str] = []  # the segments this client has mounted (re-mounted if the master lacks one)
 
 
 class Disconnect(msgspec.Struct, tag="disconnect", array_like=True):

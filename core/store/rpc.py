@@ -2,9 +2,12 @@
 
 Thread-safe (one call at a time). Frames as ``protocol`` describes them. The connection is made on
 first use and again after any failure; a call that times out drops its connection, so a late reply
-can never be taken for the next call's (request ids are checked too). Errors come back typed:
-MasterUnavailableError when the master cannot be reached or does not answer in time,
-ProtocolVersionError on version skew, ConfigError for a refused argument.
+can never be taken for the next call's (request ids are checked too). Errors come back typed, and
+this is the one place a master's error reply becomes an exception: MasterUnavailableError when
+the master cannot be reached or does not answer in time (saying whether the request may have
+reached it), MasterNotReadyError when it answered that it does not serve (recovering, or not the
+leader), ProtocolVersionError on version skew, ConfigError for a refused argument. Following a
+leader and retrying are ``master_client``'s business, not this channel's.
 
 Why not ZeroMQ (the convention elsewhere): its I/O threads put four thread hand-offs into every
 round trip, ~40 µs of the ~60 µs one costs on a 2-vCPU VM, which is all of a small get's budget.
@@ -22,7 +25,8 @@ from typing import Any
 
 import msgspec
 
-from tidekv.errors import ConfigError, MasterUnavailableError, ProtocolVersionError, RpcError
+from tidekv.config import parse_host_port
+from tidekv.errors import ConfigError, MasterNotReadyError, MasterUnavailableError, ProtocolVersionError, RpcError
 from tidekv.store import protocol as p
 
 logger = logging.getLogger(__name__)
@@ -32,14 +36,10 @@ _RECV_CHUNK = 1 << 16
 
 class MasterChannel:
     def __init__(self, address: str, client_id: str, timeout_s: float, busy_poll_us: int = 0) -> None:
-        host, sep, port = address.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ConfigError(f"master address {address!r} is not of the form host:port")
+        self._host, self._port = parse_host_port(address, "master")
         self.address = address
         self.client_id = client_id
         self.timeout_s = timeout_s
-        self._host = host.strip("[]")
-        self._port = int(port)
         self._spin_s = busy_poll_us * 1e-6
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -70,19 +70,21 @@ class MasterChannel:
                     f"{self.max_message_bytes} bytes; split the batch"
                 )
             deadline = time.monotonic() + limit
+            sent = False
             try:
                 sock = self._sock or self._connect(deadline)
+                sent = True
                 self._send(sock, p.frame(data), deadline)
                 reply = p.decode_reply(self._receive(sock, deadline))
             except TimeoutError:
                 self._drop()
                 raise MasterUnavailableError(
                     f"master {self.address} did not answer {type(body).__name__} within {limit:.1f} s; "
-                    "is `tidekv master` running there?"
-                ) from None
+                    "is `tidekv master` running there?", is_request_sent=sent) from None
             except OSError as exc:
                 self._drop()
-                raise MasterUnavailableError(f"lost the connection to master {self.address}: {exc}") from None
+                raise MasterUnavailableError(f"lost the connection to master {self.address}: {exc}",
+                                             is_request_sent=sent) from None
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 self._drop()
                 raise RpcError(f"master {self.address} sent an unreadable reply: {exc}") from None
@@ -90,12 +92,19 @@ class MasterChannel:
                 self._drop()
                 raise RpcError(f"master {self.address} answered request {reply.request_id}, expected {request_id}")
         if reply.error_kind:
-            if reply.error_kind == "version":
-                raise ProtocolVersionError(reply.error)
-            if reply.error_kind in ("invalid", "oversized"):
-                raise ConfigError(reply.error)
-            raise RpcError(f"master {self.address} refused {type(body).__name__}: {reply.error}")
+            raise self._refused(body, reply)
         return reply.result
+
+    def _refused(self, body: msgspec.Struct, reply: p.Reply) -> Exception:
+        if reply.error_kind == p.ErrorKind.NOT_READY:
+            leader = reply.result if isinstance(reply.result, str) else ""
+            return MasterNotReadyError(f"master {self.address} refused {type(body).__name__}: {reply.error}",
+                                       leader=leader)
+        if reply.error_kind == p.ErrorKind.VERSION:
+            return ProtocolVersionError(reply.error)
+        if reply.error_kind in (p.ErrorKind.INVALID, p.ErrorKind.OVERSIZED):
+            return ConfigError(reply.error)
+        return RpcError(f"master {self.address} refused {type(body).__name__}: {reply.error}")
 
     def close(self) -> None:
         with self._lock:
@@ -112,8 +121,8 @@ class MasterChannel:
             raise TimeoutError from None
         except OSError as exc:
             raise MasterUnavailableError(
-                f"cannot reach master {self.address}: {exc.strerror or exc}; is `tidekv master` running there?"
-            ) from None
+                f"cannot reach master {self.address}: {exc.strerror or exc}; is `tidekv master` running there?",
+                is_request_sent=False) from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setblocking(False)
         self._sock = sock

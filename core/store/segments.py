@@ -97,6 +97,17 @@ class SegmentTable:
         self.capacity += capacity
         logger.info("segment %s mounted by %s (engine %s, %d bytes)", name, client_id, engine, capacity)
 
+    def restore(self, client_id: str, name: str, engine: str, base: int, capacity: int,
+                used: list[tuple[int, int]], now: float) -> None:
+        """Mounts a segment known from a journal, its ``used`` (offset, size) ranges allocated;
+        its client counts as alive from ``now``."""
+        self.add_client(client_id, now)
+        allocator = OffsetAllocator.with_used(capacity, used)
+        self.segments[name] = Segment(name, client_id, engine, base, capacity, allocator)
+        self.clients[client_id].segments.add(name)
+        self.capacity += capacity
+        self.used += allocator.used
+
     def unmount(self, client_id: str, name: str) -> bool:
         seg = self.segments.get(name)
         if seg is None or seg.client_id != client_id:

@@ -12,18 +12,27 @@ serves from a background thread (``tidekv up``, tests).
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidekv.config import MasterConfig
 from tidekv.errors import ConfigError
 from tidekv.store import protocol as p
+from tidekv.store.journal import JournalFile, Mirror, encode_ops
 from tidekv.store.master import MasterService
+from tidekv.store.replication import REPLICA_MAGIC, Replicator, decode_follow
+
+if TYPE_CHECKING:
+    from tidekv.store.cluster import ClusterRole
 
 logger = logging.getLogger(__name__)
+
+_COMPACT_LOG_BYTES = 256 << 20
+"""A journal log past this size is folded into a new snapshot."""
 
 
 class MasterServer:
@@ -46,6 +55,24 @@ class MasterServer:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self._journal: JournalFile | None = None
+        if config.state_dir:
+            self._journal = JournalFile(config.state_dir)
+            self.service.enable_journal()
+            self.service.not_serving = f"is rebuilding its index from its journal in {config.state_dir}"
+        self.recovered = threading.Event()  # set once the index is back (at once without a journal)
+        self.recovery_s = 0.0
+        self.replicator: Replicator | None = None  # while leading a cluster
+        self._waiting: set[_Connection] = set()  # connections with replies waiting for replication
+        self.role: ClusterRole | None = None
+        if config.etcd:
+            from tidekv.store.cluster import ClusterRole
+
+            self.role = ClusterRole(self)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._loop
 
     @property
     def address(self) -> str:
@@ -64,6 +91,8 @@ class MasterServer:
         return self
 
     def stop(self) -> None:
+        if self.role is not None:
+            self.role.stop()
         if self._loop is not None and self._stopped is not None:
             self._loop.call_soon_threadsafe(self._stopped.set)
         if self._thread is not None:
@@ -91,6 +120,12 @@ class MasterServer:
                 self._rpc.close()
             return
         tick = asyncio.ensure_future(self._ticker())
+        if self._journal is not None:
+            threading.Thread(target=self._recover, name="tidekv-master-recovery", daemon=True).start()
+        else:
+            self.recovered.set()
+        if self.role is not None:
+            self.role.start()
         logger.info(
             "tidekv master %s listening on %s (metrics http port %s)",
             self.service.master_id,
@@ -101,6 +136,8 @@ class MasterServer:
         try:
             await self._stopped.wait()
         finally:
+            if self.role is not None:
+                self.role.stop()
             tick.cancel()
             self._rpc.close()
             for transport in list(self._connections):
@@ -108,6 +145,66 @@ class MasterServer:
             if http is not None:
                 http.close()
             logger.info("tidekv master stopped")
+
+    # ---- journal ------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Replays the journal into the (not yet serving) service, then lets it serve. Runs in a
+        thread while the loop answers every request with not_ready and skips housekeeping."""
+        assert self._journal is not None and self._loop is not None
+        started = time.perf_counter()
+        mirror = Mirror(self.config.lease_ttl_s)
+        try:
+            ops = self._journal.load(mirror, self.service.clock())
+            self.service.restore(mirror)
+            self._journal.rewrite(self.service.snapshot())
+        except Exception:  # noqa: BLE001 - a master that cannot read its journal must not serve
+            logger.exception("master %s cannot recover from %s; not serving", self.service.master_id,
+                             self.config.state_dir)
+            self.service.not_serving = f"could not read its journal in {self.config.state_dir} (see its log)"
+            return
+        self.recovery_s = time.perf_counter() - started
+        stats = self.service.stats()
+        logger.info("master %s recovered %d objects on %d segments from %d journal ops in %.3f s",
+                    self.service.master_id, stats["keys"], len(stats["segments"]), ops, self.recovery_s)
+        self._loop.call_soon_threadsafe(self._serve_recovered)
+
+    def _serve_recovered(self) -> None:
+        self.service.not_serving = ""
+        self.recovered.set()
+
+    def _persist(self) -> int:
+        """Writes (or replicates) the ops of the changes just made; returns the replication seq
+        their replies must wait for (0 when nothing waits)."""
+        ops = self.service.take_ops()
+        if not ops:
+            return self.replicator.seq if self.replicator is not None else 0
+        if self._journal is not None:
+            self._journal.append(p.frame(encode_ops(ops)))
+            if self._journal.log_bytes > _COMPACT_LOG_BYTES:
+                self._journal.rewrite(self.service.snapshot())
+        if self.replicator is not None:
+            return self.replicator.publish(ops)
+        return 0
+
+    def committed(self, seq: int) -> None:
+        """Replication reached ``seq``: replies that waited for it go out."""
+        if self.role is not None and not self.role.check_lease():
+            return
+        for conn in list(self._waiting):
+            if conn.flush(seq):
+                self._waiting.discard(conn)
+
+    def reset_service(self) -> None:
+        """Drops the index and every connection (a deposed leader): nothing that waited for
+        replication is answered."""
+        if self.replicator is not None:
+            self.replicator.close()
+            self.replicator = None
+        for transport in list(self._connections):
+            transport.close()
+        self._waiting.clear()
+        self.service = MasterService(self.config)
 
     # ---- RPC ----------------------------------------------------------------------------
 
@@ -133,8 +230,15 @@ class MasterServer:
     async def _ticker(self) -> None:
         while True:
             await asyncio.sleep(self.config.tick_s)
+            if self.role is not None and not self.role.check_lease():
+                continue
+            if self.service.not_serving:
+                continue
             try:
                 self.service.tick()
+                self._persist()
+                if self.replicator is not None:
+                    self.replicator.check()
             except Exception:  # noqa: BLE001 - housekeeping must not die with one bad state
                 logger.exception("master housekeeping failed")
 
@@ -162,7 +266,11 @@ class MasterServer:
             return "200 OK", "text/plain; version=0.0.4; charset=utf-8", self.service.metrics.render().encode()
         if path == "/health":
             stats: dict[str, Any] = self.service.stats()
-            body = {"status": "ok", "master": self.address, **stats}
+            role = self.role.state.value if self.role is not None else "lone"
+            body = {"status": "ok", "master": self.address, "role": role, "serving": not self.service.not_serving,
+                    **stats}
+            if self.replicator is not None:
+                body["insync"] = self.replicator.insync
             return "200 OK", "application/json", json.dumps(body).encode()
         return "404 Not Found", "text/plain", b"not found: try /metrics or /health\n"
 
@@ -177,9 +285,11 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, server: MasterServer) -> None:
         self._server = server
-        self._handle = server.service.handle
         self._buf = bytearray()
         self._greeted = False
+        self._is_standby = False  # a standby following this leader (replication.REPLICA_MAGIC)
+        self._follows = False  # the standby's Follow was accepted: what comes now are acks
+        self._queue: collections.deque[tuple[int, bytes]] = collections.deque()  # replies waiting for replication
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -190,6 +300,18 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._transport is not None:
             self._server._connections.discard(self._transport)
+            if self._is_standby and self._server.replicator is not None:
+                self._server.replicator.lost(self._transport)
+        self._server._waiting.discard(self)
+        self._queue.clear()
+
+    def flush(self, committed: int) -> bool:
+        """Sends the replies replication has caught up with; True when none is left waiting."""
+        assert self._transport is not None
+        queue = self._queue
+        while queue and queue[0][0] <= committed:
+            self._transport.write(queue.popleft()[1])
+        return not queue
 
     # A client that does not read its replies stops being read from (its requests wait in the
     # kernel), so the master's memory does not grow with replies nobody collects.
@@ -203,9 +325,18 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf
+        if self._is_standby:
+            self._from_standby(data)
+            return
         buf += data
         if not self._greeted:
             if len(buf) < len(p.MAGIC):
+                return
+            if buf[: len(REPLICA_MAGIC)] == REPLICA_MAGIC:
+                del buf[: len(REPLICA_MAGIC)]
+                self._is_standby = self._greeted = True
+                data, self._buf = bytes(buf), bytearray()
+                self._from_standby(data)
                 return
             if buf[: len(p.MAGIC)] != p.MAGIC:
                 self._refuse(f"sent {bytes(buf[:8])!r}, not a tidekv store client's greeting (an older tidekv "
@@ -214,7 +345,12 @@ class _Connection(asyncio.Protocol):
             del buf[: len(p.MAGIC)]
             self._greeted = True
         assert self._transport is not None
-        start, end, answered = 0, len(buf), False
+        server = self._server
+        if server.role is not None and not server.role.check_lease():
+            return  # stepped down: this connection is closed
+        handle = server.service.handle
+        start, end = 0, len(buf)
+        replies = []
         while end - start >= p.FRAME_HEADER:
             size = int.from_bytes(buf[start: start + p.FRAME_HEADER], "little")
             if size > self._server._max_frame:
@@ -224,11 +360,47 @@ class _Connection(asyncio.Protocol):
                 break
             payload = bytes(buf[start + p.FRAME_HEADER: start + p.FRAME_HEADER + size])
             start += p.FRAME_HEADER + size
-            self._transport.write(p.frame(self._handle(payload)))
-            answered = True
+            replies.append(p.frame(handle(payload)))
         del buf[:start]
-        if answered:
-            self._server._handled()
+        if replies:
+            out = b"".join(replies) if len(replies) > 1 else replies[0]
+            seq = server._persist()
+            replicator = server.replicator
+            if replicator is None or (seq <= replicator.commit_seq and not self._queue):
+                self._transport.write(out)
+            else:
+                self._queue.append((seq, out))
+                server._waiting.add(self)
+            server._handled()
+
+    def _from_standby(self, data: bytes) -> None:
+        """A standby's first frame is Follow; later ones are its acks."""
+        assert self._transport is not None
+        replicator = self._server.replicator
+        if replicator is None:
+            self._refuse("is a standby, but this master does not lead")
+            return
+        if not self._follows:
+            buf = self._buf
+            buf += data
+            if len(buf) < p.FRAME_HEADER:
+                return
+            size = int.from_bytes(buf[: p.FRAME_HEADER], "little")
+            if len(buf) < p.FRAME_HEADER + size:
+                return
+            try:
+                follow = decode_follow(bytes(buf[p.FRAME_HEADER: p.FRAME_HEADER + size]))
+            except Exception as exc:  # noqa: BLE001 - a standby we cannot serve is refused with its reason
+                self._refuse(f"sent a follow request this leader refuses: {exc}")
+                return
+            rest = bytes(buf[p.FRAME_HEADER + size:])
+            self._buf = bytearray()
+            self._follows = True
+            replicator.attach(self._transport, follow, self._server.service.snapshot())
+            if rest:
+                replicator.received(self._transport, rest)
+            return
+        replicator.received(self._transport, data)
 
     def _refuse(self, why: str) -> None:
         assert self._transport is not None

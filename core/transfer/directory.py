@@ -39,9 +39,7 @@ class DirectDirectory:
         """Nothing to do: the engine's listener answers for itself."""
 
     def lookup(self, name: str) -> bytes:
-        from tidekv.errors import ConfigError
+        from tidekv.config import parse_host_port
 
-        host, sep, port = name.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ConfigError(f"peer name {name!r} is not of the form host:port")
-        return self._native.fetch_descriptor(host.strip("[]"), int(port))
+        host, port = parse_host_port(name, "peer name")
+        return self._native.fetch_descriptor(host, port)

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 import zmq
-from tidekv.config import WeightsConfig
+from tidekv.config import WeightsConfig, parse_host_port
 from tidekv.errors import (
     ConfigError,
     EngineClosedError,
@@ -69,9 +69,7 @@ class _Control:
     """Request/reply to the publisher's control socket (one call at a time)."""
 
     def __init__(self, address: str, timeout_s: float) -> None:
-        host, sep, port = address.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ConfigError(f"publisher address {address!r} is not of the form host:port")
+        parse_host_port(address, "publisher address")
         self.address = address
         self.timeout_s = timeout_s
         self._sock = zmq.Context.instance().socket(zmq.REQ)

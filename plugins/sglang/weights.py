@@ -26,6 +26,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tidekv.config import parse_host_port
 from tidekv.errors import ConfigError
 from tidekv.weights import Subscriber
 
@@ -50,9 +51,7 @@ class UpdateRequest:
     wait_s: float = 60.0
 
     def __post_init__(self) -> None:
-        host, sep, port = self.publisher.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ConfigError(f"publisher {self.publisher!r} is not of the form host:port")
+        parse_host_port(self.publisher, "publisher")
         if self.version is not None and not isinstance(self.version, int):
             raise ConfigError(f"version {self.version!r} must be an int or None")
 

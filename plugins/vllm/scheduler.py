@@ -78,12 +78,19 @@ class TidekvScheduler:
         return self.keys.namespaces[0] if self.keys is not None else None
 
     def _connect_store(self) -> Any:
-        from tidekv.config import StoreConfig
-        from tidekv.store import Store
+        from tidekv.store.master_client import MasterClient
 
-        # Lookups sit on the scheduling path: a master that does not answer fast is skipped.
-        return Store.connect(self.settings.master or "", segment_size=0,
-                             config=StoreConfig(rpc_timeout_s=self.settings.store_timeout_s))
+        # The scheduler only asks which blocks exist: a master client, no transfer engine or
+        # staging. Lookups sit on the scheduling path: one attempt each (a master that does not
+        # answer fast is skipped; the link retries in the background and follows a new leader).
+        client = MasterClient(self.settings.master or "", f"vllm-scheduler-{self.engine_id}",
+                              timeout_s=self.settings.store_timeout_s)
+        try:
+            client.connect()
+        except BaseException:
+            client.close()
+            raise
+        return client
 
     @property
     def _store(self) -> Any:

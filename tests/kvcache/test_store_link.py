@@ -27,7 +27,7 @@ def _free_port() -> int:
 
 
 def _connector(address: str) -> Callable[[], Store]:
-    config = StoreConfig(rpc_timeout_s=0.3, heartbeat_interval_s=0.1, staging_size_bytes=1 << 20)
+    config = StoreConfig(rpc_timeout_s=0.3, failover_timeout_s=0, heartbeat_interval_s=0.1, staging_size_bytes=1 << 20)
     return lambda: Store.connect(address, segment_size=4 << 20, config=config)  # a pool of its own
 
 

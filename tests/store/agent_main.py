@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 from tests.store.payload import digest, is_whole_version, payload
+from tidekv.bench import churn
 from tidekv.config import StoreConfig
 from tidekv.logs import configure_logging
 from tidekv.store import Pin, Store
@@ -31,6 +32,7 @@ class Agent:
     def __init__(self, master: str, segment_size: int, store: dict[str, Any]) -> None:
         self.master = master
         self.store = Store.connect(master, segment_size=segment_size, config=StoreConfig(**store))
+        self.books = churn.Books()
 
     def hello(self) -> dict[str, Any]:
         return {"engine": self.store.engine.name, "segment": self.store.segment_name,
@@ -49,6 +51,12 @@ class Agent:
             return {"stats": self.store.stats()}
         if op == "read_loop":
             return self.read_loop(cmd["key"], cmd["duration_s"], cmd["base_size"])
+        if op == "churn":  # the mixed load of tidekv.bench.churn on this agent's keys, books kept across calls
+            churn.churn(self.store, cmd["prefix"], cmd["duration_s"], keys=cmd.get("keys", 100),
+                        size=cmd.get("size", 4096), seed=cmd.get("seed", 0), books=self.books)
+            return self.books.summary()
+        if op == "verify":
+            return {**churn.verify(self.store, self.books, cmd.get("size", 4096)), **self.books.summary()}
         if op == "put_start_raw":
             return self.put_start_raw(cmd["key"], cmd["size"], cmd["seed"])
         raise ValueError(f"unknown command {op!r}")

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.store.cluster_rig import ETCD, SKIP_REASON, EtcdProcess, TcpRelay
 from tests.store.procs import AgentProcess, ChildProcess, MasterProcess
 from tidekv.config import StoreConfig
 from tidekv.store import Store
@@ -103,3 +104,28 @@ def connect(spawn_master: SpawnMaster) -> Iterator[Connect]:
     yield open_store
     for st in stores:
         st.close()
+
+
+@pytest.fixture
+def etcd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EtcdProcess]:
+    """A real etcd on free 127.0.0.1 ports with its own data directory (skips only if the binary is missing)."""
+    if ETCD is None:
+        pytest.skip(SKIP_REASON)
+    server = EtcdProcess(tmp_path / "etcd-data", tmp_path / "etcd.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def relays() -> Iterator[Callable[[str], TcpRelay]]:
+    """Factory: ``relays(target)`` forwards a fresh 127.0.0.1 port to ``target`` until cut."""
+    made: list[TcpRelay] = []
+
+    def make(target: str) -> TcpRelay:
+        relay = TcpRelay(target)
+        made.append(relay)
+        return relay
+
+    yield make
+    for relay in made:
+        relay.close()

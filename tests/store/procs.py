@@ -86,6 +86,18 @@ class ChildProcess:
             raise ChildError(f"{self.name} exited ({self.proc.poll()}) before command {cmd!r}") from None
         return self._read_line(timeout_s)
 
+    def start_call(self, cmd: str, **args: Any) -> None:
+        """Sends a command without waiting (``finish_call`` reads its answer): children work in parallel."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps({"cmd": cmd, **args}) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def finish_call(self, timeout_s: float = COMMAND_TIMEOUT_S) -> dict[str, Any]:
+        reply = self._read_line(timeout_s)
+        if not reply["ok"]:
+            raise ChildError(f"{self.name} failed: {reply['error_type']}: {reply['error']}")
+        return reply
+
     def is_alive(self) -> bool:
         return self.proc.poll() is None
 

@@ -39,6 +39,9 @@ class ServiceRig:
         self.clock = FakeClock()
         self.config = MasterConfig(**{"port": 0, "metrics_port": -1, **config})
         self.service = MasterService(self.config, clock=self.clock)
+        # Past its start-up grace: a master with no segment then answers puts with OUT_OF_SPACE,
+        # not "not ready" (test_master_service covers the grace itself).
+        self.clock.now += self.config.client_ttl_s
         self._ids = itertools.count(1)
         self._bases = itertools.count(SEGMENT_BASE, 1 << 36)
 

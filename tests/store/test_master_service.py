@@ -328,3 +328,35 @@ def test_stats_count_complete_keys_only() -> None:
     stats = rig.stats()
     assert (stats["keys"], stats["pending_puts"]) == (1, 2)
     assert stats["segments"]["seg-h"]["used"] == 3 * 128
+
+
+# ---- not ready ------------------------------------------------------------------------------
+
+
+def test_a_master_not_serving_refuses_everything_as_not_ready() -> None:
+    rig = _rig()
+    rig.service.not_serving = "is rebuilding its index"
+    rig.service.leader_hint = "10.0.0.9:50051"
+    for body in (p.Get([b"k"]), p.PutStart("w", [b"k"], [10]), p.Hello("w", p.PROTOCOL_VERSION)):
+        with pytest.raises(RpcFailed) as info:
+            rig.call(body)
+        assert info.value.kind == p.ErrorKind.NOT_READY and "rebuilding" in str(info.value)
+    rig.service.not_serving = ""
+    assert rig.put("w", b"k", 10).status == Status.OK
+
+
+def test_a_fresh_master_without_segments_is_not_ready_for_puts_until_its_grace_ends() -> None:
+    from tests.store.rig import FakeClock
+    from tidekv.config import MasterConfig
+    from tidekv.store.master import MasterService
+
+    clock = FakeClock()
+    service = MasterService(MasterConfig(client_ttl_s=3.0, metrics_port=-1), clock=clock)
+
+    def put_kind() -> str:
+        reply = p.decode_reply(service.handle(p.encode(p.Envelope(p.PROTOCOL_VERSION, 1, p.PutStart("w", [b"k"], [9])))))
+        return reply.error_kind or str(p.Status(reply.result[0][0]).name)
+
+    assert put_kind() == p.ErrorKind.NOT_READY, "holders re-mount within a heartbeat of a restart"
+    clock.now += 3.1
+    assert put_kind() == "OUT_OF_SPACE", "after client_ttl_s with no holder the pool is simply empty"

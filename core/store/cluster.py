@@ -1,0 +1,164 @@
+"""ClusterRole: a master's part in a cluster of masters (``tidekv master --etcd ... --cluster``).
+
+A master starts as a standby: it follows whichever master leads (``replication.FollowSession``
+keeps a ``journal.Mirror`` of the leader's index) and answers clients not_ready, naming the
+leader. When ``election.Campaign`` elects it, it stops following, records itself as the only
+in-sync master in etcd (so nobody who may lack its changes can lead after it), restores the
+mirror into its service and serves, replicating to the standbys that follow it from then on.
+A leader that loses its lease (or finds it about to pass) steps down at once: it closes every
+connection, so no reply waiting for replication is ever sent, drops its index and stands by
+again under a new id. Neighbours: ``server`` (the event loop and connections this drives),
+``election``, ``replication``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from tidekv.config import parse_etcd_endpoints
+from tidekv.store.election import POLL_S, Campaign, Leader
+from tidekv.store.etcd import EtcdClient, EtcdUnavailableError
+from tidekv.store.journal import Mirror
+from tidekv.store.master import MasterService
+from tidekv.store.replication import FollowSession, Replicator
+
+if TYPE_CHECKING:
+    from tidekv.store.server import MasterServer
+
+logger = logging.getLogger(__name__)
+
+
+class Role(enum.Enum):
+    STANDBY = "standby"
+    PROMOTING = "promoting"
+    LEADER = "leader"
+    STOPPED = "stopped"
+
+
+class ClusterRole:
+    def __init__(self, server: MasterServer) -> None:
+        config = server.config
+        self.server = server
+        self.cluster = config.cluster
+        self.etcd = EtcdClient(parse_etcd_endpoints(config.etcd), timeout_s=max(0.5, config.leader_ttl_s / 4))
+        self.campaign = Campaign(self.etcd, config.cluster, config.leader_ttl_s,
+                                 on_elected=self._elected, on_deposed=self._deposed)
+        self.state = Role.STANDBY
+        self._session: FollowSession | None = None
+        self._mirror: Mirror | None = None
+        self._idle = threading.Event()  # the follow thread is between sessions
+        self._thread: threading.Thread | None = None
+        self._standing_by(server.service)
+
+    def start(self) -> None:
+        self.campaign.start(self._me())
+        self._thread = threading.Thread(target=self._follow_loop, name="tidekv-standby", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.state = Role.STOPPED
+        session = self._session
+        if session is not None:
+            session.stop()
+        self.campaign.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def check_lease(self) -> bool:
+        """On the loop, before serving: False (and the leader steps down) once the lease may have passed."""
+        if self.state is Role.LEADER and not self.campaign.is_leading:
+            self._step_down("its lease may have passed to another master")
+            return False
+        return True
+
+    # ---- standing by (the follow thread) -----------------------------------------------
+
+    def _me(self) -> Leader:
+        return Leader(self.server.service.master_id, self.server.address)
+
+    def _standing_by(self, service: MasterService) -> None:
+        service.not_serving = f"is a standby of cluster {self.cluster!r}, not its leader"
+
+    def _follow_loop(self) -> None:
+        while self.state is not Role.STOPPED:
+            self._idle.set()
+            time.sleep(POLL_S)
+            if self.state is not Role.STANDBY:
+                continue
+            try:
+                leader = self.campaign.leader()
+            except EtcdUnavailableError:
+                continue
+            service = self.server.service
+            if leader is None or leader.master_id == service.master_id:
+                continue
+            service.leader_hint = leader.address
+            session = FollowSession(leader.address, service.master_id, self.server.config.lease_ttl_s, service.clock)
+            self._idle.clear()
+            self._session = session
+            if self.state is Role.STANDBY:
+                session.run()
+            self._session = None
+            if session.mirror is not None:
+                self._mirror = session.mirror
+
+    # ---- transitions --------------------------------------------------------------------
+
+    def _elected(self, revision: int) -> None:
+        """Campaign thread: stop following, make this master the only in-sync one, then serve."""
+        self.state = Role.PROMOTING
+        session = self._session
+        if session is not None:
+            session.stop()
+        self._idle.wait(timeout=5)
+        me = self.server.service.master_id
+        while self.campaign.is_leading:
+            try:
+                if self.campaign.set_insync([me]):
+                    break
+            except EtcdUnavailableError:
+                pass
+            time.sleep(POLL_S)
+        else:
+            return  # the lease went first: the campaign reports the deposition
+        mirror, self._mirror = self._mirror or Mirror(self.server.config.lease_ttl_s), None
+        loop = self.server.loop
+        assert loop is not None
+        loop.call_soon_threadsafe(self._lead, mirror)
+
+    def _lead(self, mirror: Mirror) -> None:
+        """Loop: serve the mirrored index."""
+        if self.state is not Role.PROMOTING or not self.campaign.is_leading:
+            return
+        started = time.perf_counter()
+        service = self.server.service
+        service.restore(mirror)
+        service.enable_journal()
+        self.server.replicator = Replicator(service.master_id, self.server.config.sync_timeout_s,
+                                            self.campaign.set_insync, self.server.committed)
+        service.leader_hint = ""
+        service.not_serving = ""
+        self.state = Role.LEADER
+        logger.info("master %s serves as leader of %s: %d objects restored in %.3f s", service.master_id,
+                    self.cluster, len(mirror.objects), time.perf_counter() - started)
+
+    def _deposed(self, reason: str) -> None:
+        loop = self.server.loop
+        if loop is not None:
+            loop.call_soon_threadsafe(self._step_down, reason)
+
+    def _step_down(self, reason: str) -> None:
+        """Loop: stop serving at once, forget the index, stand by under a new id."""
+        if self.state is Role.STOPPED or (self.state is Role.STANDBY and not self.campaign.is_leading):
+            return
+        old = self.server.service.master_id
+        self.campaign.resign()
+        self.server.reset_service()
+        self._standing_by(self.server.service)
+        self.campaign.rename(self._me())
+        self.state = Role.STANDBY
+        logger.warning("master %s stepped down (%s); standing by as %s", old, reason, self.server.service.master_id)

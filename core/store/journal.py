@@ -1,0 +1,279 @@
+"""The master's journal: every change of its index as an op, and a ``Mirror`` rebuilt from ops.
+
+The master's tables emit one op per change (a segment mounted or dropped, a put started, ended
+or dropped, an object removed or evicted). The same ops feed two consumers: a file in
+``--state-dir`` (a lone master that restarts replays it) and the standbys of a cluster
+(``replication``), and both rebuild the index the same way, in a ``Mirror``: the tables without
+their allocators, which ``MasterService.restore`` turns back into a serving master (offsets
+allocated are re-reserved from the replicas, so nothing live is ever handed out twice).
+
+Bytes freed by a remove or an upsert may still be read under a lease the mirror does not know
+of (gets are not journaled: they would cost every read a write); the mirror keeps them for a
+lease TTL after it learnt of the change, and a restored master keeps every byte it frees for a
+lease TTL after it took over (``ObjectTable.quarantine_until``).
+
+On disk: ``snapshot`` (ops rebuilding the whole index, written atomically) and ``log`` (frames
+of ops appended since, each written before the requests that made it are answered). A frame cut
+short by a crash is the tail of an unanswered batch and is ignored.
+Neighbours: ``objects``/``master`` emit ops, ``replication`` streams them, ``server`` writes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Union
+
+import msgspec
+
+from tidekv.store import protocol as p
+from tidekv.store.allocator import align
+
+logger = logging.getLogger(__name__)
+
+
+class MountOp(msgspec.Struct, tag="mount", array_like=True):
+    client_id: str
+    name: str
+    engine: str
+    base: int
+    capacity: int
+
+
+class UnmountOp(msgspec.Struct, tag="unmount", array_like=True):
+    names: list[str]
+
+
+class StartOp(msgspec.Struct, tag="start", array_like=True):
+    token: int
+    key: bytes
+    size: int
+    replicas: list[object]  # flat: segment, offset, segment, offset, ...
+    pin: int
+    is_upsert: bool
+    writer: str
+
+
+class EndOp(msgspec.Struct, tag="end", array_like=True):
+    key: bytes
+    token: int
+
+
+class DropOp(msgspec.Struct, tag="drop", array_like=True):
+    token: int
+
+
+class RemoveOp(msgspec.Struct, tag="remove", array_like=True):
+    key: bytes
+
+
+class EvictOp(msgspec.Struct, tag="evict", array_like=True):
+    keys: list[bytes]
+
+
+class ObjectOp(msgspec.Struct, tag="object", array_like=True):
+    """A complete object (snapshots)."""
+
+    key: bytes
+    size: int
+    replicas: list[object]
+    pin: int
+    token: int
+
+
+class RetireOp(msgspec.Struct, tag="retire", array_like=True):
+    """Bytes freed but perhaps still read under a lease (snapshots)."""
+
+    size: int
+    replicas: list[object]
+
+
+class TokensOp(msgspec.Struct, tag="tokens", array_like=True):
+    """The last put token handed out (snapshots): tokens are never reused."""
+
+    last: int
+
+
+Op = Union[MountOp, UnmountOp, StartOp, EndOp, DropOp, RemoveOp, EvictOp, ObjectOp, RetireOp, TokensOp]
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(list[Op])
+
+
+def encode_ops(ops: list[Op]) -> bytes:
+    return _encoder.encode(ops)
+
+
+def decode_ops(data: bytes | memoryview) -> list[Op]:
+    return _decoder.decode(data)
+
+
+@dataclass
+class Mirror:
+    """The index rebuilt from ops, without allocators. ``lease_ttl_s`` is how long freed bytes
+    are kept (see the module docstring); ``now`` is the caller's clock."""
+
+    lease_ttl_s: float
+    segments: dict[str, MountOp] = field(default_factory=dict)
+    objects: dict[bytes, ObjectOp] = field(default_factory=dict)  # complete, in LRU order
+    pending: dict[int, StartOp] = field(default_factory=dict)
+    retired: list[tuple[float, RetireOp]] = field(default_factory=list)  # (keep until, bytes)
+    max_token: int = 0
+
+    def apply(self, ops: list[Op], now: float) -> None:
+        for op in ops:
+            self._apply(op, now)
+
+    def _apply(self, op: Op, now: float) -> None:
+        if isinstance(op, StartOp):
+            self.pending[op.token] = op
+            self.max_token = max(self.max_token, op.token)
+            if self.retired:
+                self._reused(op.size, op.replicas)
+        elif isinstance(op, EndOp):
+            start = self.pending.pop(op.token, None)
+            if start is None:
+                return
+            old = self.objects.pop(op.key, None)
+            if old is not None:
+                self._retire(old.size, old.replicas, now)
+            self.objects[op.key] = ObjectOp(op.key, start.size, start.replicas, start.pin, start.token)
+        elif isinstance(op, DropOp):
+            self.pending.pop(op.token, None)
+        elif isinstance(op, RemoveOp):
+            old = self.objects.pop(op.key, None)
+            if old is not None:
+                self._retire(old.size, old.replicas, now)
+        elif isinstance(op, EvictOp):
+            for key in op.keys:  # eviction takes only objects nobody holds a lease on
+                self.objects.pop(key, None)
+        elif isinstance(op, MountOp):
+            self.segments[op.name] = op
+        elif isinstance(op, UnmountOp):
+            self._unmount(set(op.names))
+        elif isinstance(op, ObjectOp):
+            self.objects[op.key] = op
+            self.max_token = max(self.max_token, op.token)
+        elif isinstance(op, RetireOp):
+            self._retire(op.size, op.replicas, now)
+        elif isinstance(op, TokensOp):
+            self.max_token = max(self.max_token, op.last)
+
+    def _retire(self, size: int, replicas: list[object], now: float) -> None:
+        self.retired.append((now + self.lease_ttl_s, RetireOp(size, replicas)))
+
+    def _reused(self, size: int, replicas: list[object]) -> None:
+        """The leader placed a put on bytes it had freed (their leases were over by its clock):
+        the mirror stops keeping them."""
+        taken = [(replicas[i], replicas[i + 1], align(size)) for i in range(0, len(replicas), 2)]
+
+        def overlaps(seg: object, off: int, n: int) -> bool:
+            return any(seg == s and off < o + m and o < off + n for s, o, m in taken)  # type: ignore[operator]
+
+        kept = []
+        for t, r in self.retired:
+            flat = r.replicas
+            left = [v for i in range(0, len(flat), 2) if not overlaps(flat[i], flat[i + 1], align(r.size))  # type: ignore[arg-type]
+                    for v in (flat[i], flat[i + 1])]
+            if left:
+                kept.append((t, r if len(left) == len(flat) else RetireOp(r.size, left)))
+        self.retired = kept
+
+    def forget_expired(self, now: float) -> None:
+        """Drops freed bytes whose lease TTL has passed."""
+        if self.retired and self.retired[0][0] <= now:
+            self.retired = [r for r in self.retired if r[0] > now]
+
+    def _unmount(self, names: set[str]) -> None:
+        """As ``ObjectTable.drop_segments``: replicas on the segments go, objects left with none too."""
+        for name in names:
+            self.segments.pop(name, None)
+
+        def kept(replicas: list[object]) -> list[object]:
+            return [v for i in range(0, len(replicas), 2) if replicas[i] not in names
+                    for v in (replicas[i], replicas[i + 1])]
+
+        for key in list(self.objects):
+            obj = self.objects[key]
+            left = kept(obj.replicas)
+            if not left:
+                del self.objects[key]
+            elif len(left) != len(obj.replicas):
+                obj.replicas = left
+        for token in list(self.pending):
+            start = self.pending[token]
+            left = kept(start.replicas)
+            if not left:
+                del self.pending[token]
+            elif len(left) != len(start.replicas):
+                start.replicas = left
+        self.retired = [(t, RetireOp(r.size, kept(r.replicas))) for t, r in self.retired]
+
+    def ops(self) -> list[Op]:
+        """Ops that rebuild this mirror from nothing (a snapshot)."""
+        out: list[Op] = [TokensOp(self.max_token), *self.segments.values()]
+        out += self.objects.values()
+        out += self.pending.values()
+        out += [r for _, r in self.retired]
+        return out
+
+
+class JournalFile:
+    """The ops journal in a state directory. ``load`` first, then ``append``; one writer."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._log = self.dir / "log"
+        self._snapshot = self.dir / "snapshot"
+        self._fd = -1
+        self.log_bytes = 0
+
+    def load(self, mirror: Mirror, now: float) -> int:
+        """Replays snapshot and log into ``mirror``; returns how many ops it applied."""
+        applied = 0
+        for path in (self._snapshot, self._log):
+            if not path.exists():
+                continue
+            data = memoryview(path.read_bytes())
+            pos = 0
+            while pos + p.FRAME_HEADER <= len(data):
+                size = int.from_bytes(data[pos: pos + p.FRAME_HEADER], "little")
+                if pos + p.FRAME_HEADER + size > len(data):
+                    logger.warning("journal %s: ignoring a frame cut short at byte %d (never acknowledged)", path, pos)
+                    break
+                ops = decode_ops(data[pos + p.FRAME_HEADER: pos + p.FRAME_HEADER + size])
+                mirror.apply(ops, now)
+                applied += len(ops)
+                pos += p.FRAME_HEADER + size
+        return applied
+
+    def rewrite(self, ops: list[Op]) -> None:
+        """Makes ``ops`` the whole journal (a new snapshot, an empty log) and opens it for appending."""
+        tmp = self.dir / "snapshot.tmp"
+        with open(tmp, "wb") as f:
+            chunk = 65536
+            for i in range(0, len(ops), chunk):
+                f.write(p.frame(encode_ops(ops[i: i + chunk])))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._snapshot)
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = os.open(self._log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.log_bytes = 0
+
+    def append(self, frame: bytes) -> None:
+        """Writes one framed batch of ops. It is in the kernel when this returns: it survives the
+        death of this process (SIGKILL), not of the machine (there is no fsync per batch)."""
+        view = memoryview(frame)
+        while view:
+            view = view[os.write(self._fd, view):]
+        self.log_bytes += len(frame)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

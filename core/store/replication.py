@@ -1,0 +1,276 @@
+"""Replication: the leader streams its journal to the standbys and answers a request only once
+every in-sync standby confirmed the changes it made.
+
+Wire (the store's framed convention, ``protocol``): a standby opens a TCP connection to the
+leader's RPC port, sends ``REPLICA_MAGIC`` and one ``Follow`` frame (protocol version checked);
+the leader answers with a snapshot ``Batch`` (its whole index as ops) and then one ``Batch`` per
+group of changes, numbered by ``seq``; the standby applies each to its ``journal.Mirror`` and
+answers ``Ack(seq)``.
+
+Commit rule (``Replicator``): a batch is committed once every *counted* standby acked it; a
+reply waits for the batches made before it (reads too, so nobody sees a change that could
+still be lost). A standby is counted from its first ack (it then holds the snapshot); once it
+acked everything committed when it was counted, the leader adds it to the in-sync set in etcd
+(``election``), which makes it eligible to lead. A counted standby that leaves or stays
+``sync_timeout_s`` behind is removed from the in-sync set in etcd *before* anything commits
+without it. Neighbours: ``journal`` (ops, Mirror), ``cluster`` (roles), ``server`` (I/O).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from tidekv.errors import ProtocolVersionError
+from tidekv.store import protocol as p
+from tidekv.store.journal import Mirror, Op
+
+logger = logging.getLogger(__name__)
+
+REPLICA_MAGIC = b"tkvR"
+"""First bytes a standby sends (a store client sends ``protocol.MAGIC``)."""
+
+
+class Follow(msgspec.Struct, tag="follow", array_like=True):
+    protocol_version: int
+    master_id: str
+
+
+class Batch(msgspec.Struct, array_like=True):
+    seq: int
+    ops: list[Op]
+    is_snapshot: bool = False
+
+
+class Ack(msgspec.Struct, array_like=True):
+    seq: int
+
+
+_encoder = msgspec.msgpack.Encoder()
+_follow = msgspec.msgpack.Decoder(Follow)
+_batch = msgspec.msgpack.Decoder(Batch)
+_ack = msgspec.msgpack.Decoder(Ack)
+
+
+def decode_follow(data: bytes) -> Follow:
+    follow = _follow.decode(data)
+    if follow.protocol_version != p.PROTOCOL_VERSION:
+        raise ProtocolVersionError(f"standby {follow.master_id} speaks store protocol v{follow.protocol_version}, "
+                                   f"this leader v{p.PROTOCOL_VERSION}; run one tidekv version on every master")
+    return follow
+
+
+@dataclass(eq=False)
+class _Standby:
+    master_id: str
+    transport: asyncio.Transport
+    snapshot_seq: int
+    acked: int = -1
+    is_counted: bool = False
+    join_seq: int = 0
+    is_insync: bool = False
+    is_gone: bool = False
+    buf: bytearray = field(default_factory=bytearray)
+
+
+class Replicator:
+    """The leader's side. Runs on the server's event loop; ``record_insync(members)`` is a
+    blocking etcd write, run in a worker thread; ``on_commit(seq)`` is told each new commit."""
+
+    def __init__(self, leader_id: str, sync_timeout_s: float, record_insync: Callable[[list[str]], bool],
+                 on_commit: Callable[[int], None]) -> None:
+        self.leader_id = leader_id
+        self.sync_timeout_s = sync_timeout_s
+        self._record = record_insync
+        self._on_commit = on_commit
+        self.seq = 0
+        self.commit_seq = 0
+        self._standbys: dict[asyncio.Transport, _Standby] = {}
+        self._sent: collections.deque[tuple[int, float]] = collections.deque()  # uncommitted (seq, sent at)
+        self._writing = False  # an in-sync write to etcd is under way
+
+    @property
+    def insync(self) -> list[str]:
+        return [self.leader_id] + [s.master_id for s in self._standbys.values() if s.is_insync]
+
+    def attach(self, transport: asyncio.Transport, follow: Follow, snapshot: list[Op]) -> None:
+        standby = _Standby(follow.master_id, transport, self.seq)
+        self._standbys[transport] = standby
+        transport.write(p.frame(_encoder.encode(Batch(self.seq, snapshot, True))))
+        logger.info("standby %s follows (snapshot of %d ops at seq %d)", follow.master_id, len(snapshot), self.seq)
+
+    def publish(self, ops: list[Op]) -> int:
+        """Sends a batch of changes; returns its seq (what replies made with it wait for)."""
+        self.seq += 1
+        data = p.frame(_encoder.encode(Batch(self.seq, ops)))
+        for standby in self._standbys.values():
+            standby.transport.write(data)
+        self._sent.append((self.seq, time.monotonic()))
+        self._advance()
+        return self.seq
+
+    def received(self, transport: asyncio.Transport, data: bytes) -> None:
+        """Bytes from a standby: its acks."""
+        standby = self._standbys.get(transport)
+        if standby is None:
+            return
+        buf = standby.buf
+        buf += data
+        start = 0
+        while len(buf) - start >= p.FRAME_HEADER:
+            size = int.from_bytes(buf[start: start + p.FRAME_HEADER], "little")
+            if len(buf) - start - p.FRAME_HEADER < size:
+                break
+            ack = _ack.decode(bytes(buf[start + p.FRAME_HEADER: start + p.FRAME_HEADER + size]))
+            start += p.FRAME_HEADER + size
+            standby.acked = max(standby.acked, ack.seq)
+        del buf[:start]
+        if not standby.is_counted and standby.acked >= standby.snapshot_seq:
+            standby.is_counted = True
+            standby.join_seq = self.seq
+        self._advance()
+
+    def lost(self, transport: asyncio.Transport) -> None:
+        standby = self._standbys.get(transport)
+        if standby is None:
+            return
+        logger.warning("standby %s disconnected", standby.master_id)
+        if standby.is_counted:
+            standby.is_gone = True  # still counted until etcd no longer lists it
+            self.check()
+        else:
+            del self._standbys[transport]
+
+    def check(self) -> None:
+        """Drops counted standbys that left or stay ``sync_timeout_s`` behind (also periodic)."""
+        if self._writing:
+            return
+        late = [s for s in self._standbys.values() if s.is_counted and s.is_gone]
+        if self._sent and time.monotonic() - self._sent[0][1] >= self.sync_timeout_s:
+            oldest_seq = self._sent[0][0]
+            late += [s for s in self._standbys.values() if s.is_counted and not s.is_gone and s.acked < oldest_seq]
+        if late:
+            self._write_insync(drop=late)
+
+    def close(self) -> None:
+        for transport in list(self._standbys):
+            transport.close()
+        self._standbys.clear()
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _advance(self) -> None:
+        counted = [s.acked for s in self._standbys.values() if s.is_counted]
+        commit = min(counted) if counted else self.seq
+        if commit > self.commit_seq:
+            self.commit_seq = min(commit, self.seq)
+            while self._sent and self._sent[0][0] <= self.commit_seq:
+                self._sent.popleft()
+            self._on_commit(self.commit_seq)
+        if not self._writing:
+            joining = [s for s in self._standbys.values()
+                       if s.is_counted and not s.is_insync and s.acked >= s.join_seq]
+            if joining:
+                self._write_insync(add=joining)
+
+    def _write_insync(self, add: list[_Standby] = (), drop: list[_Standby] = ()) -> None:  # type: ignore[assignment]
+        dropped = {s.master_id for s in drop}
+        members = list(dict.fromkeys([m for m in self.insync if m not in dropped] + [s.master_id for s in add]))
+        self._writing = True
+        loop = asyncio.get_running_loop()
+
+        def done(future: asyncio.Future[bool]) -> None:
+            self._writing = False
+            ok = not future.cancelled() and future.exception() is None and future.result()
+            if not ok:
+                logger.warning("could not record the in-sync set %s in etcd; retrying", members)
+                return
+            for s in add:
+                s.is_insync = True
+                logger.info("standby %s is in sync (eligible to lead)", s.master_id)
+            for s in drop:
+                logger.warning("standby %s fell %.1f s behind or left: no longer in sync", s.master_id,
+                               self.sync_timeout_s)
+                self._standbys.pop(s.transport, None)
+                s.transport.close()
+            self._advance()
+
+        loop.run_in_executor(None, self._record, members).add_done_callback(done)
+
+
+class FollowSession:
+    """The standby's side: one connection to the leader, applying batches to a Mirror (in the
+    calling thread, blocking) until the connection ends or ``stop()``."""
+
+    def __init__(self, leader: str, master_id: str, lease_ttl_s: float, clock: Callable[[], float]) -> None:
+        from tidekv.config import parse_host_port
+
+        self.leader = leader
+        self._address = parse_host_port(leader, "leader")
+        self.master_id = master_id
+        self.mirror: Mirror | None = None  # None until the snapshot arrived
+        self._lease_ttl_s = lease_ttl_s
+        self._clock = clock
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def run(self) -> None:
+        try:
+            sock = socket.create_connection(self._address, timeout=2.0)
+        except OSError as exc:
+            logger.debug("standby %s: cannot reach leader %s: %s", self.master_id, self.leader, exc)
+            return
+        with self._lock:
+            if self._stopped:
+                sock.close()
+                return
+            self._sock = sock
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            sock.sendall(REPLICA_MAGIC + p.frame(_encoder.encode(Follow(p.PROTOCOL_VERSION, self.master_id))))
+            reader = sock.makefile("rb")
+            while True:
+                head = reader.read(p.FRAME_HEADER)
+                if len(head) < p.FRAME_HEADER:
+                    break
+                size = int.from_bytes(head, "little")
+                body = reader.read(size)
+                if len(body) < size:
+                    break
+                batch = _batch.decode(body)
+                now = self._clock()
+                if batch.is_snapshot:
+                    mirror = Mirror(self._lease_ttl_s)
+                    mirror.apply(batch.ops, now)
+                    self.mirror = mirror
+                    logger.info("standby %s: snapshot of %d objects from leader %s", self.master_id,
+                                len(mirror.objects), self.leader)
+                elif self.mirror is not None:
+                    self.mirror.apply(batch.ops, now)
+                    self.mirror.forget_expired(now)
+                sock.sendall(p.frame(_encoder.encode(Ack(batch.seq))))
+        except (OSError, ValueError, msgspec.DecodeError) as exc:
+            logger.debug("standby %s: connection to leader %s ended: %s", self.master_id, self.leader, exc)
+        finally:
+            with self._lock:
+                self._sock = None
+            sock.close()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            if self._sock is not None:
+                try:
+                    self._sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass

@@ -1,0 +1,187 @@
+"""Clusters of masters on a real etcd: failover under load, with every acknowledged object checked.
+
+Three masters campaign for one cluster; holders and load clients are separate processes that
+reach the leader through ``etcd://``. Each load client runs ``tidekv.bench.churn`` (put, get,
+upsert, remove on its own keys) and keeps books of what was acknowledged; after each failure and
+at the end it reads every key back: zero acknowledged objects lost, zero stale reads (a read
+that shows anything but the last acknowledged version). Failures: the leader SIGKILLed under
+load (twice), a standby SIGKILLed, etcd SIGKILLed and restarted, the leader cut off from etcd,
+a client cut off from its master.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.store.cluster_rig import EtcdProcess, TcpRelay, health, in_sync, leader_of, role
+from tests.store.conftest import Connect, SpawnAgent, SpawnMaster
+from tests.store.procs import AgentProcess, MasterProcess, wait_until
+from tidekv.errors import MasterNotReadyError, MasterUnavailableError
+from tidekv.store import protocol as p
+from tidekv.store.master_client import MasterClient
+
+MIB = 1 << 20
+MASTER = {"leader_ttl_s": 2, "sync_timeout_s": 0.5, "client_ttl_s": 10.0, "lease_ttl_s": 2.0}
+CLIENT = {"rpc_timeout_s": 1.0, "failover_timeout_s": 15.0}
+
+
+def _cluster(spawn_master: SpawnMaster, etcd_urls: list[str], cluster: str = "t") -> list[MasterProcess]:
+    return [spawn_master(etcd=url, cluster=cluster, **MASTER) for url in etcd_urls]
+
+
+def _url(cluster: str, etcd: EtcdProcess) -> str:
+    return f"etcd://127.0.0.1:{etcd.client_port}/{cluster}"
+
+
+def _churn(clients: list[AgentProcess], duration_s: float, during: Callable[[], Any] | None = None) -> list[dict]:
+    for i, c in enumerate(clients):
+        c.start_call("churn", prefix=f"c{i}", duration_s=duration_s, keys=60, size=4096, seed=i)
+    if during is not None:
+        during()
+    return [c.finish_call(duration_s + 60) for c in clients]
+
+
+def _verify(clients: list[AgentProcess]) -> None:
+    for c in clients:
+        report = c.call("verify", timeout_s=60)
+        assert (report["lost"], report["stale"], report["stale_reads"]) == (0, 0, 0), report
+        assert report["acknowledged"] > 0, report
+
+
+def test_leader_sigkill_under_load_loses_nothing(etcd: EtcdProcess, spawn_master: SpawnMaster,
+                                                 spawn_agent: SpawnAgent) -> None:
+    masters = _cluster(spawn_master, [etcd.url] * 3)
+    address = _url("t", etcd)
+    leader = leader_of(masters)
+    holders = [spawn_agent(address, 16 * MIB, **CLIENT) for _ in range(2)]
+    clients = [spawn_agent(address, 0, **CLIENT) for _ in range(3)]
+    in_sync(masters, 2)
+    kills = []
+    for round_ in range(2):
+        def kill_leader() -> None:
+            time.sleep(1.5)
+            victim = leader_of(masters)
+            victim.kill()
+            kills.append(victim)
+        reports = _churn(clients, 5.0, kill_leader)
+        print("round", round_, reports)
+        for r in reports:
+            assert r["stale_reads"] == 0, r
+            assert r["max_gap_s"] < 10.0, f"clients re-attached within 10 s: {r}"
+        _verify(clients)
+        survivors = [m for m in masters if m.is_alive()]
+        new = leader_of(survivors)
+        assert new not in kills
+        masters.append(spawn_master(etcd=etcd.url, cluster="t", **MASTER))  # the killed one comes back as a standby
+        in_sync([m for m in masters if m.is_alive()], 2)
+    assert leader is kills[0]
+    _verify(clients)
+
+
+def test_standby_sigkill_and_then_leader_sigkill(etcd: EtcdProcess, spawn_master: SpawnMaster,
+                                                 spawn_agent: SpawnAgent) -> None:
+    masters = _cluster(spawn_master, [etcd.url] * 3)
+    address = _url("t", etcd)
+    leader = leader_of(masters)
+    spawn_agent(address, 16 * MIB, **CLIENT)
+    clients = [spawn_agent(address, 0, **CLIENT) for _ in range(2)]
+    in_sync(masters, 2)
+    standby = next(m for m in masters if m is not leader)
+    reports = _churn(clients, 3.0, lambda: (time.sleep(1.0), standby.kill()))
+    assert all(r["stale_reads"] == 0 and r["max_gap_s"] < 3.0 for r in reports), reports
+    in_sync(masters, 1)  # the leader went on with the standby left
+    reports = _churn(clients, 4.0, lambda: (time.sleep(1.0), leader.kill()))
+    assert all(r["stale_reads"] == 0 for r in reports), reports
+    survivor = leader_of([m for m in masters if m.is_alive()])
+    assert survivor not in (leader, standby)
+    _verify(clients)
+
+
+def test_etcd_restart_under_load(etcd: EtcdProcess, spawn_master: SpawnMaster, spawn_agent: SpawnAgent) -> None:
+    masters = _cluster(spawn_master, [etcd.url] * 3)
+    address = _url("t", etcd)
+    leader_of(masters)
+    spawn_agent(address, 16 * MIB, **CLIENT)
+    clients = [spawn_agent(address, 0, **CLIENT) for _ in range(2)]
+    in_sync(masters, 2)
+
+    def restart_etcd() -> None:
+        time.sleep(1.0)
+        etcd.kill()
+        time.sleep(0.5)
+        etcd.start()
+    reports = _churn(clients, 5.0, restart_etcd)
+    assert all(r["stale_reads"] == 0 for r in reports), reports
+    leader_of(masters)
+    _verify(clients)
+
+
+def test_leader_cut_off_from_etcd_steps_down_before_another_leads(
+        etcd: EtcdProcess, spawn_master: SpawnMaster, spawn_agent: SpawnAgent,
+        relays: Callable[[str], TcpRelay]) -> None:
+    links = [relays(f"127.0.0.1:{etcd.client_port}") for _ in range(3)]
+    masters = _cluster(spawn_master, [f"http://{link.address}" for link in links])
+    address = _url("t", etcd)
+    leader = leader_of(masters)
+    spawn_agent(address, 16 * MIB, **CLIENT)
+    clients = [spawn_agent(address, 0, **CLIENT) for _ in range(2)]
+    in_sync(masters, 2)
+    direct = MasterClient(leader.address, "direct", timeout_s=1.0)  # talks to the old leader, never follows
+    try:
+        def cut() -> None:
+            time.sleep(1.0)
+            links[masters.index(leader)].cut()
+        reports = _churn(clients, 6.0, cut)
+        assert all(r["stale_reads"] == 0 for r in reports), reports
+        new = leader_of(masters)
+        assert new is not leader
+        assert role(leader) == "standby", "the cut-off leader stepped down"
+        with pytest.raises(MasterNotReadyError, match="standby"):
+            direct.call(p.PutStart("direct", [b"x"], [10]))
+        _verify(clients)
+        links[masters.index(leader)].heal()
+        in_sync(masters, 2)  # it follows the new leader once it reaches etcd again
+    finally:
+        direct.close()
+
+
+def test_client_cut_off_from_the_master_gets_typed_errors_then_everything(
+        spawn_master: SpawnMaster, connect: Connect, relays: Callable[[str], TcpRelay]) -> None:
+    master = spawn_master()
+    holder = connect(master.address, segment_size=8 * MIB)
+    link = relays(master.address)
+    client = connect(link.address, rpc_timeout_s=0.5, failover_timeout_s=1.0)
+    objects = {f"k{i}": bytes([i]) * (1000 + i) for i in range(30)}
+    for key, data in objects.items():
+        client.put(key, data)
+    link.cut()
+    with pytest.raises(MasterUnavailableError, match=link.address):
+        client.get("k1")
+    with pytest.raises(MasterUnavailableError) as info:
+        client.put("during-cut", b"never acknowledged")
+    link.heal()
+    wait_until(lambda: _answers(client), 10.0, "the client to reach the master again")
+    for key, data in objects.items():
+        assert client.get(key) == data
+        assert holder.get(key) == data
+    assert not holder.exists("during-cut") or info.value.is_request_sent
+
+
+def _answers(store: Any) -> bool:
+    try:
+        store.exists("k0")
+    except MasterUnavailableError:
+        return False
+    return True
+
+
+def test_health_names_roles(etcd: EtcdProcess, spawn_master: SpawnMaster) -> None:
+    masters = _cluster(spawn_master, [etcd.url] * 2)
+    leader = leader_of(masters)
+    standby = next(m for m in masters if m is not leader)
+    wait_until(lambda: role(standby) == "standby", 10.0, "the other master to stand by")
+    assert health(leader)["serving"] and not health(standby)["serving"]
