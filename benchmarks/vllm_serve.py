@@ -71,7 +71,7 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz "
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
 LMCACHE_PYTHON = ROOT / ".venv-lmcache" / "bin" / "python"
 TIDEKV = {"kv_connector": "TidekvConnector", "kv_role": "kv_both"}
-COLUMNS = ("one", "one-in-process", "pd-mp", "pd", "store", "lmcache")
+COLUMNS = ("one", "one-in-process", "pd-mp", "pd-mp-pinned", "pd", "store", "lmcache")
 
 
 def _text(rng: random.Random, n: int) -> str:
@@ -336,14 +336,9 @@ def server(model: str, log_dir: Path, name: str, *, kv: dict[str, Any] | None = 
     (``VLLM_ENABLE_V1_MULTIPROCESSING=0 --distributed-executor-backend uni``) runs it in the
     engine-core process, which sleeps when idle. ``cpus``: the server's CPU affinity (every process
     it starts inherits it); ``bind``: ``VLLM_CPU_OMP_THREADS_BIND`` (mp mode only)."""
-    env, extra = {}, []
-    if mode == "in-process":
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        extra = ["--distributed-executor-backend", "uni"]
-    if bind is not None:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = bind
-    return OpenAIServer(model, kv_transfer_config=kv, env=env, extra_args=extra, log_path=log_dir / f"{name}.log",
-                        python=python, cpus=cpus)
+    env = {} if bind is None else {"VLLM_CPU_OMP_THREADS_BIND": bind}
+    return OpenAIServer(model, kv_transfer_config=kv, env=env, log_path=log_dir / f"{name}.log", python=python,
+                        cpus=cpus, in_process=mode == "in-process")
 
 
 def main() -> int:
@@ -402,13 +397,16 @@ def main() -> int:
                         column(name, one.url, server=one)
                         results["probes"][f"{name}_fresh_ttft"] = probe_plain(
                             one.url, fresh_prompts("f", args.probes // 2, n_tok), 1)
-            for name, mode in (("pd-mp", "mp"), ("pd", "in-process")):
+            for name, mode in (("pd-mp", "mp"), ("pd-mp-pinned", "mp"), ("pd", "in-process")):
                 if name not in columns:
                     continue
-                # Each engine on a core of its own: vLLM's OMP binding in mp mode, the process's
-                # CPU affinity in-process (the API server shares its engine's core).
-                pin = {"bind": "0"} if mode == "mp" else {"cpus": {0}}
-                pin_d = {"bind": "1"} if mode == "mp" else {"cpus": {1}}
+                # Each engine on a core of its own: vLLM's OMP binding in mp mode (and the whole
+                # server's CPU affinity: pinned), the process's CPU affinity in-process (the API
+                # server shares its engine's core).
+                pin: dict[str, Any] = {"bind": "0"} if mode == "mp" else {"cpus": {0}}
+                pin_d: dict[str, Any] = {"bind": "1"} if mode == "mp" else {"cpus": {1}}
+                if name == "pd-mp-pinned":
+                    pin["cpus"], pin_d["cpus"] = {0}, {1}
                 with server(model, logs, f"{name}-prefill", kv=TIDEKV, mode=mode, **pin) as prefill, \
                         server(model, logs, f"{name}-decode", kv=TIDEKV, mode=mode, **pin_d) as decode:
                     port = free_port()
@@ -491,7 +489,7 @@ def report(results: dict[str, Any]) -> None:
                   f"{c['request_goodput'] or 0:>11.2f}{'' if loaded is None else f'{loaded:.0f}':>12}")
     probes = results["probes"]
     fresh = {n: probes[f"{n}_fresh_ttft"]["ttft_p50_ms"] for n in ("one", "one-in-process") if f"{n}_fresh_ttft" in probes}
-    for name in ("pd-mp", "pd"):
+    for name in ("pd-mp", "pd-mp-pinned", "pd"):
         if f"{name}_proxy_overhead" in probes:
             p = probes[f"{name}_proxy_overhead"]
             print(f"\n{name}: proxy overhead ({p['pairs']} pairs of short prompts): TTFT p50 {p['proxy_ttft_p50_ms']:.1f} ms "
@@ -511,7 +509,7 @@ def report(results: dict[str, Any]) -> None:
         for role, means in c.get("servers", {}).items():
             print(f"{name} {role}: vLLM's own means: " + ", ".join(f"{k.removesuffix('_mean_ms')} {v:.1f} ms"
                                                                  for k, v in means.items()))
-    ratios = [("pd", "one"), ("pd", "one-in-process"), ("pd-mp", "one"), ("store", "one"), ("store", "store-save"),
+    ratios = [("pd", "one"), ("pd", "one-in-process"), ("pd-mp", "one"), ("pd-mp-pinned", "one"), ("store", "one"), ("store", "store-save"),
               ("store", "lmcache")]
     for name, base in ratios:
         if name in cols and base in cols:

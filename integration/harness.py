@@ -303,6 +303,7 @@ class OpenAIServer:
         log_path: str | Path | None = None,
         python: str = sys.executable,
         cpus: set[int] | None = None,
+        in_process: bool = False,
     ) -> None:
         self.port = free_port()
         self._cpus = cpus  # CPU affinity of the server and every process it starts; None: inherited
@@ -316,6 +317,12 @@ class OpenAIServer:
         ]
         if kv_transfer_config is not None:
             self._argv += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
+        if in_process:
+            # The model runs in the engine-core process instead of a worker process of its own
+            # (which busy-polls vLLM's shared-memory queue for 1 s after every step): the README's
+            # advice for engines that share a CPU host, pinned with ``cpus``.
+            self._argv += ["--distributed-executor-backend", "uni"]
+            env = {**(env or {}), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         self._argv += extra_args or []
         # The server always runs its engine core in a separate process; the env var only
         # matters for offline LLM, but keep the CPU KV cache small either way.

@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 
 from conftest import MAX_TOKENS, VllmRunner, prefill_params, tidekv_config, tidekv_up
+
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"  # prompt tokens a connector supplied
 from harness import HarnessError, HeldPhase, OpenAIServer, Phase, PhaseResult, free_port
 from tidekv.kvcache import contract
 from tidekv.kvcache.contract import PROTOCOL_VERSION, KVHandoff, RankEndpoint
@@ -157,10 +159,17 @@ def _stream_text(url: str, body: dict[str, Any]) -> str:
     return "".join(text)
 
 
+@pytest.mark.parametrize("in_process", [False, True], ids=["mp", "in-process-pinned"])
 def test_pd_online_through_the_proxy(tiny_model: str, prompts: list[str], baseline: PhaseResult,
-                                     tmp_path: Path) -> None:
-    with OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(), log_path=tmp_path / "prefill.log") as prefill, \
-            OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(), log_path=tmp_path / "decode.log") as decode:
+                                     tmp_path: Path, in_process: bool) -> None:
+    """Greedy answers through the proxy equal the baseline's, JSON and streamed, with the decode
+    pulling every prompt's KV. ``in-process-pinned`` is the README's set-up for engines sharing a
+    CPU host: each server's model in its engine-core process, each server on a core of its own."""
+    pins = ({0}, {1}) if in_process else (None, None)
+    with OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(), log_path=tmp_path / "prefill.log",
+                      in_process=in_process, cpus=pins[0]) as prefill, \
+            OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(), log_path=tmp_path / "decode.log",
+                         in_process=in_process, cpus=pins[1]) as decode:
         port = free_port()
         proxy = subprocess.Popen(
             [sys.executable, "-m", "tidekv", "proxy", "--prefill", prefill.url, "--decode", decode.url,
@@ -172,7 +181,11 @@ def test_pd_online_through_the_proxy(tiny_model: str, prompts: list[str], baseli
             for prompt, expected in zip(prompts, baseline.completions):
                 body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
                         "ignore_eos": True}
+                pulled = decode.metric(EXTERNAL_HITS)
                 assert _post_json(url, body)["choices"][0]["text"] == expected.text
+                # The decode pulled all but the prompt's last token (the streamed run below finds
+                # most of them in its own prefix cache instead).
+                assert decode.metric(EXTERNAL_HITS) - pulled == len(expected.prompt_token_ids) - 1
                 assert _stream_text(url, body) == expected.text
             assert "pulling KV from" not in decode.log()  # no pull failed (tidekv warns on each)
         except BaseException:
