@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tidekv.bench import mixed as bench_mixed
 
     bench_mixed.add_parser(bench_sub)
+    from tidekv.bench import failover as bench_failover
+
+    bench_failover.add_parser(bench_sub)
     from tidekv import proxy as proxy_cli
 
     proxy_cli.add_parser(sub)

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import signal
 import sys
 import time
 import traceback
@@ -118,17 +119,33 @@ class HelperProcess:
         self._conn.send(message)
         return self._receive(timeout_s, "ok")
 
+    def send(self, message: Any) -> None:
+        """Sends ``message`` without waiting; ``receive`` reads the answer (helpers then work in parallel)."""
+        self._conn.send(message)
+
+    def receive(self, timeout_s: float) -> Any:
+        """The answer to the last ``send``; raises as ``call`` does."""
+        return self._receive(timeout_s, "ok")
+
+    def kill(self) -> None:
+        """SIGKILL (a crash), then reaps the process."""
+        if self._process.pid is not None and self._process.is_alive():
+            os.kill(self._process.pid, signal.SIGKILL)
+        self._process.join(10)
+        self._conn.close()
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """Asks the helper to exit; terminates it if it does not within timeout_s. Idempotent."""
         if self._process.is_alive():
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, ValueError):
                 self._conn.send(None)
             self._process.join(timeout_s)
         if self._process.is_alive():
             logger.warning("bench helper %s (pid %s) did not exit; terminating it", self.name, self._process.pid)
             self._process.terminate()
             self._process.join(timeout_s)
-        self._conn.close()
+        with contextlib.suppress(OSError):
+            self._conn.close()
 
     def log_tail(self) -> str:
         """The last lines of the helper's log ("" when it wrote none)."""

@@ -114,7 +114,7 @@ class ClusterRole:
         session = self._session
         if session is not None:
             session.stop()
-        self._idle.wait(timeout=5)
+        self._idle.wait()  # the follow thread finishes the batch it is applying
         me = self.server.service.master_id
         while self.campaign.is_leading:
             try:
@@ -137,7 +137,7 @@ class ClusterRole:
         started = time.perf_counter()
         service = self.server.service
         service.restore(mirror)
-        service.enable_journal()
+        service.enable_journal(track_keys=True)
         self.server.replicator = Replicator(service.master_id, self.server.config.sync_timeout_s,
                                             self.campaign.set_insync, self.server.committed)
         service.leader_hint = ""

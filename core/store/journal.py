@@ -20,6 +20,7 @@ Neighbours: ``objects``/``master`` emit ops, ``replication`` streams them, ``ser
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 from dataclasses import dataclass, field
@@ -108,6 +109,65 @@ def encode_ops(ops: list[Op]) -> bytes:
 
 def decode_ops(data: bytes | memoryview) -> list[Op]:
     return _decoder.decode(data)
+
+
+class OpLog:
+    """The ops of changes not yet taken, and (``track_keys``) which keys have changes that are
+    not yet committed, so a read waits only for the batches that touched what it reads.
+
+    Ops collected now belong to batch ``seq``; ``take`` closes the batch. Single-threaded."""
+
+    def __init__(self, track_keys: bool = False) -> None:
+        self.ops: list[Op] = []
+        self.seq = 1
+        self._track = track_keys
+        self._dirty: dict[bytes, int] = {}  # key -> last batch that changed it (uncommitted)
+        self._dirty_all = 0  # last batch that changed keys it does not name (segments dropped)
+        self._keys: list[bytes] = []
+        self._batches: collections.deque[tuple[int, list[bytes]]] = collections.deque()
+
+    def add(self, op: Op, *keys: bytes) -> None:
+        self.ops.append(op)
+        if self._track:
+            for key in keys:
+                self._dirty[key] = self.seq
+            self._keys.extend(keys)
+
+    def add_everything(self, op: Op) -> None:
+        """An op that may change any key."""
+        self.ops.append(op)
+        self._dirty_all = self.seq
+
+    def take(self) -> tuple[int, list[Op]]:
+        """(seq, ops) of the batch collected so far ((0, []) when empty); a new batch starts."""
+        if not self.ops:
+            return 0, []
+        seq, ops = self.seq, self.ops
+        if self._track:
+            self._batches.append((seq, self._keys))
+            self._keys = []
+        self.ops = []
+        self.seq += 1
+        return seq, ops
+
+    def depends(self, keys: list[bytes]) -> int:
+        """The last batch a read of ``keys`` must wait for (0: none)."""
+        dirty = self._dirty
+        last = self._dirty_all
+        for key in keys:
+            seq = dirty.get(key, 0)
+            if seq > last:
+                last = seq
+        return last
+
+    def committed(self, seq: int) -> None:
+        """Batches up to ``seq`` are safe: their keys are no longer dirty."""
+        batches, dirty = self._batches, self._dirty
+        while batches and batches[0][0] <= seq:
+            batch, keys = batches.popleft()
+            for key in keys:
+                if dirty.get(key, batch + 1) <= batch:
+                    del dirty[key]
 
 
 @dataclass

@@ -33,6 +33,7 @@ class MasterService:
         self.started = clock()
         self.not_serving = ""  # why requests are refused as not ready (recovering, standing by); "" = serving
         self.leader_hint = ""  # the leader's address, told to clients refused while standing by
+        self.reply_seq = 0  # with a journal: the batch the last reply depends on (0: none)
         self.segments = SegmentTable()
         self.objects = ObjectTable(self.segments, config.max_key_bytes)
         self.metrics = Registry()
@@ -109,6 +110,11 @@ class MasterService:
             self._failures.inc(reason="not_ready")
             return p.encode(p.Reply(envelope.request_id, error_kind=p.ErrorKind.NOT_READY,
                                     error=f"master {self.master_id} {self.not_serving}", result=self.leader_hint))
+        log = self.objects.journal
+        if log is not None:
+            before = len(log.ops)
+            keys = getattr(body, "keys", None)
+            self.reply_seq = log.depends(keys) if keys else 0
         try:
             result = self._handlers[type(body)](body, self.clock())
         except ProtocolVersionError as exc:
@@ -120,6 +126,8 @@ class MasterService:
         except MasterNotReadyError as exc:
             self._failures.inc(reason="not_ready")
             return self._error(envelope.request_id, p.ErrorKind.NOT_READY, str(exc))
+        if log is not None and len(log.ops) > before:
+            self.reply_seq = log.seq  # it changed something: its reply waits for this batch
         self._requests.inc(type=kind)
         self._latency.observe(time.perf_counter() - started, type=kind)
         return p.encode(p.Reply(envelope.request_id, result=result))
@@ -152,7 +160,7 @@ class MasterService:
         is_new = m.name not in self.segments.segments
         self.segments.mount(m.client_id, m.name, m.engine, m.base, m.capacity)
         if is_new and self.objects.journal is not None:
-            self.objects.journal.append(j.MountOp(m.client_id, m.name, m.engine, m.base, m.capacity))
+            self.objects.journal.add(j.MountOp(m.client_id, m.name, m.engine, m.base, m.capacity))
 
     def _unmount(self, m: p.UnmountSegment, now: float) -> bool:
         if self.segments.unmount(m.client_id, m.name):
@@ -254,23 +262,20 @@ class MasterService:
 
     def _dropped(self, names: list[str]) -> None:
         if names and self.objects.journal is not None:
-            self.objects.journal.append(j.UnmountOp(list(names)))
+            self.objects.journal.add_everything(j.UnmountOp(list(names)))
         self.objects.drop_segments(set(names))
 
     # ---- journal ------------------------------------------------------------------------
 
-    def enable_journal(self) -> None:
-        """From now on every change of the index is kept as an op until ``take_ops``."""
-        if self.objects.journal is None:
-            self.objects.journal = []
+    def enable_journal(self, track_keys: bool = False) -> None:
+        """From now on every change of the index is kept as an op until ``take_ops``; with
+        ``track_keys`` each reply also says which batch it depends on (``reply_seq``)."""
+        self.objects.journal = j.OpLog(track_keys)
 
-    def take_ops(self) -> list[j.Op]:
-        """The ops of the changes made since the last call (empty without a journal)."""
-        ops = self.objects.journal
-        if not ops:
-            return []
-        self.objects.journal = []
-        return ops
+    def take_ops(self) -> tuple[int, list[j.Op]]:
+        """(seq, ops) of the changes made since the last call ((0, []): none, or no journal)."""
+        log = self.objects.journal
+        return log.take() if log is not None else (0, [])
 
     def snapshot(self) -> list[j.Op]:
         """Ops that rebuild the whole index (``journal.Mirror``)."""

@@ -75,7 +75,7 @@ class ObjectTable:
         self.retired: list[tuple[float, int, tuple[object, ...]]] = []  # (free_at, size, replicas)
         self.counters = TableCounters()
         self.last_token = 0  # tokens are never reused, across restores too
-        self.journal: list[j.Op] | None = None  # when set, every change is appended as an op
+        self.journal: j.OpLog | None = None  # when set, every change is added as an op
         self.quarantine_until = 0.0  # a restored table frees nothing before this (leases it cannot know)
 
     # ---- writes -------------------------------------------------------------------------
@@ -110,7 +110,7 @@ class ObjectTable:
             self.objects[key] = meta
         self.pending[token] = key
         if self.journal is not None:
-            self.journal.append(j.StartOp(token, key, size, list(flat), pin, existing is not None, writer))
+            self.journal.add(j.StartOp(token, key, size, list(flat), pin, existing is not None, writer), key)
         return PutSlot(Status.OK, token, self._locations(meta))
 
     def put_end(self, key: bytes, token: int, now: float) -> Status:
@@ -131,7 +131,7 @@ class ObjectTable:
         meta.put = None
         self.objects[key] = meta  # newest at the LRU end
         if self.journal is not None:
-            self.journal.append(j.EndOp(key, token))
+            self.journal.add(j.EndOp(key, token), key)
         return Status.OK
 
     def put_revoke(self, key: bytes, token: int) -> Status:
@@ -149,7 +149,7 @@ class ObjectTable:
         del self.objects[key]
         self._retire(meta, now)
         if self.journal is not None:
-            self.journal.append(j.RemoveOp(key))
+            self.journal.add(j.RemoveOp(key), key)
         return Status.OK
 
     # ---- reads --------------------------------------------------------------------------
@@ -245,7 +245,7 @@ class ObjectTable:
         if victims:
             logger.debug("evicted %d objects (%d bytes)", len(victims), freed)
             if self.journal is not None:
-                self.journal.append(j.EvictOp(victims))
+                self.journal.add(j.EvictOp(victims), *victims)
         return freed
 
     def restore(self, mirror: j.Mirror, now: float) -> None:
@@ -312,7 +312,7 @@ class ObjectTable:
             del self.objects[key]
         self._release(meta.size, meta.replicas)
         if self.journal is not None:
-            self.journal.append(j.DropOp(token))
+            self.journal.add(j.DropOp(token), key)
 
     def _retire(self, meta: ObjectMeta, now: float) -> None:
         free_at = max(meta.lease_until, self.quarantine_until)

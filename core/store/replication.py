@@ -107,15 +107,15 @@ class Replicator:
         transport.write(p.frame(_encoder.encode(Batch(self.seq, snapshot, True))))
         logger.info("standby %s follows (snapshot of %d ops at seq %d)", follow.master_id, len(snapshot), self.seq)
 
-    def publish(self, ops: list[Op]) -> int:
-        """Sends a batch of changes; returns its seq (what replies made with it wait for)."""
-        self.seq += 1
+    def publish(self, seq: int, ops: list[Op]) -> None:
+        """Sends batch ``seq`` of changes (the service numbers them: the next after the last)."""
+        assert seq == self.seq + 1, (seq, self.seq)
+        self.seq = seq
         data = p.frame(_encoder.encode(Batch(self.seq, ops)))
         for standby in self._standbys.values():
             standby.transport.write(data)
         self._sent.append((self.seq, time.monotonic()))
         self._advance()
-        return self.seq
 
     def received(self, transport: asyncio.Transport, data: bytes) -> None:
         """Bytes from a standby: its acks."""
@@ -248,6 +248,10 @@ class FollowSession:
                 if len(body) < size:
                     break
                 batch = _batch.decode(body)
+                # Acked before it is applied: the leader waits one wake-up less, and a standby
+                # that dies before applying it is no candidate; one that lives applies it
+                # before it could campaign (the election stops this loop between batches).
+                sock.sendall(p.frame(_encoder.encode(Ack(batch.seq))))
                 now = self._clock()
                 if batch.is_snapshot:
                     mirror = Mirror(self._lease_ttl_s)
@@ -258,7 +262,6 @@ class FollowSession:
                 elif self.mirror is not None:
                     self.mirror.apply(batch.ops, now)
                     self.mirror.forget_expired(now)
-                sock.sendall(p.frame(_encoder.encode(Ack(batch.seq))))
         except (OSError, ValueError, msgspec.DecodeError) as exc:
             logger.debug("standby %s: connection to leader %s ended: %s", self.master_id, self.leader, exc)
         finally:

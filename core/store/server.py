@@ -63,6 +63,7 @@ class MasterServer:
         self.recovered = threading.Event()  # set once the index is back (at once without a journal)
         self.recovery_s = 0.0
         self.replicator: Replicator | None = None  # while leading a cluster
+        self._publishing = False  # a batch for the standbys is scheduled in this loop turn
         self._waiting: set[_Connection] = set()  # connections with replies waiting for replication
         self.role: ClusterRole | None = None
         if config.etcd:
@@ -173,24 +174,38 @@ class MasterServer:
         self.service.not_serving = ""
         self.recovered.set()
 
-    def _persist(self) -> int:
-        """Writes (or replicates) the ops of the changes just made; returns the replication seq
-        their replies must wait for (0 when nothing waits)."""
-        ops = self.service.take_ops()
-        if not ops:
-            return self.replicator.seq if self.replicator is not None else 0
-        if self._journal is not None:
-            self._journal.append(p.frame(encode_ops(ops)))
-            if self._journal.log_bytes > _COMPACT_LOG_BYTES:
-                self._journal.rewrite(self.service.snapshot())
+    def _persist(self) -> None:
+        """Writes the ops of the changes just made to the journal file, before their requests are
+        answered; when replicating, schedules one batch for everything this loop turn changed."""
         if self.replicator is not None:
-            return self.replicator.publish(ops)
-        return 0
+            if not self._publishing:
+                self._publishing = True
+                assert self._loop is not None
+                self._loop.call_soon(self._publish)
+            return
+        seq, ops = self.service.take_ops()
+        if not ops or self._journal is None:
+            return
+        self._journal.append(p.frame(encode_ops(ops)))
+        if self._journal.log_bytes > _COMPACT_LOG_BYTES:
+            self._journal.rewrite(self.service.snapshot())
+
+    def _publish(self) -> None:
+        """Sends the changes of this loop turn to the standbys as one batch (fewer wake-ups there)."""
+        self._publishing = False
+        if self.replicator is None:
+            return
+        seq, ops = self.service.take_ops()
+        if ops:
+            self.replicator.publish(seq, ops)
 
     def committed(self, seq: int) -> None:
         """Replication reached ``seq``: replies that waited for it go out."""
         if self.role is not None and not self.role.check_lease():
             return
+        log = self.service.objects.journal
+        if log is not None:
+            log.committed(seq)
         for conn in list(self._waiting):
             if conn.flush(seq):
                 self._waiting.discard(conn)
@@ -348,7 +363,8 @@ class _Connection(asyncio.Protocol):
         server = self._server
         if server.role is not None and not server.role.check_lease():
             return  # stepped down: this connection is closed
-        handle = server.service.handle
+        service = server.service
+        handle = service.handle
         start, end = 0, len(buf)
         replies = []
         while end - start >= p.FRAME_HEADER:
@@ -360,18 +376,32 @@ class _Connection(asyncio.Protocol):
                 break
             payload = bytes(buf[start + p.FRAME_HEADER: start + p.FRAME_HEADER + size])
             start += p.FRAME_HEADER + size
-            replies.append(p.frame(handle(payload)))
+            reply = p.frame(handle(payload))
+            replies.append((reply, service.reply_seq))
         del buf[:start]
         if replies:
-            out = b"".join(replies) if len(replies) > 1 else replies[0]
-            seq = server._persist()
+            server._persist()
             replicator = server.replicator
-            if replicator is None or (seq <= replicator.commit_seq and not self._queue):
-                self._transport.write(out)
+            if replicator is None:
+                self._transport.write(b"".join(r for r, _ in replies) if len(replies) > 1 else replies[0][0])
             else:
-                self._queue.append((seq, out))
-                server._waiting.add(self)
+                self._send_when_committed(replies, replicator.commit_seq)
             server._handled()
+
+    def _send_when_committed(self, replies: list[tuple[bytes, int]], committed: int) -> None:
+        """Writes the replies whose changes (or what they read) are committed, in order; queues the rest."""
+        assert self._transport is not None
+        queue = self._queue
+        ready = 0
+        if not queue:
+            while ready < len(replies) and replies[ready][1] <= committed:
+                ready += 1
+            if ready:
+                self._transport.write(b"".join(r for r, _ in replies[:ready]))
+        for data, seq in replies[ready:]:
+            queue.append((seq, data))
+        if queue:
+            self._server._waiting.add(self)
 
     def _from_standby(self, data: bytes) -> None:
         """A standby's first frame is Follow; later ones are its acks."""
@@ -396,6 +426,7 @@ class _Connection(asyncio.Protocol):
             rest = bytes(buf[p.FRAME_HEADER + size:])
             self._buf = bytearray()
             self._follows = True
+            self._server._publish()  # the snapshot must not hold changes a later batch brings again
             replicator.attach(self._transport, follow, self._server.service.snapshot())
             if rest:
                 replicator.received(self._transport, rest)

@@ -128,7 +128,7 @@ def test_the_journal_rebuilds_the_same_index(seed: int, caplog: pytest.LogCaptur
             _step(rig, rng, tokens)
         except RpcFailed as exc:
             assert exc.kind == "invalid", f"step {step}: {exc}"
-        follower.apply(decode_ops(encode_ops(rig.service.take_ops())), rig.clock.now)
+        follower.apply(decode_ops(encode_ops(rig.service.take_ops()[1])), rig.clock.now)
     from_snapshot = Mirror(rig.config.lease_ttl_s)
     from_snapshot.apply(rig.service.snapshot(), rig.clock.now)
     for mirror in (follower, from_snapshot):
