@@ -12,9 +12,10 @@ of (gets are not journaled: they would cost every read a write); the mirror keep
 lease TTL after it learnt of the change, and a restored master keeps every byte it frees for a
 lease TTL after it took over (``ObjectTable.quarantine_until``).
 
-On disk: ``snapshot`` (ops rebuilding the whole index, written atomically) and ``log`` (frames
-of ops appended since, each written before the requests that made it are answered). A frame cut
-short by a crash is the tail of an unanswered batch and is ignored.
+On disk (``JournalFile``): a snapshot (ops rebuilding the whole index, written atomically) and a
+log (frames of ops appended since, each written before the requests that made it are answered). A frame cut
+short by a crash is the tail of an unanswered batch: it is ignored and cut off before appending
+resumes. The log is folded into a new snapshot once it outgrows twice the last one (and 64 MiB).
 Neighbours: ``objects``/``master`` emit ops, ``replication`` streams them, ``server`` writes them.
 """
 
@@ -183,8 +184,14 @@ class Mirror:
     max_token: int = 0
 
     def apply(self, ops: list[Op], now: float) -> None:
+        objects = self.objects
         for op in ops:
-            self._apply(op, now)
+            if type(op) is ObjectOp:  # most of a snapshot: the fast path of a restart
+                objects[op.key] = op
+                if op.token > self.max_token:
+                    self.max_token = op.token
+            else:
+                self._apply(op, now)
 
     def _apply(self, op: Op, now: float) -> None:
         if isinstance(op, StartOp):
@@ -281,20 +288,32 @@ class Mirror:
 
 
 class JournalFile:
-    """The ops journal in a state directory. ``load`` first, then ``append``; one writer."""
+    """The ops journal in a state directory: generation N is ``snapshot.N`` (absent for N = 0)
+    followed by ``log.N``. A new snapshot starts generation N + 1 and becomes current by its
+    atomic rename, so a crash at any point leaves one consistent pair (never a snapshot with a
+    log whose ops it already holds). ``load`` first, then ``resume``; one writer."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._log = self.dir / "log"
-        self._snapshot = self.dir / "snapshot"
+        names = [f.name.split(".") for f in self.dir.glob("snapshot.*")]
+        snapshots = [int(n[1]) for n in names if len(n) == 2 and n[1].isdigit()]  # not a snapshot.N.tmp
+        self.generation = max(snapshots, default=0)
         self._fd = -1
         self.log_bytes = 0
+        snapshot = self._snapshot(self.generation)
+        self.snapshot_bytes = snapshot.stat().st_size if snapshot.exists() else 0
+
+    def _snapshot(self, generation: int) -> Path:
+        return self.dir / f"snapshot.{generation}"
+
+    def _log(self, generation: int) -> Path:
+        return self.dir / f"log.{generation}"
 
     def load(self, mirror: Mirror, now: float) -> int:
-        """Replays snapshot and log into ``mirror``; returns how many ops it applied."""
+        """Replays the current snapshot and log into ``mirror``; returns how many ops it applied."""
         applied = 0
-        for path in (self._snapshot, self._log):
+        for path in (self._snapshot(self.generation), self._log(self.generation)):
             if not path.exists():
                 continue
             data = memoryview(path.read_bytes())
@@ -302,27 +321,43 @@ class JournalFile:
             while pos + p.FRAME_HEADER <= len(data):
                 size = int.from_bytes(data[pos: pos + p.FRAME_HEADER], "little")
                 if pos + p.FRAME_HEADER + size > len(data):
-                    logger.warning("journal %s: ignoring a frame cut short at byte %d (never acknowledged)", path, pos)
                     break
                 ops = decode_ops(data[pos + p.FRAME_HEADER: pos + p.FRAME_HEADER + size])
                 mirror.apply(ops, now)
                 applied += len(ops)
                 pos += p.FRAME_HEADER + size
+            if pos != len(data):
+                logger.warning("journal %s: ignoring %d bytes of a frame cut short (never acknowledged)", path,
+                               len(data) - pos)
+            if path.name.startswith("log."):
+                self.log_bytes = pos
         return applied
 
+    def resume(self) -> None:
+        """Opens the current log for appending after ``load``, cut after its last whole frame."""
+        self._fd = os.open(self._log(self.generation), os.O_WRONLY | os.O_CREAT, 0o644)
+        os.ftruncate(self._fd, self.log_bytes)
+        os.lseek(self._fd, 0, os.SEEK_END)
+
     def rewrite(self, ops: list[Op]) -> None:
-        """Makes ``ops`` the whole journal (a new snapshot, an empty log) and opens it for appending."""
-        tmp = self.dir / "snapshot.tmp"
+        """Starts a new generation whose snapshot is ``ops``, with an empty log open for appending."""
+        new = self.generation + 1
+        tmp = self.dir / f"snapshot.{new}.tmp"
         with open(tmp, "wb") as f:
             chunk = 65536
             for i in range(0, len(ops), chunk):
                 f.write(p.frame(encode_ops(ops[i: i + chunk])))
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self._snapshot)
+        fd = os.open(self._log(new), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.replace(tmp, self._snapshot(new))  # generation `new` is current from here on
         if self._fd >= 0:
             os.close(self._fd)
-        self._fd = os.open(self._log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd = fd
+        for old in (self._snapshot(self.generation), self._log(self.generation)):
+            old.unlink(missing_ok=True)
+        self.generation = new
+        self.snapshot_bytes = self._snapshot(new).stat().st_size
         self.log_bytes = 0
 
     def append(self, frame: bytes) -> None:

@@ -289,9 +289,13 @@ class MasterService:
         assert not self.segments.segments and not self.objects.objects, "restore into an empty master"
         now = self.clock()
         used: dict[str, list[tuple[int, int]]] = {name: [] for name in mirror.segments}
-        for size, flat in ([(o.size, o.replicas) for o in mirror.objects.values()]
-                           + [(s.size, s.replicas) for s in mirror.pending.values()]
-                           + [(r.size, r.replicas) for _, r in mirror.retired]):
+        held: list[j.ObjectOp | j.StartOp | j.RetireOp] = [*mirror.objects.values(), *mirror.pending.values(),
+                                                           *(r for _, r in mirror.retired)]
+        for op in held:
+            flat, size = op.replicas, op.size
+            if len(flat) == 2:  # one replica: the common case, kept cheap for a million objects
+                used[flat[0]].append((flat[1], size))  # type: ignore[index]
+                continue
             for i in range(0, len(flat), 2):
                 used[flat[i]].append((flat[i + 1], size))  # type: ignore[index]
         for name, op in mirror.segments.items():

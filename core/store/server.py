@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import json
 import logging
 import threading
@@ -31,8 +32,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_COMPACT_LOG_BYTES = 256 << 20
-"""A journal log past this size is folded into a new snapshot."""
+_COMPACT_LOG_BYTES = 64 << 20
+"""A journal log past this size (and twice the last snapshot's) is folded into a new snapshot."""
 
 
 class MasterServer:
@@ -155,15 +156,18 @@ class MasterServer:
         assert self._journal is not None and self._loop is not None
         started = time.perf_counter()
         mirror = Mirror(self.config.lease_ttl_s)
+        gc.disable()  # millions of new objects would trigger collection after collection
         try:
             ops = self._journal.load(mirror, self.service.clock())
             self.service.restore(mirror)
-            self._journal.rewrite(self.service.snapshot())
+            self._journal.resume()
         except Exception:  # noqa: BLE001 - a master that cannot read its journal must not serve
             logger.exception("master %s cannot recover from %s; not serving", self.service.master_id,
                              self.config.state_dir)
             self.service.not_serving = f"could not read its journal in {self.config.state_dir} (see its log)"
             return
+        finally:
+            gc.enable()
         self.recovery_s = time.perf_counter() - started
         stats = self.service.stats()
         logger.info("master %s recovered %d objects on %d segments from %d journal ops in %.3f s",
@@ -187,7 +191,7 @@ class MasterServer:
         if not ops or self._journal is None:
             return
         self._journal.append(p.frame(encode_ops(ops)))
-        if self._journal.log_bytes > _COMPACT_LOG_BYTES:
+        if self._journal.log_bytes > max(_COMPACT_LOG_BYTES, 2 * self._journal.snapshot_bytes):
             self._journal.rewrite(self.service.snapshot())
 
     def _publish(self) -> None:

@@ -360,3 +360,25 @@ def test_a_fresh_master_without_segments_is_not_ready_for_puts_until_its_grace_e
     assert put_kind() == p.ErrorKind.NOT_READY, "holders re-mount within a heartbeat of a restart"
     clock.now += 3.1
     assert put_kind() == "OUT_OF_SPACE", "after client_ttl_s with no holder the pool is simply empty"
+
+
+def test_a_restored_master_frees_nothing_it_removes_or_evicts_before_a_lease_ttl() -> None:
+    """Readers may hold leases the old master granted: after a restore (failover or restart) the
+    bytes of a removed object stay untouched for lease_ttl_s, and nothing is evicted meanwhile."""
+    from tidekv.store.journal import Mirror
+
+    old = _rig(pages=4, lease_ttl_s=2.0)
+    old.service.enable_journal()
+    for i in range(4):
+        old.put("w", f"k{i}".encode(), PAGE)
+    mirror = Mirror(2.0)
+    mirror.apply(old.service.snapshot(), old.clock.now)
+    new = ServiceRig(lease_ttl_s=2.0, high_watermark=1.0)
+    new.service.restore(mirror)
+    new.hello("w")
+    offset = new.service.objects.objects[b"k0"].replicas[1]  # no get: no lease of the new master's own
+    assert new.remove(b"k0") == Status.OK
+    assert new.put("w", b"n0", PAGE).status == Status.OUT_OF_SPACE, "k0's bytes wait out the old leases; no eviction"
+    new.advance(2.1)
+    assert new.put("w", b"n0", PAGE).status == Status.OK
+    assert new.service.objects.objects[b"n0"].replicas[1] == offset
