@@ -67,6 +67,11 @@ def test_master_comes_from_the_extra_config_else_tidekv_master() -> None:
         KVConnectorConfig.from_mapping({}, {MASTER_ENV: "nohost"})
     with pytest.raises(ConfigError, match=r"master='h:99999' must be 'host:port'"):
         KVConnectorConfig.from_mapping({"master": "h:99999"}, {})
+    cluster = "etcd://10.0.0.1:2379,10.0.0.2:2379/pool"  # a cluster of masters, found through etcd
+    assert KVConnectorConfig.from_mapping({}, {MASTER_ENV: cluster}).master == cluster
+    assert KVConnectorConfig.from_mapping({"master": "etcd://h:2379/x"}, {}).master == "etcd://h:2379/x"
+    with pytest.raises(ConfigError, match=r"master='etcd://h:2379' must be .*etcd://HOST:PORT"):
+        KVConnectorConfig.from_mapping({"master": "etcd://h:2379"}, {})
 
 
 def test_unknown_setting_suggests_the_closest_name() -> None:

@@ -139,3 +139,33 @@ def test_try_now_does_not_wait_for_the_backoff() -> None:
         assert link.state is LinkState.UP and link.store is store and link.try_now() is store
     finally:
         link.close()
+
+
+def test_a_lookup_only_master_client_is_a_link_client(spawn_master: SpawnMaster) -> None:  # noqa: F811
+    """What the vLLM scheduler links to: a MasterClient (no transfer engine, no staging) that
+    fails at once while the master is down and answers again once it is back."""
+    from tidekv.store.master_client import MasterClient
+
+    master = spawn_master()
+    address, port = master.address, master.port
+
+    def connect() -> MasterClient:
+        client = MasterClient(address, "scheduler-test", timeout_s=0.3)
+        client.connect()
+        return client
+
+    link = StoreLink(address, connect, owner="scheduler", backoff=FAST)
+    try:
+        client = link.store
+        assert isinstance(client, MasterClient) and client.exists_many(["k"]) == [False]
+        master.stop()
+        started = time.monotonic()
+        with pytest.raises(MasterUnavailableError) as err:
+            client.exists_many(["k"])
+        assert time.monotonic() - started < 1.0, "one attempt: the scheduling path does not wait out a failover"
+        link.lost(err.value)
+        spawn_master(port=port)
+        assert link.wait_up(10.0) and link.store is client
+        assert client.exists_many(["k"]) == [False]
+    finally:
+        link.close()
