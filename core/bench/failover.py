@@ -3,10 +3,10 @@
 One run, all on 127.0.0.1, each party its own process:
 
 1. *single*: a lone master, a holder, ``--clients`` load clients running ``churn`` (put, get,
-   upsert, remove) for ``--baseline-s``: put and get p50 of one master.
-2. *HA*: a real etcd (Debian's ``etcd-server``), three masters of one cluster, the same holder
-   and clients through ``etcd://``. ``--kills`` times: the clients churn for ``--period-s``, the
-   leader is SIGKILLed a third of the way in, every client reads all its keys back (lost, stale),
+   upsert, remove) for ``--baseline-s`` before each kill round: put and get p50 of one master.
+2. *HA*: a real etcd (Debian's ``etcd-server``), three masters of one cluster, a holder and
+   clients of their own through ``etcd://``, alive beside (1) so that the rounds of both alternate.
+   ``--kills`` times: the clients churn for ``--period-s``, the leader is SIGKILLed a third of the way in, every client reads all its keys back (lost, stale),
    the killed master is started again as a standby and the bench waits until two standbys are in
    sync. Failover time, per client and kill, is from its last success before the kill to its
    first success after it. put/get p50 over the HA load, divided by the single master's.
@@ -195,25 +195,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     etcd = None
     try:
-        # 1. one master
+        # 1 and 2 side by side: their rounds alternate, so passing machine load hits both alike
         lone = helper("single-master", _master_main, {**MASTER, "port": 0})
         helper("single-holder", _client_main, lone.hello["address"], args.segment_bytes)
         singles = [helper(f"single-client-{i}", _client_main, lone.hello["address"], 0) for i in range(args.clients)]
-        _churn_round(singles, args.baseline_s, args.keys, args.size, 0)
-        single = [c.call(("latency",), 30) for c in singles]
-        for h in list(helpers):
-            h.stop()
-        helpers.clear()
-        # 2. a cluster
         etcd = _Etcd(work)
         cfg = {**MASTER, "port": 0, "etcd": etcd.url, "cluster": "bench"}
         masters = [helper(f"master-{i}", _master_main, cfg) for i in range(3)]
         address = f"etcd://{etcd.url.removeprefix('http://')}/bench"
         helper("holder", _client_main, address, args.segment_bytes)
         clients = [helper(f"client-{i}", _client_main, address, 0) for i in range(args.clients)]
-        _leader(masters)
         failovers, lost, stale = [], 0, 0
         for k in range(args.kills):
+            _churn_round(singles, args.baseline_s, args.keys, args.size, 0)
             victim = _leader(masters)
             killed_at = _churn_round(clients, args.period_s, args.keys, args.size, 100 * (k + 1),
                                      lambda v=victim: v.kill())
@@ -227,6 +221,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             masters.append(helper(f"master-{3 + k}", _master_main, cfg))
             print(f"kill {k + 1}/{args.kills}: failover {max(failovers[-len(clients):]):.2f} s (worst client)",
                   flush=True)
+        single = [c.call(("latency",), 30) for c in singles]
         summaries = [c.call(("churn", f"c{i}", 0.0, args.keys, args.size, 0), 30) for i, c in enumerate(clients)]
         ha = [c.call(("latency",), 30) for c in clients]
         for h in list(helpers):
@@ -280,7 +275,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--kills", type=int, default=10, help="leader kills (default 10)")
     p.add_argument("--clients", type=int, default=3, help="load client processes (default 3)")
     p.add_argument("--period-s", type=float, default=6.0, help="load per kill, the kill a third in (default 6)")
-    p.add_argument("--baseline-s", type=float, default=6.0, help="load on the single master (default 6)")
+    p.add_argument("--baseline-s", type=float, default=3.0,
+                   help="load on the single master before each kill round (default 3)")
     p.add_argument("--keys", type=int, default=200, help="keys per client (default 200)")
     p.add_argument("--size", type=int, default=4096, help="object bytes (default 4096)")
     p.add_argument("--segment-bytes", type=int, default=64 << 20, help="the holder's segment (default 64 MiB)")

@@ -27,7 +27,7 @@ def test_one_kill_writes_the_summary(tmp_path: Path) -> None:
     out = tmp_path / "failover.json"
     result = subprocess.run(
         [sys.executable, "-m", "tidekv", "bench", "failover", "--kills", "1", "--clients", "2", "--period-s", "4",
-         "--baseline-s", "1.5", "--keys", "40", "--restart-objects", "300", "--json", str(out)],
+         "--baseline-s", "1", "--keys", "40", "--restart-objects", "300", "--json", str(out)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads(out.read_text())
