@@ -404,7 +404,7 @@ class Store:
             int(pin),
             upsert,
         )
-        slots = msgspec.convert(self._rpc.call(request), list[p.PutSlot])
+        slots: list[p.PutSlot] = self._rpc.call(request)
         failures: dict[bytes, StoreError | TransferError] = {}
         writes: list[TransferRequest] = []
         owners: list[int] = []
@@ -436,10 +436,10 @@ class Store:
 
     def _locate(self, keys: list[bytes]) -> tuple[float, list[p.GetResult]]:
         started = time.monotonic()
-        lease_s, raw = self._rpc.call(p.Get(keys))
+        lease_s, results = self._rpc.call(p.Get(keys))
         # lease_ttl_s = 0 on the master means "no leases": nothing to check the read against.
         deadline = started + lease_s if lease_s > 0 else float("inf")
-        return deadline, msgspec.convert(raw, list[p.GetResult])
+        return deadline, results
 
     def _read(self, keys: list[bytes], results: list[p.GetResult], spans: list[tuple[int, int] | None],
               lease_deadline: float) -> None:

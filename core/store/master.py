@@ -109,7 +109,7 @@ class MasterService:
         if self.not_serving:
             self._failures.inc(reason="not_ready")
             return p.encode(p.Reply(envelope.request_id, error_kind=p.ErrorKind.NOT_READY,
-                                    error=f"master {self.master_id} {self.not_serving}", result=self.leader_hint))
+                                    error=f"master {self.master_id} {self.not_serving}", leader=self.leader_hint))
         log = self.objects.journal
         if log is not None:
             before = len(log.ops)

@@ -11,7 +11,7 @@ dispatches these, ``rpc`` sends them from clients.
 from __future__ import annotations
 
 import enum
-from typing import Union
+from typing import Generic, TypeVar, Union
 
 import msgspec
 
@@ -189,29 +189,57 @@ class Reply(msgspec.Struct, array_like=True):
     request_id: int
     error_kind: str = ""
     error: str = ""
-    # Per request type: Hello -> master id (str); Mount -> None; Heartbeat -> need_remount (bool);
-    # PutStart -> list[PutSlot]; PutEnd/PutRevoke/Remove -> list[int] statuses;
-    # Get -> [lease_ttl_s, list[GetResult]]; Exists -> list[bool];
-    # Locate -> list[list[str]] (engines holding each key's replicas); Stats -> dict.
+    # Per request type: see RESULT_TYPES (Hello -> dict; Mount, Disconnect -> None; Stats -> dict).
     result: object = None
+    leader: str = ""  # with error_kind not_ready: the leader's address when the master knows it
 
+
+T = TypeVar("T")
+
+
+class TypedReply(msgspec.Struct, Generic[T], array_like=True):
+    """A ``Reply`` as the client decodes it, its result typed by the request (no second conversion)."""
+
+    request_id: int
+    error_kind: str = ""
+    error: str = ""
+    result: T | None = None
+    leader: str = ""
+
+
+RESULT_TYPES: dict[type, object] = {
+    Get: tuple[float, list[GetResult]],  # lease_ttl_s, one result per key
+    PutStart: list[PutSlot],
+    PutEnd: list[int],  # Status per key
+    PutRevoke: list[int],
+    Remove: list[int],
+    Exists: list[bool],
+    Locate: list[list[str]],  # engines holding each key's replicas
+    Heartbeat: bool,  # need_remount
+}
+"""The result type of each request's reply (others: any msgpack value)."""
 
 _encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(Envelope)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
+_typed_decoders: dict[type, msgspec.msgpack.Decoder[TypedReply[object]]] = {
+    request: msgspec.msgpack.Decoder(TypedReply[result]) for request, result in RESULT_TYPES.items()  # type: ignore[valid-type]
+}
 
 
 def encode(message: msgspec.Struct) -> bytes:
     return _encoder.encode(message)
 
 
-def decode_request(data: bytes) -> Envelope:
+def decode_request(data: bytes | memoryview) -> Envelope:
     """Raises msgspec.DecodeError / ValidationError on garbage."""
     return _request_decoder.decode(data)
 
 
-def decode_reply(data: bytes) -> Reply:
-    return _reply_decoder.decode(data)
+def decode_reply(data: bytes | memoryview, request: type | None = None) -> Reply | TypedReply[object]:
+    """The reply to a request of type ``request``, its result typed per RESULT_TYPES."""
+    decoder = _typed_decoders.get(request) if request is not None else None
+    return (decoder or _reply_decoder).decode(data)
 
 _probe_decoder = msgspec.msgpack.Decoder(tuple)
 

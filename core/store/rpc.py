@@ -75,7 +75,7 @@ class MasterChannel:
                 sock = self._sock or self._connect(deadline)
                 sent = True
                 self._send(sock, p.frame(data), deadline)
-                reply = p.decode_reply(self._receive(sock, deadline))
+                reply = p.decode_reply(self._receive(sock, deadline), type(body))
             except TimeoutError:
                 self._drop()
                 raise MasterUnavailableError(
@@ -95,11 +95,10 @@ class MasterChannel:
             raise self._refused(body, reply)
         return reply.result
 
-    def _refused(self, body: msgspec.Struct, reply: p.Reply) -> Exception:
+    def _refused(self, body: msgspec.Struct, reply: p.Reply | p.TypedReply[object]) -> Exception:
         if reply.error_kind == p.ErrorKind.NOT_READY:
-            leader = reply.result if isinstance(reply.result, str) else ""
             return MasterNotReadyError(f"master {self.address} refused {type(body).__name__}: {reply.error}",
-                                       leader=leader)
+                                       leader=reply.leader)
         if reply.error_kind == p.ErrorKind.VERSION:
             return ProtocolVersionError(reply.error)
         if reply.error_kind in (p.ErrorKind.INVALID, p.ErrorKind.OVERSIZED):

@@ -121,8 +121,7 @@ def test_reads_and_put_end_wait_out_a_master_restart(spawn_master: SpawnMaster, 
     # put_end is idempotent: ending an ended put again answers OK (what a retry after a failover sees).
     client = MasterClient(first.address, store.client_id, timeout_s=2.0)
     try:
-        slot = client.call(p.PutStart(store.client_id, [b"twice"], [100]))[0]
-        token = slot[1]
+        token = client.call(p.PutStart(store.client_id, [b"twice"], [100]))[0].token
         assert client.call(p.PutEnd(store.client_id, [b"twice"], [token])) == [p.Status.OK]
         assert client.call(p.PutEnd(store.client_id, [b"twice"], [token])) == [p.Status.OK]
         assert client.call(p.PutEnd(store.client_id, [b"twice"], [token + 1000])) == [p.Status.STALE]

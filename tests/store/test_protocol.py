@@ -64,3 +64,15 @@ def test_status_and_pin_values_are_stable() -> None:
     # These integers are on the wire: changing one is a protocol version bump.
     assert [s.value for s in p.Status] == list(range(7))
     assert (p.Pin.NONE, p.Pin.SOFT, p.Pin.HARD) == (0, 1, 2)
+
+
+def test_client_replies_decode_typed_by_their_request() -> None:
+    """The client decodes each reply straight into its request's result type (RESULT_TYPES)."""
+    loc = p.Location("h:1/c", "h:1", 4096, 100)
+    reply = p.decode_reply(p.encode(p.Reply(6, result=[2.5, [p.GetResult(p.Status.OK, 100, [loc])]])), p.Get)
+    assert reply.result == (2.5, [p.GetResult(p.Status.OK, 100, [loc])])
+    slots = p.decode_reply(p.encode(p.Reply(5, result=[p.PutSlot(p.Status.OK, 9, [loc])])), p.PutStart).result
+    assert slots == [p.PutSlot(p.Status.OK, 9, [loc])]
+    refused = p.decode_reply(p.encode(p.Reply(7, error_kind=p.ErrorKind.NOT_READY, error="standby", leader="h:2")),
+                             p.Get)
+    assert (refused.error_kind, refused.result, refused.leader) == ("not_ready", None, "h:2")
