@@ -51,6 +51,7 @@ class Books:
     ops: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
     stale_reads: int = 0
+    stale_examples: list[str] = field(default_factory=list)  # the first few, for the report
     put_s: list[float] = field(default_factory=list)
     get_s: list[float] = field(default_factory=list)
 
@@ -68,7 +69,14 @@ class Books:
     def summary(self) -> dict[str, Any]:
         gaps = [b - a for a, b in zip(self.successes, self.successes[1:])]
         return {"acknowledged": sum(1 for v in self.acked.values() if v != ABSENT), "ops": self.ops,
-                "errors": self.errors, "stale_reads": self.stale_reads, "max_gap_s": max(gaps, default=0.0)}
+                "errors": self.errors, "stale_reads": self.stale_reads, "stale_examples": self.stale_examples,
+                "max_gap_s": max(gaps, default=0.0)}
+
+    def stale(self, key: str, seen: int | None) -> None:
+        self.stale_reads += 1
+        if len(self.stale_examples) < 10:
+            self.stale_examples.append(f"{key}: read {'torn bytes' if seen is None else seen}, expected one of "
+                                       f"{sorted(self.allowed(key))} at {time.monotonic():.3f}")
 
 
 def churn(store: Any, prefix: str, duration_s: float, *, keys: int = 200, size: int = 4096, seed: int = 0,
@@ -124,14 +132,14 @@ def _read(store: Any, books: Books, key: str, size: int) -> None:
     else:
         v = version_of(key, data, size)
         if v is None:
-            books.stale_reads += 1  # torn or foreign bytes: the worst kind
+            books.stale(key, None)  # torn or foreign bytes: the worst kind
             return
         seen = v
     if seen in books.allowed(key):
         if books.uncertain.get(key):
             books.wrote(key, seen)  # the read settles it
     else:
-        books.stale_reads += 1
+        books.stale(key, seen)
 
 
 def verify(store: Any, books: Books, size: int = 4096) -> dict[str, int]:

@@ -206,11 +206,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         helper("holder", _client_main, address, args.segment_bytes)
         clients = [helper(f"client-{i}", _client_main, address, 0) for i in range(args.clients)]
         failovers, lost, stale = [], 0, 0
+        kill_times: list[float] = []
         for k in range(args.kills):
             _churn_round(singles, args.baseline_s, args.keys, args.size, 0)
             victim = _leader(masters)
             killed_at = _churn_round(clients, args.period_s, args.keys, args.size, 100 * (k + 1),
                                      lambda v=victim: v.kill())
+            assert killed_at is not None
+            kill_times.append(round(killed_at, 3))
             for c in clients:
                 before, after = c.call(("gap", killed_at), 30)
                 failovers.append((after - before) if before is not None and after is not None else float("inf"))
@@ -252,6 +255,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "restart_objects": args.restart_objects,
         "restart_recovery_s": restart_s,
         "errors": {k: sum(s["errors"].get(k, 0) for s in summaries) for s in summaries for k in s["errors"]},
+        "stale_examples": [e for s in summaries for e in s["stale_examples"]],
+        "kill_times": kill_times,
     }
 
 

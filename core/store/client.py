@@ -29,6 +29,7 @@ from tidekv.config import MasterAddress, StoreConfig, TransferConfig
 from tidekv.errors import (
     ConfigError,
     LeaseExpiredError,
+    MasterUnavailableError,
     ObjectLeasedError,
     ObjectNotFoundError,
     OutOfSpaceError,
@@ -404,7 +405,12 @@ class Store:
             int(pin),
             upsert,
         )
-        slots: list[p.PutSlot] = self._rpc.call(request)
+        try:
+            slots: list[p.PutSlot] = self._rpc.call(request)
+        except MasterUnavailableError as exc:
+            if exc.is_request_sent:
+                self._forget_unanswered_puts(keys)
+            raise
         failures: dict[bytes, StoreError | TransferError] = {}
         writes: list[TransferRequest] = []
         owners: list[int] = []
@@ -433,6 +439,15 @@ class Store:
                         "holder died); retry", key=key)
         if failures:
             raise self._batch_error("put", failures)
+
+    def _forget_unanswered_puts(self, keys: list[bytes]) -> None:
+        """A put_start got no answer but may have been applied: its puts would stay pending (and
+        make others' puts of the keys no-ops) until reclaimed. Revoke them, best effort."""
+        try:
+            self._rpc.call(p.PutRevoke(self.client_id, keys, [0] * len(keys)))
+        except StoreError as exc:
+            logger.warning("store client %s: could not revoke %d put(s) whose start went unanswered (%s); the "
+                           "master reclaims them after put_timeout_s", self.client_id, len(keys), exc)
 
     def _locate(self, keys: list[bytes]) -> tuple[float, list[p.GetResult]]:
         started = time.monotonic()

@@ -204,7 +204,7 @@ class MasterService:
 
     def _put_revoke(self, m: p.PutRevoke, now: float) -> list[int]:
         self._check_batch(m.keys, m.tokens)
-        return [self.objects.put_revoke(k, t) for k, t in zip(m.keys, m.tokens)]
+        return [self.objects.put_revoke(k, t, m.client_id) for k, t in zip(m.keys, m.tokens)]
 
     def _get(self, m: p.Get, now: float) -> tuple[float, list[p.GetResult]]:
         self._items.inc(len(m.keys), type="Get")

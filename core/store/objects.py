@@ -87,9 +87,12 @@ class ObjectTable:
             return PutSlot(Status.INVALID)
         existing = self.objects.get(key)
         if existing is not None and existing.put is not None:
-            if not upsert:
+            # Another writer's put of the key is under way: a put is a no-op. This writer's own
+            # (a put_start whose answer it never got, across a failover) would never end: the
+            # newer put replaces it, as an upsert replaces anyone's.
+            if not upsert and existing.put.writer != writer:
                 return PutSlot(Status.EXISTS)
-            self._drop_pending(existing.put.token)  # the newer writer wins
+            self._drop_pending(existing.put.token)
             existing = None
         if existing is not None and not upsert:
             return PutSlot(Status.EXISTS)
@@ -134,7 +137,16 @@ class ObjectTable:
             self.journal.add(j.EndOp(key, token), key)
         return Status.OK
 
-    def put_revoke(self, key: bytes, token: int) -> Status:
+    def put_revoke(self, key: bytes, token: int, writer: str) -> Status:
+        """Drops the pending put ``token`` of ``key``; token 0: whatever put of ``key`` ``writer``
+        has pending (a writer whose put_start failed without an answer cleans up with it)."""
+        if token == 0:
+            mine = [m for m in (self.objects.get(key), self.upserts.get(key))
+                    if m is not None and m.put is not None and m.put.writer == writer]
+            for meta in mine:
+                assert meta.put is not None
+                self._drop_pending(meta.put.token)
+            return Status.OK if mine else Status.STALE
         if self._pending_meta(key, token) is None:
             return Status.STALE
         self._drop_pending(token)

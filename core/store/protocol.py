@@ -119,7 +119,7 @@ class PutEnd(msgspec.Struct, tag="put_end", array_like=True):
 class PutRevoke(msgspec.Struct, tag="put_revoke", array_like=True):
     client_id: str
     keys: list[bytes]
-    tokens: list[int]
+    tokens: list[int]  # 0: any put of the key this client has pending
 
 
 class Get(msgspec.Struct, tag="get", array_like=True):

@@ -382,3 +382,22 @@ def test_a_restored_master_frees_nothing_it_removes_or_evicts_before_a_lease_ttl
     new.advance(2.1)
     assert new.put("w", b"n0", PAGE).status == Status.OK
     assert new.service.objects.objects[b"n0"].replicas[1] == offset
+
+
+def test_a_writers_own_unanswered_put_is_replaced_or_revoked_not_a_no_op() -> None:
+    """After a failover a writer's put_start may have been applied without the writer knowing:
+    its next put of the key replaces that orphan (instead of the no-op it is for another writer's
+    pending put, which would acknowledge an object that never appears), and a revoke with token
+    0 drops it."""
+    rig = _rig()
+    orphan = rig.put_start("w", b"k", PAGE)
+    assert rig.put_start("h", b"k", PAGE).status == Status.EXISTS, "another writer's pending put still wins"
+    again = rig.put_start("w", b"k", PAGE)
+    assert again.status == Status.OK and again.token != orphan.token
+    assert rig.put_end("w", b"k", orphan.token) == Status.STALE
+    assert rig.put_end("w", b"k", again.token) == Status.OK and rig.exists(b"k")
+    second = rig.put_start("w", b"j", PAGE)
+    assert rig.call(p.PutRevoke("h", [b"j"], [0])) == [Status.STALE], "only the writer's own"
+    assert rig.call(p.PutRevoke("w", [b"j"], [0])) == [Status.OK]
+    assert rig.put_end("w", b"j", second.token) == Status.STALE
+    assert rig.stats()["pending_puts"] == 0 and rig.stats()["used_bytes"] == PAGE
