@@ -285,12 +285,17 @@ class MasterConfig:
     sync_timeout_s: float = 1.0
     """A standby that has not confirmed a change this long after it was sent is dropped from the
     in-sync set (recorded in etcd first), so it can no longer become leader. Default 1 s."""
+    min_standbys: int = 1
+    """A leader acknowledges a change only once at least this many standbys hold it (and every
+    in-sync one): with 1, losing the leader right after its promotion, before a standby caught
+    up, loses nothing; changes wait meanwhile. 0 = a leader alone may acknowledge. Default 1 (0..8)."""
 
     def __post_init__(self) -> None:
         _check_types(self)
         _check_range("port", self.port, 0, 65535)
         _check_range("leader_ttl_s", self.leader_ttl_s, 2, 60)
         _check_range("sync_timeout_s", self.sync_timeout_s, 0.05, 60)
+        _check_range("min_standbys", self.min_standbys, 0, 8)
         if self.etcd:
             parse_etcd_endpoints(self.etcd, "etcd")
             if self.state_dir:

@@ -89,6 +89,9 @@ def _add_master_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", default=None, help=f"name of the cluster of masters in etcd (default {d.cluster})")
     parser.add_argument("--leader-ttl-s", type=int, default=None,
                         help=f"TTL of the leader's etcd lease; a dead leader is replaced within it (default {d.leader_ttl_s})")
+    parser.add_argument("--min-standbys", type=int, default=None,
+                        help=f"changes are acknowledged only once this many standbys hold them; 0 = a leader "
+                        f"alone may (default {d.min_standbys})")
     parser.add_argument("--sync-timeout-s", type=float, default=None,
                         help=f"a standby this late to confirm a change leaves the in-sync set (default {d.sync_timeout_s})")
 

@@ -138,13 +138,15 @@ class ClusterRole:
         service = self.server.service
         service.restore(mirror)
         service.enable_journal(track_keys=True)
-        self.server.replicator = Replicator(service.master_id, self.server.config.sync_timeout_s,
-                                            self.campaign.set_insync, self.server.committed)
+        config = self.server.config
+        self.server.replicator = Replicator(service.master_id, config.sync_timeout_s, self.campaign.set_insync,
+                                            self.server.committed, config.min_standbys)
         service.leader_hint = ""
         service.not_serving = ""
         self.state = Role.LEADER
-        logger.info("master %s serves as leader of %s: %d objects restored in %.3f s", service.master_id,
-                    self.cluster, len(mirror.objects), time.perf_counter() - started)
+        logger.info("master %s serves as leader of %s: %d objects restored in %.3f s; changes are acknowledged "
+                    "once %d standby(s) hold them (--min-standbys)", service.master_id, self.cluster,
+                    len(mirror.objects), time.perf_counter() - started, config.min_standbys)
 
     def _deposed(self, reason: str) -> None:
         loop = self.server.loop

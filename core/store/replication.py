@@ -7,9 +7,10 @@ the leader answers with a snapshot ``Batch`` (its whole index as ops) and then o
 group of changes, numbered by ``seq``; the standby applies each to its ``journal.Mirror`` and
 answers ``Ack(seq)``.
 
-Commit rule (``Replicator``): a batch is committed once every *counted* standby acked it; a
-reply waits for the batches made before it (reads too, so nobody sees a change that could
-still be lost). A standby is counted from its first ack (it then holds the snapshot); once it
+Commit rule (``Replicator``): a batch is committed once every *counted* standby acked it, and
+at least ``min_standbys`` of them (a leader just promoted, or left alone, commits nothing until
+a standby attached: its snapshot then holds everything); a reply waits for the batches its
+request made or read (a read of keys nobody changes does not wait). A standby is counted from its first ack (it then holds the snapshot); once it
 acked everything committed when it was counted, the leader adds it to the in-sync set in etcd
 (``election``), which makes it eligible to lead. A counted standby that leaves or stays
 ``sync_timeout_s`` behind is removed from the in-sync set in etcd *before* anything commits
@@ -86,9 +87,10 @@ class Replicator:
     blocking etcd write, run in a worker thread; ``on_commit(seq)`` is told each new commit."""
 
     def __init__(self, leader_id: str, sync_timeout_s: float, record_insync: Callable[[list[str]], bool],
-                 on_commit: Callable[[int], None]) -> None:
+                 on_commit: Callable[[int], None], min_standbys: int = 1) -> None:
         self.leader_id = leader_id
         self.sync_timeout_s = sync_timeout_s
+        self.min_standbys = min_standbys
         self._record = record_insync
         self._on_commit = on_commit
         self.seq = 0
@@ -168,8 +170,12 @@ class Replicator:
     # ---- internals ----------------------------------------------------------------------
 
     def _advance(self) -> None:
-        counted = [s.acked for s in self._standbys.values() if s.is_counted]
-        commit = min(counted) if counted else self.seq
+        counted = [s.acked for s in self._standbys.values() if s.is_counted and not s.is_gone]
+        if len(counted) < self.min_standbys:
+            commit = self.commit_seq  # too few standbys hold the changes: they wait for one to attach
+        else:
+            counted += [s.acked for s in self._standbys.values() if s.is_counted and s.is_gone]
+            commit = min(counted) if counted else self.seq
         if commit > self.commit_seq:
             self.commit_seq = min(commit, self.seq)
             while self._sent and self._sent[0][0] <= self.commit_seq:
