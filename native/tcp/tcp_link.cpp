@@ -219,6 +219,12 @@ bool TcpLink::step(Group& g, const Deadline& deadline) {
       checkin(nullptr);
     }
     ErrorKind kind = e.kind() == ErrorKind::kHangup ? ErrorKind::kPeerUnavailable : e.kind();
+    {
+      // close() shuts our live sockets down, and the peer may answer that with a reset: a round
+      // cut short by our own close fails as the engine closing, not as the peer's fault.
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) kind = ErrorKind::kClosed;
+    }
     for (size_t i = g.done; i < g.slices.size(); ++i) {
       const Slice& s = g.slices[i];
       g.batch->fail_slice(s.request, kind,
