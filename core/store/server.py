@@ -385,6 +385,8 @@ class _Connection(asyncio.Protocol):
         del buf[:start]
         if replies:
             server._persist()
+            if server.role is not None and not server.role.check_lease():
+                return  # the lease may have passed while these were handled: no answer goes out
             replicator = server.replicator
             if replicator is None:
                 self._transport.write(b"".join(r for r, _ in replies) if len(replies) > 1 else replies[0][0])
