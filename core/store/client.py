@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
@@ -40,18 +40,15 @@ from tidekv.errors import (
 )
 from tidekv.store import protocol as p
 from tidekv.store.protocol import Pin, Status
+from tidekv.store.keys import Buffer, Key, buffer_span, key_bytes, show_key
 from tidekv.store.master_client import MasterClient
 from tidekv.store.staging import StagingArea
 from tidekv.transfer.batch import TransferOp, TransferRequest, TransferState
 from tidekv.transfer.engine import TransferEngine
 from tidekv.transfer.memory import huge_pages_shareable
-from tidekv.transfer.region import Region, buffer_address
+from tidekv.transfer.region import Region
 
 logger = logging.getLogger(__name__)
-
-Key = Union[str, bytes]
-Buffer = Union[Region, tuple[int, int], Any]  # a Region, (address, length) or a buffer object
-
 
 def _huge_segment(choice: str, engine: TransferEngine) -> bool:
     """Resolves StoreConfig.segment_memory to whether the segment is allocated on huge pages.
@@ -65,29 +62,6 @@ def _huge_segment(choice: str, engine: TransferEngine) -> bool:
         logger.warning("segment_memory=huge: this host restricts cross-memory attach or has THP off, "
                        "or enable_cross_memory_attach is off; same-host peers may have to read the segment over tcp")
     return choice == "huge"
-
-
-def _key(key: Key) -> bytes:
-    if isinstance(key, str):
-        return key.encode()
-    if isinstance(key, (bytes, bytearray, memoryview)):
-        return bytes(key)
-    raise ConfigError(f"key must be str or bytes, got {type(key).__name__}")
-
-
-def _show(key: Key) -> str:
-    """A key for an error message: repr, cut to 64 characters."""
-    text = repr(key)
-    return text if len(text) <= 64 else text[:61] + "..."
-
-
-def _span(buf: Buffer) -> tuple[int, int]:
-    if isinstance(buf, Region):
-        return buf.address, buf.length
-    if isinstance(buf, tuple) and len(buf) == 2 and all(isinstance(v, int) for v in buf):
-        return buf
-    address, length, _ = buffer_address(buf)
-    return address, length
 
 
 class Store:
@@ -208,7 +182,7 @@ class Store:
                 area.view()[offset : offset + v.nbytes] = v
                 spans.append((area.address + offset, v.nbytes))
                 offset += v.nbytes
-            self._put_spans([_key(k) for k in keys], spans, pin, replicas, upsert)
+            self._put_spans([key_bytes(k) for k in keys], spans, pin, replicas, upsert)
 
     def get(self, key: Key) -> bytes:
         """Returns the bytes stored under ``key``.
@@ -220,12 +194,12 @@ class Store:
         """
         out = self.get_many([key])[0]
         if out is None:
-            raise ObjectNotFoundError(f"no object under key {_show(key)}", key=key)
+            raise ObjectNotFoundError(f"no object under key {show_key(key)}", key=key)
         return out
 
     def get_many(self, keys: Sequence[Key]) -> list[bytes | None]:
         """Returns each key's bytes, or None for keys that do not exist."""
-        bkeys = [_key(k) for k in keys]
+        bkeys = [key_bytes(k) for k in keys]
         lease_deadline, results = self._locate(bkeys)
         total = sum(r.size for r in results if r.status == Status.OK)
         out: list[bytes | None] = [None] * len(bkeys)
@@ -253,14 +227,14 @@ class Store:
 
     def put_from(self, key: Key, buffer: Buffer, *, pin: Pin = Pin.NONE, replicas: int | None = None) -> None:
         """Stores the bytes of a registered buffer (no copy on this side)."""
-        self._put_spans([_key(key)], [_span(buffer)], pin, replicas, False)
+        self._put_spans([key_bytes(key)], [buffer_span(buffer)], pin, replicas, False)
 
     def put_many_from(self, keys: Sequence[Key], buffers: Sequence[Buffer], *, pin: Pin = Pin.NONE,
                       replicas: int | None = None, upsert: bool = False) -> None:
         """Batch put_from: one master round trip per phase, one transfer batch."""
         if len(keys) != len(buffers):
             raise ConfigError(f"put_many_from got {len(keys)} keys but {len(buffers)} buffers")
-        self._put_spans([_key(k) for k in keys], [_span(b) for b in buffers], pin, replicas, upsert)
+        self._put_spans([key_bytes(k) for k in keys], [buffer_span(b) for b in buffers], pin, replicas, upsert)
 
     def get_into(self, key: Key, buffer: Buffer) -> int:
         """Reads the object into a registered buffer; returns its size.
@@ -271,23 +245,23 @@ class Store:
         """
         n = self.get_many_into([key], [buffer])[0]
         if n is None:
-            raise ObjectNotFoundError(f"no object under key {_show(key)}", key=key)
+            raise ObjectNotFoundError(f"no object under key {show_key(key)}", key=key)
         return n
 
     def get_many_into(self, keys: Sequence[Key], buffers: Sequence[Buffer]) -> list[int | None]:
         """Batch get_into; returns each object's size, or None for keys that do not exist."""
         if len(keys) != len(buffers):
             raise ConfigError(f"get_many_into got {len(keys)} keys but {len(buffers)} buffers")
-        bkeys = [_key(k) for k in keys]
+        bkeys = [key_bytes(k) for k in keys]
         lease_deadline, results = self._locate(bkeys)
         spans: list[tuple[int, int] | None] = []
         for key, r, buf in zip(bkeys, results, buffers):
             if r.status != Status.OK:
                 spans.append(None)
                 continue
-            address, length = _span(buf)
+            address, length = buffer_span(buf)
             if length < r.size:
-                raise ConfigError(f"buffer of {length} bytes is too small for object {_show(key)} of {r.size} bytes")
+                raise ConfigError(f"buffer of {length} bytes is too small for object {show_key(key)} of {r.size} bytes")
             spans.append((address, r.size))
         self._read(bkeys, results, spans, lease_deadline)
         return [r.size if r.status == Status.OK else None for r in results]
@@ -299,12 +273,12 @@ class Store:
 
     def exists_many(self, keys: Sequence[Key]) -> list[bool]:
         """Whether each key holds a complete object (one round trip; grants no lease)."""
-        return self._rpc.exists_many([_key(k) for k in keys])
+        return self._rpc.exists_many(keys)
 
     def locate_many(self, keys: Sequence[Key]) -> list[list[str]]:
         """Names of the transfer engines whose segments hold each key's replicas (empty: no
         complete object); one round trip, grants no lease."""
-        return self._rpc.locate_many([_key(k) for k in keys])
+        return self._rpc.locate_many(keys)
 
     def remove(self, key: Key, *, force: bool = False) -> None:
         """Deletes an object.
@@ -315,13 +289,13 @@ class Store:
         """
         status = self.remove_many([key], force=force)[0]
         if status == Status.NOT_FOUND:
-            raise ObjectNotFoundError(f"no object under key {_show(key)}", key=key)
+            raise ObjectNotFoundError(f"no object under key {show_key(key)}", key=key)
         if status == Status.LEASED:
-            raise ObjectLeasedError(f"object {_show(key)} is leased by a reader; retry later or force=True", key=key)
+            raise ObjectLeasedError(f"object {show_key(key)} is leased by a reader; retry later or force=True", key=key)
 
     def remove_many(self, keys: Sequence[Key], *, force: bool = False) -> list[Status]:
         """Deletes objects; returns per key Status.OK, NOT_FOUND or LEASED."""
-        return [Status(s) for s in self._rpc.call(p.Remove([_key(k) for k in keys], force))]
+        return [Status(s) for s in self._rpc.call(p.Remove([key_bytes(k) for k in keys], force))]
 
     def stats(self) -> dict[str, Any]:
         """The master's view of the pool (keys, segments, usage, evictions) and this engine's counters."""
@@ -395,7 +369,7 @@ class Store:
             raise ConfigError(f"replicas={replicas!r} is out of range; allowed 1..16")
         for key, (_, n) in zip(keys, spans):
             if n <= 0:
-                raise ConfigError(f"object {_show(key)} is empty; tidekv stores objects of at least 1 byte")
+                raise ConfigError(f"object {show_key(key)} is empty; tidekv stores objects of at least 1 byte")
         request = p.PutStart(
             self.client_id,
             keys,
@@ -416,9 +390,9 @@ class Store:
         owners: list[int] = []
         for i, (key, slot, (address, n)) in enumerate(zip(keys, slots, spans)):
             if slot.status == Status.OUT_OF_SPACE:
-                failures[key] = OutOfSpaceError(f"no room for object {_show(key)} ({n} bytes) even after eviction", key=key)
+                failures[key] = OutOfSpaceError(f"no room for object {show_key(key)} ({n} bytes) even after eviction", key=key)
             elif slot.status == Status.INVALID:
-                failures[key] = ConfigError(f"master refused key {_show(key)} (empty or too long) or size {n}")  # type: ignore[assignment]
+                failures[key] = ConfigError(f"master refused key {show_key(key)} (empty or too long) or size {n}")  # type: ignore[assignment]
             elif slot.status == Status.OK:
                 for loc in slot.locations:
                     writes.append(TransferRequest(TransferOp.WRITE, address, n, loc.engine, loc.addr))
@@ -435,7 +409,7 @@ class Store:
             for (key, _), status in zip(ended, statuses):
                 if status != Status.OK:
                     failures[key] = StoreError(
-                        f"put of {_show(key)} was reclaimed by the master before it ended (too slow, or a replica "
+                        f"put of {show_key(key)} was reclaimed by the master before it ended (too slow, or a replica "
                         "holder died); retry", key=key)
         if failures:
             raise self._batch_error("put", failures)
@@ -524,6 +498,6 @@ class Store:
         first_key, first = next(iter(failures.items()))
         if len(failures) == 1:
             return first
-        err = type(first)(f"{op} failed for {len(failures)} keys; first {_show(first_key)}: {first}")
+        err = type(first)(f"{op} failed for {len(failures)} keys; first {show_key(first_key)}: {first}")
         err.failures = failures  # type: ignore[attr-defined]
         return err

@@ -42,6 +42,7 @@ from tidekv.config import MasterAddress
 from tidekv.errors import MasterUnavailableError
 from tidekv.store import protocol as p
 from tidekv.store.etcd import EtcdClient, EtcdUnavailableError
+from tidekv.store.keys import Key, key_bytes
 from tidekv.store.rpc import MasterChannel
 
 logger = logging.getLogger(__name__)
@@ -49,10 +50,6 @@ logger = logging.getLogger(__name__)
 RETRY_INTERVAL_S = 0.05
 """Pause between two attempts to find a serving master."""
 _NEVER_RETRIED_WHEN_SENT = (p.PutStart,)
-
-
-def _bytes(key: str | bytes) -> bytes:
-    return key.encode() if isinstance(key, str) else key
 
 
 def leader_key(cluster: str) -> str:
@@ -128,13 +125,13 @@ class MasterClient:
         like a call. Raises as ``call`` does."""
         self.call(p.Heartbeat(self.client_id) if self._register else p.Exists([]))
 
-    def exists_many(self, keys: Sequence[str | bytes]) -> list[bool]:
+    def exists_many(self, keys: Sequence[Key]) -> list[bool]:
         """Whether each key holds a complete object (one round trip, no lease)."""
-        return list(self.call(p.Exists([_bytes(k) for k in keys])))
+        return list(self.call(p.Exists([key_bytes(k) for k in keys])))
 
-    def locate_many(self, keys: Sequence[str | bytes]) -> list[list[str]]:
+    def locate_many(self, keys: Sequence[Key]) -> list[list[str]]:
         """Transfer engines holding each key's replicas (one round trip, no lease)."""
-        return [[str(e) for e in engines] for engines in self.call(p.Locate([_bytes(k) for k in keys]))]
+        return [[str(e) for e in engines] for engines in self.call(p.Locate([key_bytes(k) for k in keys]))]
 
     def close(self) -> None:
         with self._lock:
