@@ -73,7 +73,11 @@ class TidekvWorker:
         from tidekv.config import StoreConfig
         from tidekv.store import Store
 
-        config = StoreConfig(rpc_timeout_s=self.settings.store_timeout_s)
+        # Loads run inside the forward (start_load_kv): a master that does not answer within
+        # store_timeout_s fails the load (vLLM recomputes) instead of retrying for the store's
+        # failover_timeout_s (15 s); the link reconnects in the background and follows a new leader.
+        config = StoreConfig(rpc_timeout_s=self.settings.store_timeout_s,
+                             failover_timeout_s=self.settings.store_timeout_s)
         return Store.connect(self.settings.master or "", segment_size=self.settings.store_segment_size,
                              config=config, engine=self.engine)
 
