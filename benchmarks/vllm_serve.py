@@ -71,20 +71,20 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz "
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
 LMCACHE_PYTHON = ROOT / ".venv-lmcache" / "bin" / "python"
 TIDEKV = {"kv_connector": "TidekvConnector", "kv_role": "kv_both"}
-COLUMNS = ("one", "one-in-process", "pd-mp", "pd-mp-pinned", "pd", "store", "lmcache")
+COLUMNS = ("one", "one-in-process", "pd-mp", "pd-mp-pinned", "pd", "one-cold", "store", "lmcache")
 
 
 def _text(rng: random.Random, n: int) -> str:
     return "".join(rng.choice(LETTERS) for _ in range(n))
 
 
-def workload(args: argparse.Namespace) -> list[str]:
+def workload(args: argparse.Namespace, num_prefixes: int) -> list[str]:
     """The prompts, in arrival order. BOS is the first token, so a prompt of n characters is n + 1
     tokens; the prefix is ``prefix_tokens - 1`` characters so that it fills whole blocks."""
     rng = random.Random(args.seed)
-    prefixes = [_text(rng, args.prefix_tokens - 1) for _ in range(args.prefixes)]
+    prefixes = [_text(rng, args.prefix_tokens - 1) for _ in range(num_prefixes)]
     suffix_len = args.prompt_tokens - args.prefix_tokens
-    prompts = [prefixes[i % args.prefixes] + _text(rng, suffix_len) for i in range(args.requests)]
+    prompts = [prefixes[i % num_prefixes] + _text(rng, suffix_len) for i in range(args.requests)]
     rng.shuffle(prompts)
     return prompts
 
@@ -374,23 +374,26 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tidekv-vllm-serve-") as tmp_name:
         tmp = Path(tmp_name)
         model = str(build(tmp / "model", seed=0))
-        dataset = tmp / "workload.jsonl"
-        dataset.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in workload(args)))
+        dataset, cold = tmp / "workload.jsonl", tmp / "cold.jsonl"
+        dataset.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in workload(args, args.prefixes)))
+        cold.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in workload(args, args.requests)))
         logs = tmp / "logs"
         logs.mkdir()
         n_tok, out_tok = args.prompt_tokens, args.output_tokens
         handoff: dict[str, Any] | None = None
 
         def column(name: str, url: str, **servers: OpenAIServer) -> None:
-            """Runs the workload against ``url``; records vLLM's own means on each of ``servers``."""
-            print(f"== {name}: {args.requests} requests at {args.rate}/s against {url}", flush=True)
+            """Runs the workload against ``url`` (the cold one for ``one-cold`` and the reuse columns);
+            records vLLM's own means on each of ``servers``."""
+            data = dataset if name in ("one", "one-in-process", "pd-mp", "pd-mp-pinned", "pd") else cold
+            print(f"== {name}: {args.requests} requests at {args.rate}/s against {url} ({data.stem} workload)", flush=True)
             before = {role: server_means(srv) for role, srv in servers.items()}
-            results["columns"][name] = summarize(run_client(args, url, model, dataset, tmp, name))
+            results["columns"][name] = summarize(run_client(args, url, model, data, tmp, name))
             results["columns"][name]["servers"] = {role: server_means(srv, before[role])
                                                    for role, srv in servers.items()}
 
         try:
-            for name, mode in (("one", "mp"), ("one-in-process", "in-process")):
+            for name, mode in (("one", "mp"), ("one-in-process", "in-process"), ("one-cold", "mp")):
                 if name in columns:
                     with server(model, logs, name, mode=mode) as one:
                         warm(one.url, "w", n_tok, out_tok)
@@ -509,8 +512,8 @@ def report(results: dict[str, Any]) -> None:
         for role, means in c.get("servers", {}).items():
             print(f"{name} {role}: vLLM's own means: " + ", ".join(f"{k.removesuffix('_mean_ms')} {v:.1f} ms"
                                                                  for k, v in means.items()))
-    ratios = [("pd", "one"), ("pd", "one-in-process"), ("pd-mp", "one"), ("pd-mp-pinned", "one"), ("store", "one"), ("store", "store-save"),
-              ("store", "lmcache")]
+    ratios = [("pd", "one"), ("pd", "one-in-process"), ("pd-mp", "one"), ("pd-mp-pinned", "one"), ("store", "one-cold"),
+              ("lmcache", "one-cold"), ("store", "store-save"), ("store", "lmcache")]
     for name, base in ratios:
         if name in cols and base in cols:
             print(f"TTFT p50 {name} / {base}: {cols[name]['p50_ttft_ms'] / cols[base]['p50_ttft_ms']:.2f}")
