@@ -54,6 +54,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -316,7 +317,6 @@ def spawn(argv: list[str], ready: str, name: str, timeout_s: float = 90.0,
         if match is None:
             raise RuntimeError(f"{name} did not start:\n{''.join(lines)[-4000:]}")
         # Keep draining its output so that a chatty process never blocks on a full pipe.
-        import threading
         threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
         yield proc, match
     finally:
