@@ -126,6 +126,25 @@ def test_store_reuse_across_instances(vllm: VllmRunner, tiny_model: str, prompts
         assert cb.num_cached_tokens == full_blocks, (cb.num_cached_tokens, full_blocks)
 
 
+def test_store_reuse_of_a_block_aligned_prompt(vllm: VllmRunner, tiny_model: str) -> None:
+    """A prompt of exactly 40 blocks: a fresh engine loads all 40 from the store and computes only
+    the last token (vLLM samples from a forward), as LMCache does, not the last whole block; the
+    answer equals a plain engine's."""
+    import random
+
+    rng = random.Random(7)
+    prompt = [257] + [rng.randrange(97, 123) for _ in range(40 * 32 - 1)]  # <s> + 1,279 bytes
+    plain = vllm.run(Phase(model=tiny_model, prompts=[prompt], max_tokens=MAX_TOKENS))
+    with tidekv_up() as master:
+        a = vllm.run(Phase(model=tiny_model, prompts=[prompt], max_tokens=MAX_TOKENS,
+                           kv_transfer_config=tidekv_config(master=master)))
+        b = vllm.run(Phase(model=tiny_model, prompts=[prompt], max_tokens=MAX_TOKENS,
+                           kv_transfer_config=tidekv_config(master=master)))
+    assert a.token_ids == plain.token_ids and b.token_ids == plain.token_ids
+    assert (a.completions[0].num_cached_tokens or 0) == 0
+    assert b.completions[0].num_cached_tokens == len(prompt) - 1, b.completions[0].num_cached_tokens
+
+
 def test_store_down_engine_still_serves(vllm: VllmRunner, tiny_model: str, prompts: list[str],
                                         baseline: PhaseResult) -> None:
     dead = f"127.0.0.1:{free_port()}"

@@ -106,7 +106,9 @@ class TidekvScheduler:
             count = self._pull_end(len(prompt), self._read_handoff(request)[0]) - num_computed_tokens
             return (count, not self.settings.is_sync_load) if count > 0 else (0, False)
         hit_blocks = self._stored_prefix_blocks(prompt, num_computed_tokens)
-        tokens = hit_blocks * self.block_size - num_computed_tokens
+        # vLLM samples from a forward, so the prompt's last token is always computed: a prompt
+        # whose every block is stored loads them all and reports all but that token.
+        tokens = min(hit_blocks * self.block_size, len(prompt) - 1) - num_computed_tokens
         return (tokens, False) if tokens > 0 else (0, False)
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
@@ -181,10 +183,13 @@ class TidekvScheduler:
             self._saved[rid] = req.num_computed_tokens // self.block_size
             ext = self._loads.pop(rid, 0)
             if ext and self.keys is not None:
+                # Whole blocks: a load that ends one token short of a block-aligned prompt (see
+                # get_num_new_matched_tokens) brings that last block too, and it is not saved again.
                 first = (req.num_computed_tokens - ext) // self.block_size
-                last = req.num_computed_tokens // self.block_size
+                last = -(-req.num_computed_tokens // self.block_size)
                 keys = [k[first:last] for k in self.keys.block_keys(tokens)]
                 meta.loads.append(StoreJob(rid, self._blocks[rid][first:last], keys))
+                self._saved[rid] = last
             self._plan_save(meta, rid, req.num_computed_tokens + out.num_scheduled_tokens.get(rid, 0))
         cached = out.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
@@ -256,8 +261,7 @@ class TidekvScheduler:
         store = self._store
         if store is None or not self.settings.load or self.keys is None:
             return 0
-        # Leave at least one token to compute: vLLM needs a forward step to sample from.
-        limit = (len(prompt) - 1) // self.block_size
+        limit = len(prompt) // self.block_size
         first = num_computed_tokens // self.block_size
         try:
             hits = self.keys.stored_blocks(prompt, first, limit, store.exists_many)
