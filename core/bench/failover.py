@@ -15,7 +15,7 @@ One run, all on 127.0.0.1, each party its own process:
    read back (byte for byte) is ``restart_recovery_s``.
 
 ``--json FILE`` writes one summary object. Neighbours: ``churn`` (the load and its books),
-``process`` (helpers).
+``process`` (helpers), ``store.etcd_server`` (the etcd).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import json
 import logging
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 import urllib.request
@@ -36,6 +35,7 @@ from typing import Any
 from tidekv.bench import churn
 from tidekv.bench.process import HelperProcess, send_ready, serve
 from tidekv.errors import ConfigError, TidekvError
+from tidekv.store.etcd_server import EtcdServer
 
 logger = logging.getLogger(__name__)
 
@@ -109,48 +109,6 @@ def _client_main(conn: Connection, master: str, segment_size: int) -> None:
 # ---- the run --------------------------------------------------------------------------
 
 
-class _Etcd:
-    def __init__(self, work: Path) -> None:
-        binary = shutil.which("etcd")
-        if binary is None:
-            raise ConfigError("tidekv bench failover needs the etcd binary (Debian: apt-get install etcd-server)")
-        from socket import socket
-
-        ports = []
-        for _ in range(2):
-            with socket() as s:
-                s.bind(("127.0.0.1", 0))
-                ports.append(s.getsockname()[1])
-        self.url = f"http://127.0.0.1:{ports[0]}"
-        peer = f"http://127.0.0.1:{ports[1]}"
-        self.log = open(work / "etcd.log", "wb")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(
-            [binary, "--name", "b", "--data-dir", str(work / "etcd"), "--listen-client-urls", self.url,
-             "--advertise-client-urls", self.url, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"b={peer}", "--heartbeat-interval", "50", "--election-timeout", "500"],
-            stdout=self.log, stderr=self.log)
-        deadline = time.monotonic() + 20
-        while not self._healthy():
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise TidekvError(f"etcd did not start; see {work / 'etcd.log'}")
-            time.sleep(0.1)
-
-    def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=0.5) as r:
-                return bool(json.loads(r.read()).get("health") in ("true", True))
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
-
-
 def _health(master: HelperProcess) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://127.0.0.1:{master.hello['metrics_port']}/health", timeout=1) as r:
         return dict(json.loads(r.read()))
@@ -199,10 +157,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         lone = helper("single-master", _master_main, {**MASTER, "port": 0})
         helper("single-holder", _client_main, lone.hello["address"], args.segment_bytes)
         singles = [helper(f"single-client-{i}", _client_main, lone.hello["address"], 0) for i in range(args.clients)]
-        etcd = _Etcd(work)
+        etcd = EtcdServer(work)
         cfg = {**MASTER, "port": 0, "etcd": etcd.url, "cluster": "bench"}
         masters = [helper(f"master-{i}", _master_main, cfg) for i in range(3)]
-        address = f"etcd://{etcd.url.removeprefix('http://')}/bench"
+        address = f"etcd://{etcd.endpoints}/bench"
         helper("holder", _client_main, address, args.segment_bytes)
         clients = [helper(f"client-{i}", _client_main, address, 0) for i in range(args.clients)]
         failovers, lost, stale = [], 0, 0
@@ -227,7 +185,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         single = [c.call(("latency",), 30) for c in singles]
         summaries = [c.call(("churn", f"c{i}", 0.0, args.keys, args.size, 0), 30) for i, c in enumerate(clients)]
         ha = [c.call(("latency",), 30) for c in clients]
-        for h in list(helpers):
+        for h in helpers:
             h.stop()
         helpers.clear()
         # 3. a lone master that restarts from its state directory

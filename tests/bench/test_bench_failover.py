@@ -8,7 +8,6 @@ is missing.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from tests.store.procs import REPO_ROOT
+from tidekv.store.etcd_server import MISSING, etcd_binary
 
 FIELDS = ("kills", "acknowledged", "lost", "stale_reads", "failover_p50_s", "failover_max_s", "put_p50_ratio",
           "get_p50_ratio", "restart_recovery_s")
 
 
-@pytest.mark.skipif(shutil.which("etcd") is None,
-                    reason="the etcd binary is not installed (Debian: apt-get install etcd-server; .ci/run installs it)")
+@pytest.mark.skipif(etcd_binary() is None, reason=MISSING)
 def test_one_kill_writes_the_summary(tmp_path: Path) -> None:
     out = tmp_path / "failover.json"
     result = subprocess.run(

@@ -1,79 +1,46 @@
-"""Test rig for clusters of masters: a real etcd on free ports, relays that cut links, health.
+"""Test rig for clusters of masters: relays that cut links, and the masters' health and roles.
 
-``EtcdProcess`` runs Debian's ``etcd`` (``etcd-server``) on two free 127.0.0.1 ports with its
-own data directory; ``kill()``/``start()`` restart it on the same ports and data. ``TcpRelay``
+The etcd itself is ``tidekv.store.etcd_server.EtcdServer`` (the ``etcd`` fixtures). ``TcpRelay``
 forwards one port to another so a test can cut the link (``cut()``: connections are dropped and
 new ones black-holed, as a pulled cable looks) and heal it. ``health(master)`` reads a master's
-``/health``. Neighbours: ``conftest`` (fixtures), ``test_failover``.
+``/health``. ``churn(clients, ...)`` runs ``tidekv.bench.churn`` on load clients at once (while
+the test breaks something) and ``verify(clients)`` has each read back every key it was
+acknowledged. Neighbours: ``conftest`` (fixtures), ``test_failover``, ``test_etcd_members``.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import socket
-import subprocess
 import threading
 import time
 import urllib.request
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-from tests.store.procs import MasterProcess, wait_until
+from tests.store.procs import AgentProcess, MasterProcess, wait_until
 
-ETCD = shutil.which("etcd")
-SKIP_REASON = "the etcd binary is not installed (Debian: apt-get install etcd-server; .ci/run installs it)"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+MASTER = {"leader_ttl_s": 2, "sync_timeout_s": 0.5, "client_ttl_s": 10.0, "lease_ttl_s": 2.0}
+"""Settings of a cluster's masters in tests: leaders replaced within seconds."""
+CLIENT = {"rpc_timeout_s": 1.0, "failover_timeout_s": 15.0}
+"""Settings of a cluster's store clients in tests."""
 
 
-class EtcdProcess:
-    def __init__(self, data_dir: Path, log_path: Path) -> None:
-        self.data_dir = data_dir
-        self.log_path = log_path
-        self.client_port, self.peer_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.client_port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
+def churn(clients: list[AgentProcess], duration_s: float, during: Callable[[], Any] | None = None) -> list[dict]:
+    """Every client churns its own keys for ``duration_s`` while ``during()`` runs here; their reports."""
+    for i, c in enumerate(clients):
+        c.start_call("churn", prefix=f"c{i}", duration_s=duration_s, keys=60, size=4096, seed=i)
+    if during is not None:
+        during()
+    return [c.finish_call(duration_s + 60) for c in clients]
 
-    def start(self) -> None:
-        assert ETCD is not None
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [ETCD, "--name", "t", "--data-dir", str(self.data_dir), "--listen-client-urls", self.url,
-                 "--advertise-client-urls", self.url, "--listen-peer-urls", peer,
-                 "--initial-advertise-peer-urls", peer, "--initial-cluster", f"t={peer}",
-                 "--heartbeat-interval", "50", "--election-timeout", "500"],
-                stdout=log, stderr=log)
-        wait_until(self._is_healthy, 20.0, f"etcd on {self.url} to answer")
 
-    def _is_healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=0.5) as r:
-                return bool(json.loads(r.read()).get("health") in ("true", True))
-        except OSError:
-            return False
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+def verify(clients: list[AgentProcess]) -> None:
+    """Each client reads back every key: nothing acknowledged lost, no stale read, ever."""
+    for c in clients:
+        report = c.call("verify", timeout_s=60)
+        assert (report["lost"], report["stale"], report["stale_reads"]) == (0, 0, 0), report
+        assert report["acknowledged"] > 0, report
 
 
 class TcpRelay:

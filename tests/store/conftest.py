@@ -17,12 +17,14 @@ from typing import Any
 
 import pytest
 
-from tests.store.cluster_rig import ETCD, SKIP_REASON, EtcdProcess, TcpRelay
+from tests.store.cluster_rig import TcpRelay
 from tests.store.procs import AgentProcess, ChildProcess, MasterProcess
 from tidekv.config import StoreConfig
 from tidekv.store import Store
+from tidekv.store.etcd_server import MISSING, EtcdServer, etcd_binary
 
 _CHILDREN = pytest.StashKey[list[ChildProcess]]()
+_ETCDS = pytest.StashKey[list[EtcdServer]]()
 
 STORE_DEFAULTS: dict[str, Any] = {"staging_size_bytes": 16 << 20, "heartbeat_interval_s": 0.2, "rpc_timeout_s": 5.0}
 """Client settings for tests: small staging, heartbeats fast enough for second-scale liveness tests."""
@@ -35,6 +37,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.failed:
         for child in item.stash.get(_CHILDREN, []):
             report.sections.append((f"{child.name} (pid {child.pid}) stderr", child.log_text()))
+        for server in item.stash.get(_ETCDS, []):
+            report.sections.append((f"etcd {server.url} logs", server.log_text()))
 
 
 def _children(request: pytest.FixtureRequest) -> list[ChildProcess]:
@@ -106,14 +110,27 @@ def connect(spawn_master: SpawnMaster) -> Iterator[Connect]:
         st.close()
 
 
-@pytest.fixture
-def etcd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EtcdProcess]:
-    """A real etcd on free 127.0.0.1 ports with its own data directory (skips only if the binary is missing)."""
-    if ETCD is None:
-        pytest.skip(SKIP_REASON)
-    server = EtcdProcess(tmp_path / "etcd-data", tmp_path / "etcd.log")
+def _etcd_server(request: pytest.FixtureRequest, work_dir: Path, members: int) -> Iterator[EtcdServer]:
+    if etcd_binary() is None:
+        pytest.skip(MISSING)
+    work_dir.mkdir()
+    server = EtcdServer(work_dir, members)
+    request.node.stash.setdefault(_ETCDS, []).append(server)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def etcd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EtcdServer]:
+    """A real etcd of one member on free 127.0.0.1 ports with its own data directory (skips only
+    if the binary is missing)."""
+    yield from _etcd_server(request, tmp_path / "etcd", 1)
+
+
+@pytest.fixture
+def etcd3(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EtcdServer]:
+    """A real etcd cluster of three members, as ``etcd`` (it survives the loss of any one)."""
+    yield from _etcd_server(request, tmp_path / "etcd3", 3)
 
 
 @pytest.fixture

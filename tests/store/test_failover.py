@@ -17,42 +17,26 @@ from typing import Any
 
 import pytest
 
-from tests.store.cluster_rig import EtcdProcess, TcpRelay, health, in_sync, leader_of, role
+from tests.store.cluster_rig import CLIENT, MASTER, TcpRelay, churn, health, in_sync, leader_of, role, verify
 from tests.store.conftest import Connect, SpawnAgent, SpawnMaster
-from tests.store.procs import AgentProcess, MasterProcess, wait_until
+from tests.store.procs import MasterProcess, wait_until
 from tidekv.errors import MasterNotReadyError, MasterUnavailableError
 from tidekv.store import protocol as p
+from tidekv.store.etcd_server import EtcdServer
 from tidekv.store.master_client import MasterClient
 
 MIB = 1 << 20
-MASTER = {"leader_ttl_s": 2, "sync_timeout_s": 0.5, "client_ttl_s": 10.0, "lease_ttl_s": 2.0}
-CLIENT = {"rpc_timeout_s": 1.0, "failover_timeout_s": 15.0}
 
 
 def _cluster(spawn_master: SpawnMaster, etcd_urls: list[str], cluster: str = "t") -> list[MasterProcess]:
     return [spawn_master(etcd=url, cluster=cluster, **MASTER) for url in etcd_urls]
 
 
-def _url(cluster: str, etcd: EtcdProcess) -> str:
-    return f"etcd://127.0.0.1:{etcd.client_port}/{cluster}"
+def _url(cluster: str, etcd: EtcdServer) -> str:
+    return f"etcd://{etcd.endpoints}/{cluster}"
 
 
-def _churn(clients: list[AgentProcess], duration_s: float, during: Callable[[], Any] | None = None) -> list[dict]:
-    for i, c in enumerate(clients):
-        c.start_call("churn", prefix=f"c{i}", duration_s=duration_s, keys=60, size=4096, seed=i)
-    if during is not None:
-        during()
-    return [c.finish_call(duration_s + 60) for c in clients]
-
-
-def _verify(clients: list[AgentProcess]) -> None:
-    for c in clients:
-        report = c.call("verify", timeout_s=60)
-        assert (report["lost"], report["stale"], report["stale_reads"]) == (0, 0, 0), report
-        assert report["acknowledged"] > 0, report
-
-
-def test_leader_sigkill_under_load_loses_nothing(etcd: EtcdProcess, spawn_master: SpawnMaster,
+def test_leader_sigkill_under_load_loses_nothing(etcd: EtcdServer, spawn_master: SpawnMaster,
                                                  spawn_agent: SpawnAgent) -> None:
     masters = _cluster(spawn_master, [etcd.url] * 3)
     address = _url("t", etcd)
@@ -67,22 +51,22 @@ def test_leader_sigkill_under_load_loses_nothing(etcd: EtcdProcess, spawn_master
             victim = leader_of(masters)
             victim.kill()
             kills.append(victim)
-        reports = _churn(clients, 5.0, kill_leader)
+        reports = churn(clients, 5.0, kill_leader)
         print("round", round_, reports)
         for r in reports:
             assert r["stale_reads"] == 0, r
             assert r["max_gap_s"] < 10.0, f"clients re-attached within 10 s: {r}"
-        _verify(clients)
+        verify(clients)
         survivors = [m for m in masters if m.is_alive()]
         new = leader_of(survivors)
         assert new not in kills
         masters.append(spawn_master(etcd=etcd.url, cluster="t", **MASTER))  # the killed one comes back as a standby
         in_sync([m for m in masters if m.is_alive()], 2)
     assert leader is kills[0]
-    _verify(clients)
+    verify(clients)
 
 
-def test_standby_sigkill_and_then_leader_sigkill(etcd: EtcdProcess, spawn_master: SpawnMaster,
+def test_standby_sigkill_and_then_leader_sigkill(etcd: EtcdServer, spawn_master: SpawnMaster,
                                                  spawn_agent: SpawnAgent) -> None:
     masters = _cluster(spawn_master, [etcd.url] * 3)
     address = _url("t", etcd)
@@ -91,10 +75,10 @@ def test_standby_sigkill_and_then_leader_sigkill(etcd: EtcdProcess, spawn_master
     clients = [spawn_agent(address, 0, **CLIENT) for _ in range(2)]
     in_sync(masters, 2)
     standby = next(m for m in masters if m is not leader)
-    reports = _churn(clients, 3.0, lambda: (time.sleep(1.0), standby.kill()))
+    reports = churn(clients, 3.0, lambda: (time.sleep(1.0), standby.kill()))
     assert all(r["stale_reads"] == 0 and r["max_gap_s"] < 3.0 for r in reports), reports
     in_sync(masters, 1)  # the leader went on with the standby left
-    _verify(clients)
+    verify(clients)
 
     def kill_leader_then_restart_one() -> None:
         # The survivor leads alone: it acknowledges nothing (min_standbys=1) until the master a
@@ -103,14 +87,14 @@ def test_standby_sigkill_and_then_leader_sigkill(etcd: EtcdProcess, spawn_master
         leader.kill()
         time.sleep(0.5)
         masters.append(spawn_master(etcd=etcd.url, cluster="t", **MASTER))
-    reports = _churn(clients, 6.0, kill_leader_then_restart_one)
+    reports = churn(clients, 6.0, kill_leader_then_restart_one)
     assert all(r["stale_reads"] == 0 for r in reports), reports
     survivor = leader_of([m for m in masters if m.is_alive()])
     assert survivor not in (leader, standby)
-    _verify(clients)
+    verify(clients)
 
 
-def test_etcd_restart_under_load(etcd: EtcdProcess, spawn_master: SpawnMaster, spawn_agent: SpawnAgent) -> None:
+def test_etcd_restart_under_load(etcd: EtcdServer, spawn_master: SpawnMaster, spawn_agent: SpawnAgent) -> None:
     masters = _cluster(spawn_master, [etcd.url] * 3)
     address = _url("t", etcd)
     leader_of(masters)
@@ -120,19 +104,21 @@ def test_etcd_restart_under_load(etcd: EtcdProcess, spawn_master: SpawnMaster, s
 
     def restart_etcd() -> None:
         time.sleep(1.0)
-        etcd.kill()
+        member = etcd.members[0]
+        member.kill()
         time.sleep(0.5)
-        etcd.start()
-    reports = _churn(clients, 5.0, restart_etcd)
+        member.start()
+        member.wait_healthy()
+    reports = churn(clients, 5.0, restart_etcd)
     assert all(r["stale_reads"] == 0 for r in reports), reports
     leader_of(masters)
-    _verify(clients)
+    verify(clients)
 
 
 def test_leader_cut_off_from_etcd_steps_down_before_another_leads(
-        etcd: EtcdProcess, spawn_master: SpawnMaster, spawn_agent: SpawnAgent,
+        etcd: EtcdServer, spawn_master: SpawnMaster, spawn_agent: SpawnAgent,
         relays: Callable[[str], TcpRelay]) -> None:
-    links = [relays(f"127.0.0.1:{etcd.client_port}") for _ in range(3)]
+    links = [relays(etcd.endpoints) for _ in range(3)]
     masters = _cluster(spawn_master, [f"http://{link.address}" for link in links])
     address = _url("t", etcd)
     leader = leader_of(masters)
@@ -144,14 +130,14 @@ def test_leader_cut_off_from_etcd_steps_down_before_another_leads(
         def cut() -> None:
             time.sleep(1.0)
             links[masters.index(leader)].cut()
-        reports = _churn(clients, 6.0, cut)
+        reports = churn(clients, 6.0, cut)
         assert all(r["stale_reads"] == 0 for r in reports), reports
         new = leader_of(masters)
         assert new is not leader
         assert role(leader) == "standby", "the cut-off leader stepped down"
         with pytest.raises(MasterNotReadyError, match="standby"):
             direct.call(p.PutStart("direct", [b"x"], [10]))
-        _verify(clients)
+        verify(clients)
         links[masters.index(leader)].heal()
         in_sync(masters, 2)  # it follows the new leader once it reaches etcd again
     finally:
@@ -188,7 +174,7 @@ def _answers(store: Any) -> bool:
     return True
 
 
-def test_health_names_roles(etcd: EtcdProcess, spawn_master: SpawnMaster) -> None:
+def test_health_names_roles(etcd: EtcdServer, spawn_master: SpawnMaster) -> None:
     masters = _cluster(spawn_master, [etcd.url] * 2)
     leader = leader_of(masters)
     standby = next(m for m in masters if m is not leader)
