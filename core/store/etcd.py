@@ -8,7 +8,7 @@ Why the gateway and not a Python client: ``etcd3`` (python-etcd3) has had no rel
 and pins an old protobuf; ``aetcd`` is asyncio-only and brings grpcio; ``etcd3gw`` speaks this
 same gateway but brings requests, futurist and pbr. Five POSTs of JSON need none of them.
 Neighbours: ``election`` (campaigns and keeps the leader's lease), ``master_client`` (finds the
-leader). Thread-safe (no shared state but the endpoint order).
+leader). Thread-safe (the endpoint order is the only shared state; a lock keeps it).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import threading
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,9 +46,16 @@ def _b64(data: bytes | str) -> str:
 
 
 class EtcdClient:
+    """Calls to an etcd of one or more members (``endpoints``: their client URLs).
+
+    Each call tries the members in turn, each within ``timeout_s``, and the member that answered
+    last is tried first (a member that is gone costs one refused connection or one timeout,
+    once per client, not per call)."""
+
     def __init__(self, endpoints: Sequence[str], timeout_s: float = 1.0) -> None:
         self.endpoints = list(endpoints)
         self.timeout_s = timeout_s
+        self._lock = threading.Lock()
 
     def get(self, key: str) -> KeyValue | None:
         kvs = self._post("/v3/kv/range", {"key": _b64(key)}).get("kvs") or []
@@ -91,7 +99,9 @@ class EtcdClient:
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         data = json.dumps(body).encode()
         errors = []
-        for i, endpoint in enumerate(self.endpoints):
+        with self._lock:
+            endpoints = list(self.endpoints)  # several threads call at once (election, follow, replication)
+        for i, endpoint in enumerate(endpoints):
             request = urllib.request.Request(endpoint + path, data, {"Content-Type": "application/json"})
             try:
                 with _OPENER.open(request, timeout=self.timeout_s) as response:
@@ -101,7 +111,9 @@ class EtcdClient:
                 continue
             if "error" in out or "code" in out and "header" not in out:
                 raise EtcdUnavailableError(f"etcd {endpoint} refused {path}: {out.get('message') or out}")
-            if i:  # the first endpoint that answers is tried first next time
-                self.endpoints.insert(0, self.endpoints.pop(i))
+            if i:
+                with self._lock:
+                    self.endpoints.remove(endpoint)
+                    self.endpoints.insert(0, endpoint)
             return out
         raise EtcdUnavailableError(f"no etcd endpoint answered {path}: {'; '.join(errors)}")
