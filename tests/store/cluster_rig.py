@@ -2,7 +2,8 @@
 
 The etcd itself is ``tidekv.store.etcd_server.EtcdServer`` (the ``etcd`` fixtures). ``TcpRelay``
 forwards one port to another so a test can cut the link (``cut()``: connections are dropped and
-new ones black-holed, as a pulled cable looks) and heal it. ``health(master)`` reads a master's
+new ones black-holed, as a pulled cable looks) and heal it; ``EtcdView`` shows one client the
+masters' addresses as relays of its own, to cut that client alone off from the leader. ``health(master)`` reads a master's
 ``/health``. ``churn(clients, ...)`` runs ``tidekv.bench.churn`` on load clients at once (while
 the test breaks something) and ``verify(clients)`` has each read back every key it was
 acknowledged. Neighbours: ``conftest`` (fixtures), ``test_failover``, ``test_etcd_members``.
@@ -10,10 +11,13 @@ acknowledged. Neighbours: ``conftest`` (fixtures), ``test_failover``, ``test_etc
 
 from __future__ import annotations
 
+import base64
+import http.server
 import json
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -112,6 +116,62 @@ class TcpRelay:
                 s.close()
             except OSError:
                 pass
+
+
+class EtcdView:
+    """etcd as one client sees it: an HTTP relay to ``etcd_url`` that rewrites the address in
+    leader keys through ``addresses`` (a master's real "host:port" -> what this client dials).
+
+    Give a client ``etcd://{view.address}/NAME`` and a ``TcpRelay`` per master in ``addresses``,
+    and it reaches every leader through relays of its own, which the test can cut, while the
+    masters' replication and every other client use the real addresses. ``addresses`` may be
+    changed at any time (a master started later)."""
+
+    def __init__(self, etcd_url: str, addresses: dict[str, str]) -> None:
+        self.etcd_url = etcd_url
+        self.addresses = addresses
+        view = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                status, reply = view._forward(self.path, body)
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def _forward(self, path: str, body: bytes) -> tuple[int, bytes]:
+        request = urllib.request.Request(self.etcd_url + path, body, {"Content-Type": "application/json"})
+        try:
+            with _OPENER.open(request, timeout=5) as r:
+                status, reply = r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+        out = json.loads(reply)
+        for kv in out.get("kvs") or []:
+            if base64.b64decode(kv["key"]).endswith(b"/leader"):
+                leader = json.loads(base64.b64decode(kv["value"]))
+                leader["address"] = self.addresses.get(leader["address"], leader["address"])
+                kv["value"] = base64.b64encode(json.dumps(leader).encode()).decode()
+        return status, json.dumps(out).encode()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(5)
+
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def health(master: MasterProcess) -> dict[str, Any]:

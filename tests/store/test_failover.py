@@ -6,7 +6,9 @@ upsert, remove on its own keys) and keeps books of what was acknowledged; after 
 at the end it reads every key back: zero acknowledged objects lost, zero stale reads (a read
 that shows anything but the last acknowledged version). Failures: the leader SIGKILLed under
 load (twice), a standby SIGKILLed, etcd SIGKILLed and restarted, the leader cut off from etcd,
-a client cut off from its master.
+one client cut off from the leader of a cluster (alone: through relays of its own, see
+``cluster_rig.EtcdView``) and then the leader killed while it is cut off, and a client cut off
+from a lone master. Losing an etcd member of three is in ``test_etcd_members``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,18 @@ from typing import Any
 
 import pytest
 
-from tests.store.cluster_rig import CLIENT, MASTER, TcpRelay, churn, health, in_sync, leader_of, role, verify
+from tests.store.cluster_rig import (
+    CLIENT,
+    MASTER,
+    EtcdView,
+    TcpRelay,
+    churn,
+    health,
+    in_sync,
+    leader_of,
+    role,
+    verify,
+)
 from tests.store.conftest import Connect, SpawnAgent, SpawnMaster
 from tests.store.procs import MasterProcess, wait_until
 from tidekv.errors import MasterNotReadyError, MasterUnavailableError
@@ -26,6 +39,8 @@ from tidekv.store.etcd_server import EtcdServer
 from tidekv.store.master_client import MasterClient
 
 MIB = 1 << 20
+TYPED = {"MasterUnavailableError", "MasterNotReadyError"}
+"""What a store client cut off from its master may raise (names as churn counts them)."""
 
 
 def _cluster(spawn_master: SpawnMaster, etcd_urls: list[str], cluster: str = "t") -> list[MasterProcess]:
@@ -142,6 +157,51 @@ def test_leader_cut_off_from_etcd_steps_down_before_another_leads(
         in_sync(masters, 2)  # it follows the new leader once it reaches etcd again
     finally:
         direct.close()
+
+
+def test_client_cut_off_from_the_leader_of_a_cluster_gets_typed_errors_then_follows(
+        etcd: EtcdServer, spawn_master: SpawnMaster, spawn_agent: SpawnAgent,
+        relays: Callable[[str], TcpRelay]) -> None:
+    masters = _cluster(spawn_master, [etcd.url] * 3)
+    leader = leader_of(masters)
+    links = {m.address: relays(m.address) for m in masters}  # the cut-off client's own way to each master
+    view = EtcdView(etcd.url, {a: link.address for a, link in links.items()})
+    try:
+        address = _url("t", etcd)
+        spawn_agent(address, 16 * MIB, **CLIENT)
+        others = [spawn_agent(address, 0, **CLIENT) for _ in range(2)]
+        cut_off = spawn_agent(f"etcd://{view.address}/t", 0, **{**CLIENT, "failover_timeout_s": 1.5})
+        clients = [*others, cut_off]
+        in_sync(masters, 2)
+
+        def cut_then_heal() -> None:
+            time.sleep(1.0)
+            links[leader.address].cut()
+            time.sleep(4.0)
+            links[leader.address].heal()
+        *theirs, mine = churn(clients, 7.0, cut_then_heal)
+        assert all(r["stale_reads"] == 0 and r["max_gap_s"] < 2.0 and not r["errors"] for r in theirs), theirs
+        assert mine["stale_reads"] == 0, mine
+        assert mine["errors"] and set(mine["errors"]) <= TYPED, f"only typed errors while cut off: {mine}"
+        assert 3.0 < mine["max_gap_s"] < 7.0, f"it was cut off for 4 s, then went on: {mine}"
+        assert leader_of(masters) is leader, "one client cut off moves no leadership"
+        verify(clients)  # the cut-off client reads every key back through its healed link
+        errors_before = sum(mine["errors"].values())
+        mine = churn(clients, 1.0)[-1]
+        assert sum(mine["errors"].values()) == errors_before, mine
+
+        def cut_then_kill_the_leader() -> None:  # it must follow to the new leader, which it can reach
+            time.sleep(1.0)
+            links[leader.address].cut()
+            time.sleep(1.0)
+            leader.kill()
+        reports = churn(clients, 8.0, cut_then_kill_the_leader)
+        assert all(r["stale_reads"] == 0 and r["max_gap_s"] < 10.0 for r in reports), reports
+        new = leader_of([m for m in masters if m.is_alive()])
+        assert new is not leader
+        verify(clients)
+    finally:
+        view.close()
 
 
 def test_client_cut_off_from_the_master_gets_typed_errors_then_everything(
