@@ -15,7 +15,7 @@ native = Pybind11Extension(
     include_dirs=["native"],
     cxx_std=17,
     extra_compile_args=["-O2", "-g0", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-    extra_link_args=["-pthread"],
+    extra_link_args=["-pthread", "-ldl"]  # -ldl: dlopen of libcuda on glibc < 2.34,
 )
 
 setup(ext_modules=[native], cmdclass={"build_ext": build_ext})

@@ -36,6 +36,9 @@ class Batch:
     def bytes_done(self) -> int: ...
     def results(self) -> list[bool | None | TransferError]: ...  # True done, None pending
 
+def cuda_device_of(addr: int) -> int: ...
+def cuda_driver() -> tuple[bool, str]: ...
+
 class Engine:
     name: str
     protocol_version: int

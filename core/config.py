@@ -27,6 +27,7 @@ class TransportKind(enum.Enum):
     AUTO = "auto"  #: shared memory for same-host peers, tcp otherwise
     TCP = "tcp"  #: always tcp (e.g. to measure the cross-host path on one machine)
     SHM = "shm"  #: same-host only; requests to other hosts fail
+    CUDA = "cuda"  #: same-host GPU memory only; requests with host memory on both sides fail
 
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -66,7 +67,7 @@ class TransferConfig:
     """
 
     transport: TransportKind = TransportKind.AUTO
-    """Transport selection (auto, tcp, shm). Default auto."""
+    """Transport selection (auto, tcp, shm, cuda). Default auto."""
     connections_per_peer: int = 4
     """tcp connections opened to each peer; slices are striped over them. Default 4 (1..64)."""
     worker_threads: int = 4

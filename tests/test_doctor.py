@@ -50,7 +50,7 @@ def test_doctor_json_names_every_transport_and_passes_its_self_tests() -> None:
     assert states == {"tcp": True, "shm": True, "cuda": False, "fabric": False}
     reasons = {t["name"]: t["reason"] for t in doc["transports"]}
     assert "cross-memory attach" in reasons["shm"]
-    assert "libcuda.so.1" in reasons["cuda"] and "no cuda transport" in reasons["cuda"]
+    assert "libcuda.so.1 does not load" in reasons["cuda"] and "NVIDIA kernel driver" in reasons["cuda"]
     assert "libfabric.so.1" in reasons["fabric"] and "libibverbs.so.1" in reasons["fabric"]
     for transport, memory in (("tcp", "allocated"), ("shm", "allocated")):
         row = _selftest(doc, transport, memory)
@@ -119,10 +119,16 @@ def test_doctor_exits_1_when_the_catalog_promises_more_than_the_engine_does(
 
 
 def test_a_transport_no_engine_can_be_forced_onto_fails_and_unavailable_ones_are_not_tested() -> None:
-    statuses = [TransportStatus("cuda", True, "claimed"), TransportStatus("fabric", False, "absent")]
+    statuses = [TransportStatus("warp", True, "claimed"), TransportStatus("fabric", False, "absent")]
     [result] = run_selftests(statuses, TransferConfig(), timeout_s=5)
-    assert (result.transport, result.state, result.is_byte_checked) == ("cuda", SelfTestState.FAILED, False)
-    assert "no TransferConfig.transport value selects 'cuda'" in result.detail
+    assert (result.transport, result.state, result.is_byte_checked) == ("warp", SelfTestState.FAILED, False)
+    assert "no TransferConfig.transport value selects 'warp'" in result.detail
+
+
+def test_cuda_is_not_self_tested_with_host_memory_and_says_what_checks_it() -> None:
+    [result] = run_selftests([TransportStatus("cuda", True, "claimed")], TransferConfig(), timeout_s=5)
+    assert (result.transport, result.state, result.is_byte_checked) == ("cuda", SelfTestState.SKIPPED, False)
+    assert "integration/gpu_check.sh" in result.detail
 
 
 def test_settings_sources_names_the_variable_and_hides_secrets() -> None:

@@ -102,6 +102,11 @@ def run_selftests(statuses: Sequence[TransportStatus], config: TransferConfig, *
                                               False, detail=f"no TransferConfig.transport value selects "
                                               f"{status.name!r}; allowed {[k.value for k in TransportKind]}"))
                 continue
+            if kind is TransportKind.CUDA:
+                results.append(SelfTestResult(status.name, TargetMemory.ALLOCATED, SelfTestState.SKIPPED, size_bytes,
+                                              False, detail="the self-test moves host memory, which cuda does not "
+                                              "carry; integration/gpu_check.sh checks GPU memory end to end"))
+                continue
             memories = [TargetMemory.ALLOCATED]
             skipped: list[SelfTestResult] = []
             if kind is TransportKind.SHM:

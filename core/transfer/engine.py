@@ -23,7 +23,7 @@ from tidekv.config import TransferConfig, TransportKind
 from tidekv.errors import ConfigError, EngineClosedError
 from tidekv.transfer.batch import TransferHandle, TransferRequest
 from tidekv.transfer.directory import DirectDirectory, PeerDirectory
-from tidekv.transfer.region import Region, buffer_address
+from tidekv.transfer.region import Region, memory_of
 
 logger = logging.getLogger(__name__)
 
@@ -135,33 +135,31 @@ class TransferEngine:
         """Version of the wire protocol; peers must speak the same one."""
         return self._native.protocol_version
 
-    def register(self, obj: Any, location: str = "cpu") -> Region:
+    def register(self, obj: Any, location: str | None = None) -> Region:
         """Registers memory that peers may read and write.
 
         Args:
-            obj: a writable buffer-protocol object (bytearray, numpy array, mmap), a torch CPU
+            obj: a writable buffer-protocol object (bytearray, numpy array, mmap), a torch tensor
+                on the CPU or a GPU, an object with ``__cuda_array_interface__`` or a DLPack CUDA
                 tensor, or an explicit ``(address, length)`` pair.
-            location: device tag; only "cpu" in this build.
+            location: "cpu" or "cuda:N"; taken from the object when it says (a tensor's
+                device), needed for an ``(address, length)`` pair in GPU memory.
 
         Returns:
             The Region (the engine keeps ``obj`` alive while it is registered).
 
         Raises:
-            ConfigError: the object cannot be registered or overlaps a registered region.
+            ConfigError: the object cannot be registered, overlaps a registered region, is not
+                where ``location`` says, or is GPU memory where no transport moves it (no CUDA
+                driver: see ``tidekv doctor``).
         """
         self._check_open()
-        if isinstance(obj, tuple) and len(obj) == 2 and all(isinstance(v, int) for v in obj):
-            address, length = obj
-            owner: Any = None
-            if address <= 0 or length <= 0:
-                raise ConfigError(f"(address, length)=({address:#x}, {length}) must both be > 0")
-        else:
-            address, length, owner = buffer_address(obj)
-        self._native.register(address, length, location)
-        region = Region(address, length, location, False, owner)
+        address, length, owner, where = memory_of(obj, location)
+        self._native.register(address, length, where)
+        region = Region(address, length, where, False, owner)
         with self._lock:
             self._regions[address] = region
-        logger.debug("engine %s registered %#x +%d (%s)", self.name, address, length, location)
+        logger.debug("engine %s registered %#x +%d (%s)", self.name, address, length, where)
         return region
 
     def allocate(self, size: int, *, huge: bool = False) -> Region:

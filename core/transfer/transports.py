@@ -3,7 +3,7 @@
 ``catalog()`` is the one list of transports: ``tidekv doctor`` prints it and self-tests what it
 calls available. Which transports this build has, and whether each can run, comes from the
 native engine itself (its transport registry); the probes here add the reasons in words a user
-can act on, and say what a transport not in this build (cuda, fabric) would find on this host.
+can act on, and say what a transport not in this build (fabric) would find on this host.
 Each probe only looks — it loads a shared library, reads /proc or /sys, or makes one harmless
 system call on this process.
 Neighbours: ``memory`` (THP, Yama and seccomp facts the store also decides with),
@@ -52,6 +52,9 @@ def catalog(config: TransferConfig) -> list[TransportStatus]:
     out = []
     for name, available, reason in built_transports(config):
         detail = _DETAILS.get(name)
+        hint = _HINTS.get(name)
+        if not available and hint:
+            reason = f"{reason}; {hint()}"
         out.append(detail(config) if detail and available else TransportStatus(name, available, reason))
     names = {status.name for status in out}
     out += [probe() for name, probe in _NOT_BUILT.items() if name not in names]
@@ -126,33 +129,6 @@ def cross_memory_attach(config: TransferConfig) -> tuple[bool, str]:
                    "see /proc/sys/kernel/yama/ptrace_scope): other registered memory goes over tcp")
 
 
-def cuda_status() -> TransportStatus:
-    """cuda: not in this build; says what a cuda transport would find here."""
-    return TransportStatus("cuda", False, f"this build has no cuda transport yet; {cuda_driver()}")
-
-
-def cuda_driver() -> str:
-    """Whether libcuda.so.1 loads and initialises, and the GPUs it sees (without it: the kernel's list)."""
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        return f"libcuda.so.1 does not load ({_load_error(exc, 'libcuda.so.1')}); {_nvidia_kernel_gpus()}"
-    rc = cuda.cuInit(0)
-    if rc != 0:
-        return f"libcuda.so.1 loads but cuInit failed (CUresult {rc}); {_nvidia_kernel_gpus()}"
-    count = ctypes.c_int(0)
-    rc = cuda.cuDeviceGetCount(ctypes.byref(count))
-    if rc != 0:
-        return f"libcuda.so.1 loads but cuDeviceGetCount failed (CUresult {rc})"
-    names = []
-    for index in range(count.value):
-        device, name = ctypes.c_int(0), ctypes.create_string_buffer(256)
-        if cuda.cuDeviceGet(ctypes.byref(device), index) == 0 and cuda.cuDeviceGetName(name, 256, device) == 0:
-            names.append(name.value.decode(errors="replace"))
-    visible = f" ({', '.join(names)})" if names else ""
-    return f"libcuda.so.1 loads; {count.value} GPU(s) visible{visible}"
-
-
 def _nvidia_kernel_gpus() -> str:
     try:
         gpus = os.listdir(NVIDIA_GPUS_PATH)
@@ -217,5 +193,8 @@ _DETAILS: dict[str, Callable[[TransferConfig], TransportStatus]] = {
 }
 """Probes that explain a built transport the engine calls available."""
 
-_NOT_BUILT: dict[str, Callable[[], TransportStatus]] = {"cuda": cuda_status, "fabric": fabric_status}
+_HINTS: dict[str, Callable[[], str]] = {"cuda": lambda: _nvidia_kernel_gpus()}
+"""What the host itself says, added to the reason of a built transport that is unavailable."""
+
+_NOT_BUILT: dict[str, Callable[[], TransportStatus]] = {"fabric": fabric_status}
 """Transports still to come, and what each would find on this host."""

@@ -8,7 +8,7 @@
 namespace tidekv::wire {
 
 constexpr uint32_t kMagic = 0x564b4454;  // "TDKV"
-constexpr uint32_t kProtocolVersion = 2;
+constexpr uint32_t kProtocolVersion = 3;
 
 enum class ConnType : uint32_t { kDescriptor = 1, kData = 2 };
 
@@ -20,6 +20,7 @@ enum class Status : uint32_t {
   kNotRegistered = 4,
   kClosing = 5,
   kRefused = 6,  // the server has no room for the connection (limits), or no such transport
+  kNotHostMemory = 7,  // the range is registered, but in GPU memory, which tcp does not serve
 };
 
 enum class Op : uint8_t { kRead = 0, kWrite = 1 };

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/bindings_errors.h"
+#include "cuda/driver.h"
 #include "engine/engine.h"
 
 namespace py = pybind11;
@@ -128,6 +129,13 @@ void register_engine(py::module_& m) {
       .def("bytes_done", &Batch::bytes_done)
       .def("results", &batch_results);
 
+  m.def(
+      "cuda_device_of", [](uint64_t addr) { return cuda::Driver::get().device_of(addr); }, py::arg("addr"),
+      "The ordinal of the GPU whose memory holds addr; -1 when it is not GPU memory (or no CUDA driver).");
+  m.def(
+      "cuda_driver", [] { return py::make_tuple(cuda::Driver::get().available(), cuda::Driver::get().reason()); },
+      "(available, reason): whether this process loaded and initialised the CUDA driver, and what it sees.");
+
   py::class_<Engine>(m, "Engine")
       .def(py::init<EngineOptions>(), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("name", &Engine::name)
@@ -181,6 +189,7 @@ void register_engine(py::module_& m) {
              d["bytes_read"] = c.bytes_read.load();
              d["bytes_written"] = c.bytes_written.load();
              d["shm_bytes"] = c.shm_bytes.load();
+             d["cuda_bytes"] = c.cuda_bytes.load();
              d["served_bytes"] = c.served_bytes.load();
              d["frames_refused"] = c.frames_refused.load();
              d["connections_accepted"] = c.connections_accepted.load();

@@ -149,16 +149,22 @@ void Engine::register_region(uint64_t addr, uint64_t length, const std::string& 
   TIDEKV_CHECK(!closed_.load(), kClosed, "engine " + name() + " is closed");
   MemoryLocation where = MemoryLocation::parse(location);
   bool handled = false;
-  for (size_t i = 0; i < transports_.size(); ++i) handled = handled || (availability_[i].available && transports_[i]->handles(where.kind));
+  std::string why;
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    if (!transports_[i]->handles(where.kind)) continue;
+    handled = handled || availability_[i].available;
+    if (!availability_[i].available)
+      why += std::string(why.empty() ? ": " : "; ") + transports_[i]->name() + " is unavailable (" + availability_[i].reason + ")";
+  }
   if (!handled)
     TIDEKV_THROW(kConfig, "location '" + location + "' cannot be registered: no transport available here moves " +
-                              (where.kind == MemoryKind::kCpu ? "host" : "GPU") + " memory (see `tidekv doctor`)");
+                              (where.kind == MemoryKind::kCpu ? "host" : "GPU") + " memory" + why + " (see `tidekv doctor`)");
   add_region(addr, length, -1, where);
 }
 
 void Engine::add_region(uint64_t addr, uint64_t length, int memfd, MemoryLocation where) {
-  uint32_t slot = regions_.add(addr, length, memfd, where);
-  RegionView view{slot, 0, addr, length, memfd, where};
+  regions_.add(addr, length, memfd, where);
+  RegionView view = *regions_.find(addr, length);  // with its generation, which peers check
   try {
     for (auto& t : transports_) t->on_register(view);
   } catch (...) {
@@ -288,7 +294,8 @@ std::vector<std::string> Engine::peer_transports(const std::string& name) {
   std::vector<std::pair<int, size_t>> ranked;  // best first, ties in registry order
   for (size_t i = 0; i < peer->links.size(); ++i) {
     if (!peer->links[i] || (forced_ >= 0 && int(i) != forced_)) continue;
-    ranked.emplace_back(-peer->links[i]->best_preference(), i);
+    if (peer->links[i]->host_preference() <= 0) continue;  // moves no host memory (cuda)
+    ranked.emplace_back(-peer->links[i]->host_preference(), i);
   }
   std::stable_sort(ranked.begin(), ranked.end());
   std::vector<std::string> out;

@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "common/errors.h"
+#include "common/host_identity.h"
 
 namespace tidekv {
 namespace {
@@ -19,13 +20,6 @@ namespace {
 constexpr uint64_t kShmSliceBytes = 16ULL << 20;
 constexpr size_t kMaxIov = 1024;  // IOV_MAX
 constexpr uint64_t kMaxVectoredBytes = 64ULL << 20;
-
-std::string local_boot_id() {
-  std::ifstream f("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(f, id);
-  return id;
-}
 
 int pidfd_open(int pid) { return int(syscall(SYS_pidfd_open, pid, 0)); }
 

@@ -26,7 +26,7 @@ class ShmLink final : public PeerLink, public std::enable_shared_from_this<ShmLi
   static std::shared_ptr<ShmLink> open(EngineContext& ctx, const std::string& peer_name, const ShmSection& s);
   ~ShmLink() override;
   int preference(const Request& r, MemoryLocation local) const override;
-  int best_preference() const override { return 10; }
+  int host_preference() const override { return 10; }
   std::string refusal(const Request& r, MemoryLocation local) const override;
   void plan(const std::shared_ptr<Batch>& batch, const std::vector<uint32_t>& requests) override;
   bool is_current() const override { return is_peer_alive(); }

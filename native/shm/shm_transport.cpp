@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "common/host_identity.h"
 #include "shm/shm_link.h"
 #include "shm/shm_section.h"
 
@@ -48,10 +49,7 @@ class ShmTransport final : public Transport {
     s.table_fd = regions_.fd();
     s.token_addr = reinterpret_cast<uint64_t>(ctx_.instance);
     std::memcpy(s.token, ctx_.instance, sizeof(s.token));
-    std::ifstream boot("/proc/sys/kernel/random/boot_id");
-    std::string boot_id;
-    std::getline(boot, boot_id);
-    std::strncpy(s.boot_id, boot_id.c_str(), sizeof(s.boot_id) - 1);
+    std::strncpy(s.boot_id, local_boot_id().c_str(), sizeof(s.boot_id) - 1);
     return std::string(reinterpret_cast<const char*>(&s), sizeof(s));
   }
   std::shared_ptr<PeerLink> connect(const PeerAddress& peer, const std::string* section) override {

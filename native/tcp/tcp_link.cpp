@@ -262,9 +262,11 @@ void TcpLink::handle_reply(Group& g) {
   ErrorKind kind =
       resp.status == uint32_t(wire::Status::kNotRegistered) ? ErrorKind::kNotRegistered : ErrorKind::kTransfer;
   ++g.done;
-  g.batch->fail_slice(s.request, kind,
-                      "peer " + peer_name_ + " refused " + range_text(op, s.remote, s.length) +
-                          (kind == ErrorKind::kNotRegistered ? ": not inside a region registered there" : ""));
+  const char* why = kind == ErrorKind::kNotRegistered ? ": not inside a region registered there"
+                    : resp.status == uint32_t(wire::Status::kNotHostMemory)
+                        ? ": the range is GPU memory there, which tcp does not move (no same-host cuda path to it)"
+                        : "";
+  g.batch->fail_slice(s.request, kind, "peer " + peer_name_ + " refused " + range_text(op, s.remote, s.length) + why);
 }
 
 }  // namespace tidekv

@@ -24,7 +24,7 @@ class TcpLink final : public PeerLink, public std::enable_shared_from_this<TcpLi
   TcpLink(EngineContext& ctx, PeerAddress peer);
   ~TcpLink() override;
   int preference(const Request& r, MemoryLocation local) const override;
-  int best_preference() const override { return 1; }
+  int host_preference() const override { return 1; }
   std::string refusal(const Request& r, MemoryLocation local) const override;
   void plan(const std::shared_ptr<Batch>& batch, const std::vector<uint32_t>& requests) override;
   void close() override;

@@ -204,11 +204,14 @@ bool TcpServer::serve(Conn& c) {
       if (h.remote_addr < h.span_addr || h.length > h.span_length || h.remote_addr - h.span_addr > h.span_length - h.length)
         TIDEKV_THROW(kTransfer, "malformed frame from " + c.what + " (slice outside its request)");
       auto guard = regions_.acquire(h.span_addr, h.span_length, /*is_local=*/true);
-      if (guard && !(guard->view().location.kind == MemoryKind::kCpu)) guard.reset();  // not host memory: not ours to serve
       wire::ResponseHeader resp{wire::kMagic, uint32_t(wire::Status::kOk), 0, h.tag, 0};
+      if (guard && guard->view().location.kind != MemoryKind::kCpu) {
+        guard.reset();  // GPU memory: not ours to serve from a socket
+        resp.status = uint32_t(wire::Status::kNotHostMemory);
+      }
       if (!guard) {
         ctx_.counters.frames_refused.fetch_add(1, std::memory_order_relaxed);
-        resp.status = uint32_t(wire::Status::kNotRegistered);
+        if (resp.status == uint32_t(wire::Status::kOk)) resp.status = uint32_t(wire::Status::kNotRegistered);
         if (h.op == uint8_t(wire::Op::kWrite)) {
           if (h.length > kMaxRefusedDrain)
             TIDEKV_THROW(kTransfer, "refused WRITE of " + std::to_string(h.length) + " bytes from " + c.what +

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include "cuda/cuda_transport.h"
 #include "shm/shm_transport.h"
 #include "tcp/tcp_transport.h"
 
@@ -13,6 +14,7 @@ const std::vector<TransportEntry>& transport_registry() {
   static const std::vector<TransportEntry> entries = {
       {"tcp", make_tcp_transport},
       {"shm", make_shm_transport},
+      {"cuda", make_cuda_transport},
   };
   return entries;
 }

@@ -1,4 +1,4 @@
-// The one interface every transport implements (tcp, shm; cuda and fabric next). It depends on
+// The one interface every transport implements (tcp, shm, cuda; fabric next). It depends on
 // the shared pieces (common/, batch/, regions/) and on nothing of the engine's.
 //
 // Two objects per transport:
@@ -69,8 +69,9 @@ class PeerLink {
   // How well this link serves request r whose local memory is at `local`: 0 = it cannot; among
   // the links of a peer the highest wins. Must be cheap: it runs for every request.
   virtual int preference(const Request& r, MemoryLocation local) const = 0;
-  // The highest preference() it gives any request (orders a peer's transports for display).
-  virtual int best_preference() const = 0;
+  // The preference() it gives a host-to-host request (0: none): how connect() ranks a peer's
+  // transports, since that is what it reports.
+  virtual int host_preference() const = 0;
   // Why preference() is 0 for r, for the error when a forced transport cannot serve it.
   virtual std::string refusal(const Request& r, MemoryLocation local) const = 0;
   // Plans requests (indices into batch->requests()) chosen for this link: expect_slices() for

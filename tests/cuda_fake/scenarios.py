@@ -1,0 +1,318 @@
+"""Checks of the cuda transport on the fake driver; each runs in a process of its own.
+
+``python -m tests.cuda_fake.scenarios NAME`` (``TIDEKV_LIBCUDA`` set to the fake) runs one and
+exits non-zero with the failing assertion; ``serve`` is the target process the two-process ones
+start. Neighbours: ``tests/transfer/test_cuda_fake.py`` (runs them), ``tests.cuda_fake`` (driver).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from tests.cuda_fake import FakeCuda
+from tidekv import (
+    ConfigError,
+    SegmentNotRegisteredError,
+    TransferConfig,
+    TransferEngine,
+    TransferError,
+    TransferOp,
+    TransferRequest,
+)
+from tidekv.config import TransportKind
+
+SIZE = 1 << 20
+BLOCK = 16 << 10
+BLOCKS = 2000
+WAIT_S = 30.0
+
+
+def pattern(seed: int, size: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def expect(error: type[BaseException], fn: Callable[[], Any], *needles: str) -> str:
+    """Runs fn, which must raise `error` whose text holds every needle; returns the text."""
+    try:
+        fn()
+    except error as exc:
+        text = str(exc)
+        for needle in needles:
+            assert needle in text, f"{needle!r} not in {error.__name__}: {text}"
+        return text
+    raise AssertionError(f"{error.__name__} not raised")
+
+
+def move(engine: TransferEngine, op: TransferOp, local: int, peer: str, remote: int, size: int) -> None:
+    engine.transfer([TransferRequest(op, local, size, peer, remote)]).wait(timeout_s=WAIT_S)
+
+
+# -- one process -------------------------------------------------------------------------------
+
+
+def registration() -> None:
+    """What register() takes as GPU memory, and what it refuses, naming why."""
+    cuda = FakeCuda()
+    engine = TransferEngine()
+    try:
+        status = {name: (ok, why) for name, ok, why in engine.transports()}
+        assert status["cuda"][0] and "2 GPU(s): cuda:0 Fake GPU 0, cuda:1 Fake GPU 1" in status["cuda"][1], status
+        whole = cuda.alloc(SIZE)
+        region = engine.register((whole, SIZE), location="cuda:0")
+        assert region.location == "cuda:0"
+        expect(ConfigError, region.view, "cuda:0 memory")
+        # A pointer inside an allocation (a caching-allocator block) registers as well.
+        inner = cuda.alloc(SIZE)
+        assert engine.register((inner + 4096, SIZE - 8192), location="cuda").location == "cuda"
+        host = bytearray(SIZE)
+        expect(ConfigError, lambda: engine.register(host, location="cuda:0"), "cpu memory", "location='cuda:0'")
+        import ctypes
+        host_addr = ctypes.addressof(ctypes.c_char.from_buffer(host))
+        expect(ConfigError, lambda: engine.register((host_addr, SIZE), location="cuda:0"), "not GPU memory")
+        other = cuda.alloc(SIZE, device=1)
+        expect(ConfigError, lambda: engine.register((other, SIZE), location="cuda:0"), "on cuda:1, not on cuda:0")
+        expect(ConfigError, lambda: engine.register((other, SIZE), location="cuda:7"), "cuda:7 does not exist here (2 GPU(s))")
+        # Past the end of its allocation: refused, the allocation is all the driver vouches for.
+        tail = cuda.alloc(SIZE)
+        expect(ConfigError, lambda: engine.register((tail, SIZE + 4096), location="cuda:0"), "not GPU memory")
+
+        class ArrayLike:  # __cuda_array_interface__ (CuPy, Numba, ...): the device comes from the driver
+            def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...] | None = None) -> None:
+                self.__cuda_array_interface__ = {"data": (ptr, False), "shape": shape, "typestr": "<f4",
+                                                 "strides": strides, "version": 3}
+
+        array = cuda.alloc(SIZE, device=1)
+        got = engine.register(ArrayLike(array, (SIZE // 4,)))
+        assert (got.address, got.length, got.location) == (array, SIZE, "cuda:1"), got
+        expect(ConfigError, lambda: engine.register(ArrayLike(cuda.alloc(SIZE), (256, 256), (4, 1024))),
+               "non-contiguous")
+    finally:
+        engine.close()
+
+
+def in_process() -> None:
+    """Two engines of one process: cuda<->cuda across devices and cuda<->cpu, byte for byte."""
+    cuda = FakeCuda()
+    a, b = TransferEngine(), TransferEngine()
+    try:
+        a_gpu, b_gpu = cuda.alloc(SIZE, device=0), cuda.alloc(SIZE, device=1)
+        cuda.write(b_gpu, pattern(1, SIZE))
+        a.register((a_gpu, SIZE), location="cuda:0")
+        b.register((b_gpu, SIZE), location="cuda:1")
+        host = a.register(bytearray(SIZE))
+        move(a, TransferOp.READ, a_gpu, b.name, b_gpu, SIZE)
+        assert cuda.read(a_gpu, SIZE) == pattern(1, SIZE)
+        host.view()[:] = pattern(2, SIZE)
+        move(a, TransferOp.WRITE, host.address, b.name, b_gpu, SIZE)
+        assert cuda.read(b_gpu, SIZE) == pattern(2, SIZE)
+        move(a, TransferOp.READ, host.address + 4096, b.name, b_gpu + 8192, 100_000)
+        assert bytes(host.view()[4096:4096 + 100_000]) == pattern(2, SIZE)[8192:8192 + 100_000]
+        # GPU -> peer's host memory in this process.
+        b_host = b.register(bytearray(SIZE))
+        cuda.write(a_gpu, pattern(3, SIZE))
+        move(a, TransferOp.WRITE, a_gpu, b.name, b_host.address, SIZE)
+        assert bytes(b_host.view()) == pattern(3, SIZE)
+        assert a.stats()["cuda_bytes"] == 3 * SIZE + 100_000
+        # Host to host is still shm's.
+        move(a, TransferOp.READ, host.address, b.name, b_host.address, SIZE)
+        assert a.stats()["shm_bytes"] == SIZE
+        assert a.connect(b.name) == "shm"
+    finally:
+        a.close()
+        b.close()
+
+
+def forced() -> None:
+    """A forced transport that cannot carry a GPU request fails it, naming location, peer and why."""
+    cuda = FakeCuda()
+    target = TransferEngine()
+    tcp = TransferEngine(config=TransferConfig(transport=TransportKind.TCP))
+    only_cuda = TransferEngine(config=TransferConfig(transport=TransportKind.CUDA))
+    try:
+        remote = cuda.alloc(SIZE)
+        target.register((remote, SIZE), location="cuda:0")
+        target_host = target.allocate(SIZE)
+        local = cuda.alloc(SIZE)
+        tcp.register((local, SIZE), location="cuda:0")
+        text = expect(TransferError, lambda: move(tcp, TransferOp.READ, local, target.name, remote, SIZE),
+                      "cuda:0", target.name, "forced", "tcp moves host memory only")
+        # tcp to a GPU range from host memory: the target refuses, saying it is GPU memory.
+        host = tcp.register(bytearray(SIZE))
+        text = expect(TransferError, lambda: move(tcp, TransferOp.READ, host.address, target.name, remote, SIZE),
+                      target.name, "GPU memory there")
+        assert not isinstance(text, SegmentNotRegisteredError)
+        cuda_host = only_cuda.register(bytearray(SIZE))
+        expect(TransferError, lambda: move(only_cuda, TransferOp.READ, cuda_host.address, target.name,
+                                           target_host.address, SIZE), "both ranges are host memory")
+    finally:
+        for e in (target, tcp, only_cuda):
+            e.close()
+
+
+# -- two processes ------------------------------------------------------------------------------
+
+
+def serve() -> None:
+    """The target process: GPU and host regions with known bytes; commands on stdin, JSON on stdout."""
+    cuda = FakeCuda()
+    engine = TransferEngine()
+    regions: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    registered: dict[str, Any] = {}
+    made = {
+        "ipc": lambda n: cuda.alloc(n),
+        "ipc1": lambda n: cuda.alloc(n, device=1),
+        "vmm": lambda n: cuda.vmm_alloc(n),
+        "vmm_private": lambda n: cuda.vmm_alloc(n, exportable=False),
+    }
+    big = BLOCKS * BLOCK * 2
+    for seed, (name, size) in enumerate([("ipc", SIZE), ("ipc1", SIZE), ("vmm", SIZE), ("vmm_private", SIZE),
+                                         ("blocks", big)], start=10):
+        ptr = made.get(name, lambda n: cuda.alloc(n))(size)
+        cuda.write(ptr, pattern(seed, size))
+        device = 1 if name == "ipc1" else 0
+        registered[name] = engine.register((ptr, size), location=f"cuda:{device}")
+        regions[name], sizes[name] = ptr, size
+    host = engine.allocate(SIZE)
+    host.view()[:] = pattern(20, SIZE)
+    plain = engine.register(bytearray(pattern(21, SIZE)))
+    regions.update(host=host.address, plain=plain.address)
+    sizes.update(host=SIZE, plain=SIZE)
+    print(json.dumps({"name": engine.name, "regions": regions}), flush=True)
+    for line in sys.stdin:
+        command, _, arg = line.strip().partition(" ")
+        if command == "digest":
+            data = bytes(host.view()) if arg == "host" else cuda.read(regions[arg], sizes[arg])
+            print(json.dumps({"sha": hashlib.sha256(data).hexdigest()}), flush=True)
+        elif command == "unregister":
+            engine.unregister(registered[arg])
+            print(json.dumps({"ok": True}), flush=True)
+        elif command == "quit":
+            break
+    engine.close()
+
+
+class Target:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.cuda_fake.scenarios", "serve"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        hello = json.loads(self.proc.stdout.readline())
+        self.name: str = hello["name"]
+        self.regions: dict[str, int] = hello["regions"]
+
+    def ask(self, line: str) -> dict[str, Any]:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.ask_quit()
+        self.proc.wait(timeout=30)
+
+    def ask_quit(self) -> None:
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.flush()
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def two_process() -> None:
+    """IPC (cudaMalloc'd), VMM (POSIX fd) and host memory of another process, byte for byte."""
+    cuda = FakeCuda()
+    target = Target()
+    engine = TransferEngine()
+    try:
+        r = target.regions
+        local = cuda.alloc(SIZE)
+        engine.register((local, SIZE), location="cuda:0")
+        host = engine.register(bytearray(SIZE))
+        for name, seed in (("ipc", 10), ("ipc1", 11), ("vmm", 12)):
+            move(engine, TransferOp.READ, local, target.name, r[name], SIZE)
+            assert cuda.read(local, SIZE) == pattern(seed, SIZE), name
+            move(engine, TransferOp.READ, host.address, target.name, r[name], SIZE)  # cuda -> cpu
+            assert bytes(host.view()) == pattern(seed, SIZE), name
+            cuda.write(local, pattern(seed + 100, SIZE))
+            move(engine, TransferOp.WRITE, local, target.name, r[name], SIZE)
+            assert target.ask(f"digest {name}")["sha"] == sha(pattern(seed + 100, SIZE)), name
+        # GPU <-> the peer's allocate()d host memory (mapped).
+        move(engine, TransferOp.READ, local, target.name, r["host"], SIZE)
+        assert cuda.read(local, SIZE) == pattern(20, SIZE)
+        move(engine, TransferOp.WRITE, local + 4096, target.name, r["host"], 65536)
+        expected = bytearray(pattern(20, SIZE))
+        expected[:65536] = pattern(20, SIZE)[4096:4096 + 65536]
+        assert target.ask("digest host")["sha"] == sha(bytes(expected))
+        # Not reachable: VMM memory made without a shareable handle, plain host memory of another
+        # process from GPU memory (neither cuda nor tcp can carry it); the error names both sides.
+        expect(TransferError, lambda: move(engine, TransferOp.READ, local, target.name, r["vmm_private"], SIZE),
+               "cuda:0", target.name, "POSIX-fd")
+        expect(TransferError, lambda: move(engine, TransferOp.READ, local, target.name, r["plain"], SIZE),
+               "cuda:0", target.name, "did not allocate()")
+        assert engine.stats()["cuda_bytes"] == 10 * SIZE + 65536
+        # After the peer unregisters a GPU region, nothing of it is reachable.
+        assert target.ask("unregister ipc")["ok"]
+        expect(SegmentNotRegisteredError, lambda: move(engine, TransferOp.READ, local, target.name, r["ipc"], SIZE))
+    finally:
+        engine.close()
+        target.close()
+
+
+def scattered_blocks() -> None:
+    """2,000 scattered 16 KiB blocks in one batch, GPU to GPU across processes (a KV hand-off)."""
+    cuda = FakeCuda()
+    target = Target()
+    engine = TransferEngine()
+    try:
+        size = BLOCKS * BLOCK * 2
+        local = cuda.alloc(size)
+        engine.register((local, size), location="cuda:0")
+        order = list(range(2 * BLOCKS))
+        random.Random(5).shuffle(order)
+        remote_blocks, local_blocks = order[:BLOCKS], order[BLOCKS:]
+        batch = [TransferRequest(TransferOp.READ, local + lb * BLOCK, BLOCK, target.name,
+                                 target.regions["blocks"] + rb * BLOCK)
+                 for lb, rb in zip(local_blocks, remote_blocks)]
+        engine.transfer(batch).wait(timeout_s=WAIT_S)
+        source = pattern(14, size)
+        got = cuda.read(local, size)
+        for lb, rb in zip(local_blocks, remote_blocks):
+            assert got[lb * BLOCK:(lb + 1) * BLOCK] == source[rb * BLOCK:(rb + 1) * BLOCK], (lb, rb)
+    finally:
+        engine.close()
+        target.close()
+
+
+def peer_exit() -> None:
+    """A target that dies: requests to its GPU memory fail as PeerUnavailable, nothing hangs."""
+    from tidekv.errors import PeerUnavailableError
+
+    cuda = FakeCuda()
+    target = Target()
+    engine = TransferEngine()
+    try:
+        local = cuda.alloc(SIZE)
+        engine.register((local, SIZE), location="cuda:0")
+        move(engine, TransferOp.READ, local, target.name, target.regions["ipc"], SIZE)
+        target.proc.kill()
+        target.proc.wait(timeout=10)
+        expect((PeerUnavailableError, TransferError),  # type: ignore[arg-type]
+               lambda: move(engine, TransferOp.READ, local, target.name, target.regions["ipc"], SIZE))
+    finally:
+        engine.close()
+
+
+SCENARIOS: dict[str, Callable[[], None]] = {f.__name__: f for f in (
+    registration, in_process, forced, serve, two_process, scattered_blocks, peer_exit)}
+
+if __name__ == "__main__":
+    assert os.environ.get("TIDEKV_LIBCUDA"), "set TIDEKV_LIBCUDA to the fake driver (tests.cuda_fake.build)"
+    SCENARIOS[sys.argv[1]]()
