@@ -119,7 +119,7 @@ class Replicator:
         self._sent.append((self.seq, time.monotonic()))
         self._advance()
 
-    def received(self, transport: asyncio.Transport, data: bytes) -> None:
+    def received(self, transport: asyncio.Transport, data: bytes | memoryview) -> None:
         """Bytes from a standby: its acks."""
         standby = self._standbys.get(transport)
         if standby is None:

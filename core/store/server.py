@@ -299,12 +299,21 @@ def run_master(config: MasterConfig) -> None:
     MasterServer(config).serve_forever()
 
 
-class _Connection(asyncio.Protocol):
-    """One client connection: checks the magic, then answers each whole frame in order."""
+_READ_BYTES = 64 << 10
+"""What one read of a connection takes at most."""
+
+
+class _Connection(asyncio.BufferedProtocol):
+    """One client connection: checks the magic, then answers each whole frame in order.
+
+    Reads land in a buffer of its own (``get_buffer``): the plain ``Protocol`` path has asyncio
+    allocate 256 KiB per read, which glibc serves with mmap, mremap and munmap (three system
+    calls per read: 6 per put on a lone master, 18 per put on a leader with two standbys)."""
 
     def __init__(self, server: MasterServer) -> None:
         self._server = server
         self._buf = bytearray()
+        self._read = memoryview(bytearray(_READ_BYTES))
         self._greeted = False
         self._is_standby = False  # a standby following this leader (replication.REPLICA_MAGIC)
         self._follows = False  # the standby's Follow was accepted: what comes now are acks
@@ -342,7 +351,13 @@ class _Connection(asyncio.Protocol):
         assert self._transport is not None
         self._transport.resume_reading()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._read
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._received(self._read[:nbytes])
+
+    def _received(self, data: memoryview) -> None:
         buf = self._buf
         if self._is_standby:
             self._from_standby(data)
@@ -409,7 +424,7 @@ class _Connection(asyncio.Protocol):
         if queue:
             self._server._waiting.add(self)
 
-    def _from_standby(self, data: bytes) -> None:
+    def _from_standby(self, data: bytes | memoryview) -> None:
         """A standby's first frame is Follow; later ones are its acks."""
         assert self._transport is not None
         replicator = self._server.replicator
