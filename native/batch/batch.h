@@ -69,7 +69,10 @@ class Batch {
   const std::vector<Request>& requests() const { return requests_; }
   // Planning (before the batch is visible to any other thread).
   void expect_slices(size_t request, uint32_t count) { slices_left_[request] += count; }
+  // One guard per request, in request order (the engine holds them before planning).
   void hold(RegionTable::Guard guard) { guards_.push_back(std::move(guard)); }
+  // Where request r's local memory is (valid from planning on).
+  MemoryLocation local_location(size_t request) const { return guards_[request].view().location; }
   void add_task(std::shared_ptr<Task> task) { tasks_.push_back(std::move(task)); }
   const std::vector<std::shared_ptr<Task>>& tasks() const { return tasks_; }
   // Seals planning: requests with no slices (failed during planning) count as finished.

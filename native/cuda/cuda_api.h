@@ -35,6 +35,7 @@ constexpr unsigned CU_MEMORYTYPE_UNIFIED = 4;
 constexpr unsigned CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1;
 constexpr unsigned CU_STREAM_NON_BLOCKING = 1;
 constexpr unsigned CU_EVENT_DISABLE_TIMING = 2;
+constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 1;
 // CUmemAllocationHandleType, CUmemLocationType, CUmemAccess_flags
 constexpr int CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1;
 constexpr int CU_MEM_LOCATION_TYPE_DEVICE = 1;
@@ -98,6 +99,12 @@ struct Api {
   CUresult (*cuStreamCreate)(CUstream*, unsigned);
   CUresult (*cuStreamSynchronize)(CUstream);
   CUresult (*cuMemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+  CUresult (*cuMemHostAlloc)(void**, size_t, unsigned);
+  CUresult (*cuMemFreeHost)(void*);
+  CUresult (*cuEventCreate)(CUevent*, unsigned);
+  CUresult (*cuEventRecord)(CUevent, CUstream);
+  CUresult (*cuEventSynchronize)(CUevent);
+  CUresult (*cuEventDestroy)(CUevent);  // _v2
 };
 
 }  // namespace tidekv::cuda

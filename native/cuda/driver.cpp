@@ -62,6 +62,12 @@ void Driver::load() {
   sym(api_.cuStreamCreate, "cuStreamCreate");
   sym(api_.cuStreamSynchronize, "cuStreamSynchronize");
   sym(api_.cuMemcpyAsync, "cuMemcpyAsync");
+  sym(api_.cuMemHostAlloc, "cuMemHostAlloc");
+  sym(api_.cuMemFreeHost, "cuMemFreeHost");
+  sym(api_.cuEventCreate, "cuEventCreate");
+  sym(api_.cuEventRecord, "cuEventRecord");
+  sym(api_.cuEventSynchronize, "cuEventSynchronize");
+  sym(api_.cuEventDestroy, "cuEventDestroy_v2");
   if (!missing.empty()) {
     reason_ = path + " loads but lacks " + missing + " (a driver older than CUDA 11.0?)";
     return;

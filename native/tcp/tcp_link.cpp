@@ -11,11 +11,14 @@
 
 #include "common/errors.h"
 #include "common/handshake.h"
+#include "cuda/driver.h"
 
 namespace tidekv {
 namespace {
 
 constexpr size_t kRoundSlices = 256;  // the acks of one round must fit in socket buffers
+constexpr uint64_t kStageBytes = 8 << 20;  // pinned bounce memory per connection (GPU bytes of one round)
+constexpr size_t kNoMark = SIZE_MAX;
 
 std::string range_text(const char* op, uint64_t addr, uint64_t len) {
   return std::string(op) + " [0x" + [](uint64_t v) {
@@ -42,11 +45,14 @@ TcpLink::TcpLink(EngineContext& ctx, PeerAddress peer)
 TcpLink::~TcpLink() { close(); }
 
 int TcpLink::preference(const Request& r, MemoryLocation local) const {
-  return local.kind == MemoryKind::kCpu ? 1 : 0;  // anything the peer registered; it refuses what is not host memory
+  // Anything the peer registered (it stages its own GPU memory); local GPU memory is staged here.
+  if (local.kind == MemoryKind::kCpu) return 1;
+  return cuda::Driver::get().available() ? 1 : 0;
 }
 
 std::string TcpLink::refusal(const Request& r, MemoryLocation local) const {
-  return "tcp moves host memory only, and the local range is in " + local.str() + " memory";
+  return "tcp stages " + local.str() + " memory through host memory only with a CUDA driver, and " +
+         cuda::Driver::get().reason();
 }
 
 void TcpLink::close() {
@@ -163,6 +169,11 @@ void TcpLink::plan(const std::shared_ptr<Batch>& batch, const std::vector<uint32
   for (auto& g : parts) {
     // WRITEs first within each round: the peer then only ever owes us small acks while we send.
     std::stable_partition(g->slices.begin(), g->slices.end(), [](const Slice& s) { return s.op == wire::Op::kWrite; });
+    g->device.resize(g->slices.size());
+    for (size_t i = 0; i < g->slices.size(); ++i) {
+      MemoryLocation where = batch->local_location(g->slices[i].request);
+      g->device[i] = int16_t(where.kind == MemoryKind::kCuda ? where.device : -1);
+    }
     batch->add_task(std::make_shared<Task>(
         [self = shared_from_this(), g](const Deadline& deadline) { self->run(g, deadline); }));
   }
@@ -180,19 +191,69 @@ void TcpLink::run(const std::shared_ptr<Group>& group, const Deadline& deadline)
 
 void TcpLink::begin_window(Group& g) {
   g.window_begin = g.done;
-  g.window_end = std::min(g.slices.size(), g.done + kRoundSlices);
+  // A round holds at most kRoundSlices slices, and no more GPU bytes than the bounce memory.
+  const uint64_t stage_cap = std::max<uint64_t>(kStageBytes, ctx_.options.slice_bytes);
+  uint64_t staged = 0;
+  size_t end = g.done;
+  while (end < g.slices.size() && end - g.done < kRoundSlices) {
+    if (g.device[end] >= 0) {
+      if (staged + g.slices[end].length + 64 > stage_cap && end > g.done) break;
+      staged += g.slices[end].length + 64;
+    }
+    ++end;
+  }
+  g.window_end = end;
   size_t count = g.window_end - g.window_begin;
   g.headers.resize(count);
   g.iov.clear();
+  g.iov_mark.clear();
+  g.staged_reads.clear();
   g.iov_next = 0;
+  if (staged && !g.conn->stager) g.conn->stager = std::make_unique<cuda::Stager>(stage_cap);
   for (size_t i = 0; i < count; ++i) {
     const Slice& s = g.slices[g.window_begin + i];
     const Request& q = g.batch->requests()[s.request];
     g.headers[i] = wire::RequestHeader{wire::kMagic, uint8_t(s.op), {0, 0, 0}, s.remote, s.length, uint64_t(i),
                                        q.remote_addr, q.length};
     g.iov.push_back(iovec{&g.headers[i], sizeof(wire::RequestHeader)});
-    if (s.op == wire::Op::kWrite) g.iov.push_back(iovec{reinterpret_cast<void*>(s.local), s.length});
+    g.iov_mark.push_back(kNoMark);
+    if (s.op != wire::Op::kWrite) continue;
+    int device = g.device[g.window_begin + i];
+    if (device < 0) {
+      g.iov.push_back(iovec{reinterpret_cast<void*>(s.local), s.length});
+      g.iov_mark.push_back(kNoMark);
+      continue;
+    }
+    uint8_t* bounce = g.conn->stager->take(s.length, device);
+    if (!bounce) TIDEKV_THROW(kTransfer, "internal: the round's GPU bytes exceed the staging memory");
+    g.iov.push_back(iovec{bounce, s.length});
+    g.iov_mark.push_back(g.conn->stager->to_host(bounce, s.local, s.length, device));
   }
+}
+
+bool TcpLink::send_window(Group& g, const Deadline& deadline) {
+  const int count = int(g.iov.size());
+  while (g.iov_next < count) {
+    size_t& mark = g.iov_mark[g.iov_next];
+    if (mark != kNoMark) {
+      g.conn->stager->wait(mark);  // this payload is off the GPU; later ones are still copying
+      mark = kNoMark;
+    }
+    int end = g.iov_next + 1;
+    while (end < count && g.iov_mark[end] == kNoMark) ++end;
+    if (!send_until(g.conn->fd, g.iov.data(), end, &g.iov_next, deadline, peer_name_)) return false;
+  }
+  return true;
+}
+
+void TcpLink::finish_staged(Group& g) {
+  g.conn->stager->drain();
+  for (size_t i : g.staged_reads) {
+    const Slice& s = g.slices[i];
+    ctx_.counters.bytes_read.fetch_add(s.length, std::memory_order_relaxed);
+    g.batch->complete_slice(s.request, s.length);
+  }
+  g.staged_reads.clear();
 }
 
 bool TcpLink::step(Group& g, const Deadline& deadline) {
@@ -203,7 +264,7 @@ bool TcpLink::step(Group& g, const Deadline& deadline) {
     }
     while (g.done < g.slices.size()) {
       if (g.window_end <= g.done) begin_window(g);
-      if (!send_until(g.conn->fd, g.iov.data(), int(g.iov.size()), &g.iov_next, deadline, peer_name_)) return false;
+      if (!send_window(g, deadline)) return false;
       while (g.done < g.window_end) {
         if (g.conn->reader->buffered() < sizeof(wire::ResponseHeader) &&
             !spin_until_readable(g.conn->fd, ctx_.options.reply_spin_us) && deadline &&
@@ -211,6 +272,7 @@ bool TcpLink::step(Group& g, const Deadline& deadline) {
           return false;
         handle_reply(g);
       }
+      if (g.conn->stager && !g.conn->stager->idle()) finish_staged(g);
     }
     checkin(std::move(g.conn));
   } catch (const Error& e) {
@@ -225,6 +287,11 @@ bool TcpLink::step(Group& g, const Deadline& deadline) {
       std::lock_guard<std::mutex> lock(mu_);
       if (closed_) kind = ErrorKind::kClosed;
     }
+    // READs whose bytes arrived but had not reached the GPU yet fail with the rest.
+    for (size_t i : g.staged_reads)
+      g.batch->fail_slice(g.slices[i].request, kind,
+                          std::string(e.what()) + " during " + range_text("READ", g.slices[i].remote, g.slices[i].length));
+    g.staged_reads.clear();
     for (size_t i = g.done; i < g.slices.size(); ++i) {
       const Slice& s = g.slices[i];
       g.batch->fail_slice(s.request, kind,
@@ -249,6 +316,17 @@ void TcpLink::handle_reply(Group& g) {
   if (resp.status == uint32_t(wire::Status::kOk)) {
     if (s.op == wire::Op::kRead) {
       if (resp.length != s.length) TIDEKV_THROW(kTransfer, "peer " + peer_name_ + " sent a short READ reply");
+      int device = g.device[g.done];
+      if (device >= 0) {
+        // Into bounce memory, then on to the GPU while the next replies arrive; done at round end.
+        uint8_t* bounce = conn.stager->take(s.length, device);
+        if (!bounce) TIDEKV_THROW(kTransfer, "internal: the round's GPU bytes exceed the staging memory");
+        conn.reader->read_exact(bounce, s.length);
+        conn.stager->to_device(s.local, bounce, s.length, device);
+        g.staged_reads.push_back(g.done);
+        ++g.done;
+        return;
+      }
       conn.reader->read_exact(reinterpret_cast<void*>(s.local), s.length);
       ctx_.counters.bytes_read.fetch_add(s.length, std::memory_order_relaxed);
     } else {

@@ -1,6 +1,10 @@
 // The initiating half of tcp: a pool of connections to one peer; each request is cut into
 // slices and the slices are striped over the connections, pipelined (all WRITEs of a round are
 // sent before its READs, so a round never waits on itself). The serving half is tcp_server.h.
+// Local GPU memory is staged through the connection's pinned bounce memory (cuda/staging.h):
+// a round's WRITE payloads are copied off the GPU while earlier ones are already being sent,
+// READ payloads go on to the GPU while later ones are still arriving, and a round's GPU
+// requests are reported done only once their copies have finished.
 #pragma once
 
 #include <chrono>
@@ -12,8 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "common/socket.h"
 #include "common/context.h"
+#include "common/socket.h"
+#include "cuda/staging.h"
 #include "regions/region_table.h"
 #include "transport/transport.h"
 
@@ -35,6 +40,7 @@ class TcpLink final : public PeerLink, public std::enable_shared_from_this<TcpLi
     int fd = -1;
     std::unique_ptr<SocketReader> reader;
     std::chrono::steady_clock::time_point idle_since;
+    std::unique_ptr<cuda::Stager> stager;  // made on the first round with GPU memory
     ~Connection();
   };
   // One stripe of a batch and how far it has got, so that a thread that must leave at its
@@ -43,12 +49,15 @@ class TcpLink final : public PeerLink, public std::enable_shared_from_this<TcpLi
     Batch* batch;
     std::shared_ptr<Batch> keep;
     std::vector<Slice> slices;  // WRITEs first
+    std::vector<int16_t> device;  // per slice: its local GPU, -1 for host memory
     size_t done = 0;            // slices whose replies have been handled
     std::unique_ptr<Connection> conn;
     size_t window_begin = 0;    // the round in flight: slices [window_begin, window_end)
     size_t window_end = 0;
     std::vector<wire::RequestHeader> headers;
     std::vector<iovec> iov;
+    std::vector<size_t> iov_mark;        // per iovec: the staging copy to wait for before sending it
+    std::vector<size_t> staged_reads;    // READ slices of the round whose bytes are on their way to the GPU
     int iov_next = 0;
   };
 
@@ -61,6 +70,10 @@ class TcpLink final : public PeerLink, public std::enable_shared_from_this<TcpLi
   // Advances the group; false when it stopped at the deadline with work left.
   bool step(Group& g, const Deadline& deadline);
   void begin_window(Group& g);
+  // Sends the round's frames, waiting for each staged payload just before it goes out.
+  bool send_window(Group& g, const Deadline& deadline);
+  // The round's staged copies have finished: its GPU READs are done.
+  void finish_staged(Group& g);
   void handle_reply(Group& g);
 
   EngineContext& ctx_;

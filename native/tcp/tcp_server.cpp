@@ -11,11 +11,13 @@
 #include <system_error>
 
 #include "common/errors.h"
+#include "cuda/driver.h"
 
 namespace tidekv {
 namespace {
 
 constexpr uint64_t kMaxRefusedDrain = 1ULL << 30;
+constexpr uint64_t kStageBytes = 8 << 20;  // pinned bounce memory per connection that touches GPU memory
 constexpr int kSweepEveryMs = 1000;
 
 int64_t now_ms() {
@@ -177,6 +179,7 @@ bool TcpServer::serve(Conn& c) {
   std::vector<RegionTable::Guard> held;
   size_t out_bytes = 0;
   auto flush = [&] {
+    if (c.stager && !c.stager->idle()) c.stager->drain();  // staged bytes are in place before any reply goes
     if (!iov.empty()) send_all(c.fd, iov.data(), int(iov.size()), c.what);
     iov.clear();
     headers.clear();
@@ -205,9 +208,15 @@ bool TcpServer::serve(Conn& c) {
         TIDEKV_THROW(kTransfer, "malformed frame from " + c.what + " (slice outside its request)");
       auto guard = regions_.acquire(h.span_addr, h.span_length, /*is_local=*/true);
       wire::ResponseHeader resp{wire::kMagic, uint32_t(wire::Status::kOk), 0, h.tag, 0};
+      int device = -1;
       if (guard && guard->view().location.kind != MemoryKind::kCpu) {
-        guard.reset();  // GPU memory: not ours to serve from a socket
-        resp.status = uint32_t(wire::Status::kNotHostMemory);
+        device = guard->view().location.device;
+        if (!cuda::Driver::get().available()) {
+          guard.reset();  // GPU memory and no driver to stage it: not ours to serve from a socket
+          resp.status = uint32_t(wire::Status::kNotHostMemory);
+        } else if (!c.stager) {
+          c.stager = std::make_unique<cuda::Stager>(std::max<uint64_t>(kStageBytes, ctx_.options.slice_bytes));
+        }
       }
       if (!guard) {
         ctx_.counters.frames_refused.fetch_add(1, std::memory_order_relaxed);
@@ -219,6 +228,30 @@ bool TcpServer::serve(Conn& c) {
           reader.discard(h.length);
         }
         reply(resp, nullptr, 0);
+      } else if (device >= 0 && h.length > c.stager->capacity() / 2) {
+        flush();
+        serve_large_staged(c, h, guard->view());
+        guard.reset();
+        ctx_.counters.served_bytes.fetch_add(h.length, std::memory_order_relaxed);
+        if (h.op == uint8_t(wire::Op::kWrite)) reply(resp, nullptr, 0);
+      } else if (device >= 0) {
+        // Through bounce memory; the reply (ack or bytes) goes at the next flush, after the copy.
+        uint8_t* bounce = c.stager->take(h.length, device);
+        if (!bounce) {
+          flush();
+          bounce = c.stager->take(h.length, device);
+        }
+        if (h.op == uint8_t(wire::Op::kWrite)) {
+          reader.read_exact(bounce, h.length);
+          c.stager->to_device(h.remote_addr, bounce, h.length, device);
+          reply(resp, nullptr, 0);
+        } else {
+          c.stager->to_host(bounce, h.remote_addr, h.length, device);
+          resp.length = h.length;
+          reply(resp, bounce, h.length);
+        }
+        held.push_back(std::move(*guard));
+        ctx_.counters.served_bytes.fetch_add(h.length, std::memory_order_relaxed);
       } else if (h.op == uint8_t(wire::Op::kWrite)) {
         reader.read_exact(reinterpret_cast<void*>(h.remote_addr), h.length);
         guard.reset();
@@ -239,6 +272,34 @@ bool TcpServer::serve(Conn& c) {
                           std::string("dropped connection from ") + c.what + ": " + e.what());
     }
     return false;
+  }
+}
+
+}  // namespace tidekv
+
+namespace tidekv {
+
+void TcpServer::serve_large_staged(Conn& c, const wire::RequestHeader& h, const RegionView& region) {
+  // The reply of a READ is its header and then the pieces; a WRITE is acknowledged by the caller.
+  cuda::Stager& stager = *c.stager;
+  const int device = region.location.device;
+  const uint64_t piece_cap = stager.capacity();
+  if (h.op == uint8_t(wire::Op::kRead)) {
+    wire::ResponseHeader resp{wire::kMagic, uint32_t(wire::Status::kOk), h.length, h.tag, 0};
+    send_all(c.fd, &resp, sizeof(resp), c.what);
+  }
+  for (uint64_t off = 0; off < h.length; off += piece_cap) {
+    uint64_t n = std::min(piece_cap, h.length - off);
+    uint8_t* bounce = stager.take(n, device);
+    if (h.op == uint8_t(wire::Op::kWrite)) {
+      c.reader->read_exact(bounce, n);
+      stager.to_device(h.remote_addr + off, bounce, n, device);
+      stager.drain();
+    } else {
+      stager.wait(stager.to_host(bounce, h.remote_addr + off, n, device));
+      send_all(c.fd, bounce, n, c.what);
+      stager.drain();
+    }
   }
 }
 

@@ -2,7 +2,9 @@
 // A fixed pool of threads waits on one epoll set (EPOLLONESHOT: one thread per connection at a
 // time) and serves a connection while it has frames, then hands it back to epoll; an idle
 // connection costs a descriptor and a little memory, never a thread. WRITEs are read straight
-// into the registered region, READ replies stream straight out of it.
+// into the registered region, READ replies stream straight out of it; GPU regions go through
+// the connection's pinned bounce memory (cuda/staging.h): a WRITE is acknowledged, and a READ's
+// bytes sent, only after their device copy has finished.
 //
 // Limits: at most max_connections_per_peer connections of one peer engine (checked by admit()
 // before the handshake completes); a connection idle for idle_timeout is closed; a hang-up is
@@ -21,6 +23,7 @@
 
 #include "common/context.h"
 #include "common/socket.h"
+#include "cuda/staging.h"
 #include "regions/region_table.h"
 #include "transport/transport.h"
 
@@ -41,12 +44,15 @@ class TcpServer {
     std::string what;
     Instance instance;
     std::unique_ptr<SocketReader> reader;  // made on first use: an idle connection holds no buffer
+    std::unique_ptr<cuda::Stager> stager;  // made on the first frame into GPU memory
     std::atomic<int64_t> last_active_ms{0};
     bool busy = false;                     // a thread is serving it (guarded by mu_)
   };
   void run();
   // Serves frames while they come; false when the connection is finished (closed or broken).
   bool serve(Conn& c);
+  // A READ or WRITE of GPU memory larger than the bounce memory: piece by piece, synchronously.
+  void serve_large_staged(Conn& c, const wire::RequestHeader& h, const RegionView& region);
   void close_conn(Conn* c);
   void sweep_idle();
 

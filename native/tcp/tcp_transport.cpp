@@ -1,5 +1,6 @@
 #include "tcp/tcp_transport.h"
 
+#include "cuda/driver.h"
 #include "tcp/tcp_link.h"
 #include "tcp/tcp_server.h"
 
@@ -11,7 +12,14 @@ class TcpTransport final : public Transport {
   explicit TcpTransport(TransportEnv env) : ctx_(env.ctx), server_(env.ctx, env.regions) {}
   TransportId id() const override { return TransportId::kTcp; }
   const char* name() const override { return "tcp"; }
-  Availability availability() const override { return {true, "always available (host memory, any host)"}; }
+  Availability availability() const override {
+    return {true, cuda::Driver::get().available() ? "always available (any host; GPU memory staged through pinned host memory)"
+                                                  : "always available (host memory, any host)"};
+  }
+  // GPU memory is staged through host memory, where a CUDA driver is there to copy it.
+  bool handles(MemoryKind kind) const override {
+    return kind == MemoryKind::kCpu || (kind == MemoryKind::kCuda && cuda::Driver::get().available());
+  }
   std::shared_ptr<PeerLink> connect(const PeerAddress& peer, const std::string* section) override {
     return std::make_shared<TcpLink>(ctx_, peer);  // needs nothing from the peer but its address
   }

@@ -4,8 +4,8 @@
 // crashes the test, as it would fault on a real GPU - and once more, readable, for the copies
 // this library makes itself. Like the real driver it
 // - needs a current context for allocations, IPC opens, streams and copies;
-// - runs cuMemcpyAsync only when the stream is synchronised (a caller that reports a copy done
-//   before synchronising sees stale bytes);
+// - runs cuMemcpyAsync only when the stream (or an event recorded after it) is synchronised: a
+//   caller that reports a copy done before synchronising sees stale bytes;
 // - refuses to open an IPC handle in the process that exported it, or twice in one process;
 // - exports VMM memory only when it was created with the POSIX-fd handle type.
 // Devices: $TIDEKV_FAKE_CUDA_DEVICES (default 2), "Fake GPU N" on PCI bus N + 1.
@@ -54,13 +54,32 @@ struct Copy {
 
 struct Stream {
   int device;
-  std::vector<Copy> pending;
+  std::vector<Copy> pending;  // copies [done, done + pending.size()) in issue order
+  uint64_t done = 0;
 };
+
+struct Event {
+  Stream* stream = nullptr;
+  uint64_t upto = 0;  // the copies issued before it was recorded
+};
+
+// Runs the stream's copies issued before `upto`. Caller holds mu.
+void run_until(Stream* s, uint64_t upto) {
+  size_t n = 0;
+  while (n < s->pending.size() && s->done + n < upto) {
+    const Copy& c = s->pending[n];
+    std::memmove(c.dst, c.src, c.n);
+    ++n;
+  }
+  s->pending.erase(s->pending.begin(), s->pending.begin() + long(n));
+  s->done += n;
+}
 
 std::mutex mu;
 std::map<uint64_t, Mapping> mappings;  // by device address
 std::map<uint64_t, Allocation> allocations;
 std::map<std::string, uint64_t> ipc_opened;  // handle bytes -> mapped address
+std::map<uint64_t, size_t> host_allocs;       // cuMemHostAlloc'd
 uint64_t next_handle = 1;
 int contexts[64];
 thread_local std::vector<int> ctx_stack;
@@ -429,8 +448,49 @@ __attribute__((visibility("default"))) CUresult cuMemcpyAsync(CUdeviceptr dst, C
 }
 __attribute__((visibility("default"))) CUresult cuStreamSynchronize(Stream* stream) {
   if (!stream) return INVALID_HANDLE;
-  for (const Copy& c : stream->pending) std::memmove(c.dst, c.src, c.n);
-  stream->pending.clear();
+  std::lock_guard<std::mutex> lock(mu);
+  run_until(stream, UINT64_MAX);
+  return OK;
+}
+__attribute__((visibility("default"))) CUresult cuEventCreate(Event** out, unsigned) {
+  if (current_device() < 0) return INVALID_CONTEXT;
+  *out = new Event{};
+  return OK;
+}
+__attribute__((visibility("default"))) CUresult cuEventRecord(Event* ev, Stream* stream) {
+  if (!ev || !stream) return INVALID_HANDLE;
+  std::lock_guard<std::mutex> lock(mu);
+  ev->stream = stream;
+  ev->upto = stream->done + stream->pending.size();
+  return OK;
+}
+__attribute__((visibility("default"))) CUresult cuEventSynchronize(Event* ev) {
+  if (!ev) return INVALID_HANDLE;
+  std::lock_guard<std::mutex> lock(mu);
+  if (ev->stream) run_until(ev->stream, ev->upto);
+  return OK;
+}
+__attribute__((visibility("default"))) CUresult cuEventDestroy_v2(Event* ev) {
+  delete ev;
+  return OK;
+}
+
+// Pinned host memory: plain host memory here.
+__attribute__((visibility("default"))) CUresult cuMemHostAlloc(void** out, size_t size, unsigned) {
+  if (current_device() < 0) return INVALID_CONTEXT;
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return OUT_OF_MEMORY;
+  std::lock_guard<std::mutex> lock(mu);
+  host_allocs[reinterpret_cast<uint64_t>(p)] = size;
+  *out = p;
+  return OK;
+}
+__attribute__((visibility("default"))) CUresult cuMemFreeHost(void* p) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = host_allocs.find(reinterpret_cast<uint64_t>(p));
+  if (it == host_allocs.end()) return INVALID_VALUE;
+  munmap(p, it->second);
+  host_allocs.erase(it);
   return OK;
 }
 

@@ -36,7 +36,7 @@ def run(scenario: str, libcuda: Path, *args: str, timeout_s: float = 120) -> sub
 
 
 @pytest.mark.parametrize("scenario", ["registration", "in_process", "forced", "two_process", "scattered_blocks",
-                                      "peer_exit"])
+                                      "staged", "peer_exit"])
 def test_scenario(scenario: str, fake_libcuda: Path) -> None:
     done = run(scenario, fake_libcuda)
     assert done.returncode == 0, f"scenario {scenario} failed:\n{done.stderr[-6000:]}"
