@@ -257,13 +257,24 @@ def two_process() -> None:
         expected = bytearray(pattern(20, SIZE))
         expected[:65536] = pattern(20, SIZE)[4096:4096 + 65536]
         assert target.ask("digest host")["sha"] == sha(bytes(expected))
-        # Not reachable: VMM memory made without a shareable handle, plain host memory of another
-        # process from GPU memory (neither cuda nor tcp can carry it); the error names both sides.
-        expect(TransferError, lambda: move(engine, TransferOp.READ, local, target.name, r["vmm_private"], SIZE),
-               "cuda:0", target.name, "POSIX-fd")
-        expect(TransferError, lambda: move(engine, TransferOp.READ, local, target.name, r["plain"], SIZE),
-               "cuda:0", target.name, "did not allocate()")
         assert engine.stats()["cuda_bytes"] == 10 * SIZE + 65536
+        # Out of the cuda transport's reach: VMM memory made without a shareable handle, plain
+        # host memory of another process. Such requests go staged over tcp instead...
+        for name, seed in (("vmm_private", 13), ("plain", 21)):
+            move(engine, TransferOp.READ, local, target.name, r[name], SIZE)
+            assert cuda.read(local, SIZE) == pattern(seed, SIZE), name
+        assert engine.stats()["cuda_bytes"] == 10 * SIZE + 65536
+        # ... and fail, naming both sides and why, where cuda is forced.
+        only_cuda = TransferEngine(config=TransferConfig(transport=TransportKind.CUDA))
+        try:
+            forced_local = cuda.alloc(SIZE)
+            only_cuda.register((forced_local, SIZE), location="cuda:0")
+            expect(TransferError, lambda: move(only_cuda, TransferOp.READ, forced_local, target.name,
+                                               r["vmm_private"], SIZE), "cuda:0", target.name, "POSIX-fd")
+            expect(TransferError, lambda: move(only_cuda, TransferOp.READ, forced_local, target.name, r["plain"], SIZE),
+                   "cuda:0", target.name, "did not allocate()")
+        finally:
+            only_cuda.close()
         # After the peer unregisters a GPU region, nothing of it is reachable.
         assert target.ask("unregister ipc")["ok"]
         expect(SegmentNotRegisteredError, lambda: move(engine, TransferOp.READ, local, target.name, r["ipc"], SIZE))
