@@ -22,7 +22,9 @@ Mapping of Mooncake's concepts:
 - ``protocol``: "tcp" (or ``MC_FORCE_TCP=1``) forces tidekv's tcp transport; every other
   protocol ("rdma", "efa", ...) lets tidekv choose (shared memory to same-host peers, tcp
   otherwise). ``device_name`` (NIC allow-list) has no meaning for these transports and is ignored.
-- ``location`` of registered memory: "*" and "cpu[:N]" are host memory; device memory is refused.
+- ``location`` of registered memory: "*" asks the CUDA driver whether the address is GPU memory
+  (as Mooncake does), "cpu[:N]" is host memory, "cuda:N" GPU memory (the cuda transport, or tcp
+  staged through host memory).
 
 Not provided (no caller among the engines above, or no tidekv equivalent): notifications
 (``TransferNotify`` / ``get_notifies``), ``transfer_*_on_cuda``, ``get_first_buffer_address``,
@@ -48,7 +50,7 @@ from tidekv.config import TransferConfig, TransportKind
 from tidekv.errors import EngineClosedError, TidekvError, TransferTimeoutError
 from tidekv.transfer.batch import TransferHandle, TransferOp, TransferRequest
 from tidekv.transfer.engine import TransferEngine as _TidekvEngine
-from tidekv.transfer.region import Region
+from tidekv.transfer.region import Region, location_of_address
 
 logger = logging.getLogger(__name__)
 
@@ -175,13 +177,17 @@ class TransferEngine:
         engine = self._engine
         if engine is None or len(buffer_addresses) != len(capacities):
             return self._misuse("batch_register_memory", len(buffer_addresses), len(capacities))
-        if not (location == "*" or location.startswith("cpu")):
-            logger.error("mooncake compat: cannot register memory at location %r (host memory only)", location)
+        if not (location == "*" or location.startswith(("cpu", "cuda"))):
+            logger.error("mooncake compat: cannot register memory at location %r (use '*', 'cpu:N' or 'cuda:N')",
+                         location)
             return _FAILED
         status = _OK
         for address, length in zip(buffer_addresses, capacities):
+            where = "cpu" if location.startswith("cpu") else location
             try:
-                region = engine.register((int(address), int(length)))
+                if where == "*":
+                    where = location_of_address(int(address))
+                region = engine.register((int(address), int(length)), location=where)
             except TidekvError as exc:
                 logger.error("mooncake compat: register_memory(%#x, %d) failed: %s", address, length, exc)
                 status = _FAILED

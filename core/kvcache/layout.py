@@ -79,6 +79,17 @@ class LayerLayout:
         return [(start + off, length) for off, length in self.runs]
 
 
+def _location_of(tensor: Any) -> str:
+    """"cpu" or "cuda:N" for a torch tensor (or anything with a torch-like ``device``)."""
+    device = getattr(tensor, "device", None)
+    kind = getattr(device, "type", "cpu")
+    if kind == "cuda":
+        return f"cuda:{device.index or 0}"
+    if kind != "cpu":
+        raise ConfigError(f"KV tensors on {device} cannot be moved: tidekv moves cpu and cuda memory")
+    return "cpu"
+
+
 @dataclass(frozen=True, slots=True)
 class KVLayout:
     """All layers of one engine's KV cache, plus what must match for two engines to exchange blocks."""
@@ -86,6 +97,7 @@ class KVLayout:
     layers: tuple[LayerLayout, ...]
     block_size: int  # tokens per block
     fingerprint: str  # model, dtype, shapes, runs: engines exchange blocks only when equal
+    location: str = "cpu"  # where this engine's blocks are: "cpu" or "cuda:N" (not part of the fingerprint)
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, Any], block_size: int, model_tag: str) -> KVLayout:
@@ -97,6 +109,9 @@ class KVLayout:
             model_tag: what else must match across engines (model name, dtype, tp rank...).
         """
         layers = []
+        locations = {_location_of(t) for t in tensors.values()}
+        if len(locations) > 1:
+            raise ConfigError(f"KV tensors are spread over {sorted(locations)}; one engine's cache must be on one device")
         for name in sorted(tensors, key=_layer_order):
             t = tensors[name]
             shape, strides, itemsize = tuple(t.shape), tuple(t.stride()), int(t.element_size())
@@ -111,7 +126,7 @@ class KVLayout:
             "dtype": str(next(iter(tensors.values())).dtype) if tensors else "",
         }
         fingerprint = hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
-        return cls(tuple(layers), block_size, fingerprint)
+        return cls(tuple(layers), block_size, fingerprint, locations.pop() if locations else "cpu")
 
     def memory_ranges(self) -> list[tuple[int, int]]:
         """Disjoint (address, length) ranges covering every layer's blocks (for registration)."""

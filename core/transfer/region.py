@@ -82,6 +82,14 @@ def memory_of(obj: Any, location: str | None = None) -> tuple[int, int, Any, str
     return address, length, owner, _same("cpu", location, obj)
 
 
+def location_of_address(address: int) -> str:
+    """"cuda:N" when the CUDA driver knows ``address`` as GPU memory of device N, else "cpu"."""
+    from tidekv import _native
+
+    device = _native.cuda_device_of(address)
+    return f"cuda:{device}" if device >= 0 else "cpu"
+
+
 def _same(found: str, asked: str | None, obj: Any) -> str:
     if asked is not None and asked != found and not (asked == "cuda" and found == "cuda:0"):
         raise ConfigError(f"{type(obj).__name__} is in {found} memory, but location={asked!r} was given")

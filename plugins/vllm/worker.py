@@ -87,7 +87,7 @@ class TidekvWorker:
         self._kv_caches = kv_caches
         self.layout = KVLayout.from_tensors(kv_caches, self.block_size, self.model_tag)
         for address, length in self.layout.memory_ranges():
-            self.engine.register((address, length))
+            self.engine.register((address, length), location=self.layout.location)
         available = [name for name, ok, _ in self.engine.transports() if ok]
         logger.info("tidekv connector: role %s, tp rank %d, transfer engine %s, transport %s (available: %s), "
                     "store %s, load mode %s, hold table %s; KV cache of %d layers, %d blocks, layout %s",
@@ -136,7 +136,7 @@ class TidekvWorker:
                 fut: Future[None] = Future()
                 fut.set_result(None)
             else:
-                fut = self._saver.submit(self._save_job, job)
+                fut = self._saver.submit(self._save_job, job, self._forward_done())
             self._saves.setdefault(job.request_id, []).append(fut)
 
     def get_finished(self, finished_req_ids: set[str], idle: bool = False) -> tuple[set[str], set[str]]:
@@ -254,8 +254,21 @@ class TidekvWorker:
                            self.tp_rank, len(missing), len(set(owners)))
             self._load_errors |= missing
 
-    def _save_job(self, job: StoreJob) -> None:
+    def _forward_done(self) -> Any:
+        """What a save of GPU blocks waits for: the forward's kernels that wrote them (an event on
+        the current stream, recorded now; the forward pass itself never waits). None on a CPU cache."""
+        if self.layout is None or not self.layout.location.startswith("cuda"):
+            return None
+        import torch
+
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    def _save_job(self, job: StoreJob, forward_done: Any = None) -> None:
         assert self.layout is not None and self._link is not None
+        if forward_done is not None:
+            forward_done.synchronize()  # on this saver thread: the blocks hold the forward's output now
         # The scheduler planned this save: its link is up, so ours is worth a try off-schedule.
         store = self._link.try_now()
         if store is None:

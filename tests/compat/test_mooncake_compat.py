@@ -191,7 +191,7 @@ def test_memory_registration_codes(engine: TransferEngine) -> None:
     assert engine.batch_register_memory([a.addr, b.addr], [a.size, b.size]) == 0
     assert engine.register_memory(a.addr + 100, 100) == -1  # overlaps a registered region
     assert engine.batch_register_memory([a.addr], [1, 2]) == -1  # lengths differ
-    assert engine.register_memory(a.addr, a.size, "cuda:0") == -1  # host memory only
+    assert engine.register_memory(a.addr, a.size, "cuda:0") == -1  # host memory is not GPU memory
     assert engine.batch_unregister_memory([a.addr, b.addr]) == 0
     assert engine.unregister_memory(a.addr) == -1  # not registered any more
     assert engine.register_memory(a.addr, a.size, "cpu:0") == 0  # and can be registered again

@@ -109,3 +109,34 @@ def test_block_requests_cover_exactly_the_per_block_spans(permuted: bool) -> Non
         assert sum(r.length for r in reqs) == len(lbs) * sum(lay.block_bytes for lay in local.layers)
     with pytest.raises(ConfigError, match="out of range"):
         local.block_requests(TransferOp.READ, "peer:1", remote, [63, 64], [0, 1])
+
+
+class _OnDevice:
+    """A tensor's layout facts with a claimed device (no GPU needed to check the bookkeeping)."""
+
+    def __init__(self, tensor: torch.Tensor, device: str) -> None:
+        self._t, self.device = tensor, torch.device(device)
+        self.shape, self.dtype = tensor.shape, tensor.dtype
+
+    def data_ptr(self) -> int:
+        return self._t.data_ptr()
+
+    def stride(self) -> tuple[int, ...]:
+        return self._t.stride()
+
+    def element_size(self) -> int:
+        return self._t.element_size()
+
+
+def test_layout_knows_where_the_cache_is_and_keeps_it_out_of_the_fingerprint() -> None:
+    host = {"l.0": torch.zeros(4, 2, 4, 16), "l.1": torch.zeros(4, 2, 4, 16)}
+    on_gpu = {k: _OnDevice(t, "cuda:1") for k, t in host.items()}
+    cpu_layout = KVLayout.from_tensors(host, 4, "m")
+    gpu_layout = KVLayout.from_tensors(on_gpu, 4, "m")
+    assert (cpu_layout.location, gpu_layout.location) == ("cpu", "cuda:1")
+    assert cpu_layout.fingerprint == gpu_layout.fingerprint  # a GPU decode may pull from a CPU prefill
+    mixed = {"l.0": _OnDevice(host["l.0"], "cuda:0"), "l.1": _OnDevice(host["l.1"], "cuda:1")}
+    with pytest.raises(ConfigError, match=r"spread over \['cuda:0', 'cuda:1'\]"):
+        KVLayout.from_tensors(mixed, 4, "m")
+    with pytest.raises(ConfigError, match="tidekv moves cpu and cuda memory"):
+        KVLayout.from_tensors({"l.0": _OnDevice(host["l.0"], "meta")}, 4, "m")
