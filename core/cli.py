@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tidekv.bench import failover as bench_failover
 
     bench_failover.add_parser(bench_sub)
+    from tidekv.bench import gpu as bench_gpu
+
+    bench_gpu.add_parser(bench_sub)
     from tidekv import proxy as proxy_cli
 
     proxy_cli.add_parser(sub)

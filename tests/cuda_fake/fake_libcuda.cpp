@@ -250,6 +250,17 @@ __attribute__((visibility("default"))) CUresult cuMemcpyDtoH_v2(void* dst, CUdev
   return OK;
 }
 
+__attribute__((visibility("default"))) CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  if (current_device() < 0) return INVALID_CONTEXT;
+  std::lock_guard<std::mutex> lock(mu);
+  bool ok = true;
+  uint8_t* d = resolve(dst, n, &ok);
+  const uint8_t* s = resolve(src, n, &ok);
+  if (!ok) return INVALID_VALUE;
+  std::memmove(d, s, n);
+  return OK;
+}
+
 __attribute__((visibility("default"))) CUresult cuPointerGetAttribute(void* data, int attr, CUdeviceptr ptr) {
   std::lock_guard<std::mutex> lock(mu);
   uint64_t base = 0;

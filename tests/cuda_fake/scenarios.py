@@ -1,8 +1,10 @@
-"""Checks of the cuda transport on the fake driver; each runs in a process of its own.
+"""Checks of the cuda transport, on the fake driver or a real GPU; each runs in a process of its own.
 
-``python -m tests.cuda_fake.scenarios NAME`` (``TIDEKV_LIBCUDA`` set to the fake) runs one and
-exits non-zero with the failing assertion; ``serve`` is the target process the two-process ones
-start. Neighbours: ``tests/transfer/test_cuda_fake.py`` (runs them), ``tests.cuda_fake`` (driver).
+``python -m tests.cuda_fake.scenarios NAME`` runs one and exits non-zero with the failing
+assertion: on the fake driver when ``TIDEKV_LIBCUDA`` names it, else on the host's GPUs (one GPU
+is enough: what needs two is skipped there). ``serve`` is the target process the two-process
+ones start. Neighbours: ``tests/transfer/test_cuda_fake.py`` and ``test_cuda_gpu.py`` (run
+them), ``tests.cuda_fake`` (the fake), ``tidekv.bench.gpumem`` (GPU memory without torch).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from tests.cuda_fake import FakeCuda
 from tidekv import (
     ConfigError,
     SegmentNotRegisteredError,
@@ -26,9 +27,11 @@ from tidekv import (
     TransferOp,
     TransferRequest,
 )
+from tidekv.bench.gpumem import DeviceMemory
 from tidekv.config import TransportKind
 
 SIZE = 1 << 20
+FAKE = bool(os.environ.get("TIDEKV_LIBCUDA"))
 BLOCK = 16 << 10
 BLOCKS = 2000
 WAIT_S = 30.0
@@ -59,11 +62,13 @@ def move(engine: TransferEngine, op: TransferOp, local: int, peer: str, remote: 
 
 def registration() -> None:
     """What register() takes as GPU memory, and what it refuses, naming why."""
-    cuda = FakeCuda()
+    cuda = DeviceMemory()
     engine = TransferEngine()
     try:
         status = {name: (ok, why) for name, ok, why in engine.transports()}
-        assert status["cuda"][0] and "2 GPU(s): cuda:0 Fake GPU 0, cuda:1 Fake GPU 1" in status["cuda"][1], status
+        names = "2 GPU(s): cuda:0 Fake GPU 0, cuda:1 Fake GPU 1" if FAKE else f"{cuda.devices} GPU(s): cuda:0 "
+        assert status["cuda"][0] and names in status["cuda"][1], status
+        other = 1 if cuda.devices > 1 else 0
         whole = cuda.alloc(SIZE)
         region = engine.register((whole, SIZE), location="cuda:0")
         assert region.location == "cuda:0"
@@ -76,36 +81,66 @@ def registration() -> None:
         import ctypes
         host_addr = ctypes.addressof(ctypes.c_char.from_buffer(host))
         expect(ConfigError, lambda: engine.register((host_addr, SIZE), location="cuda:0"), "not GPU memory")
-        other = cuda.alloc(SIZE, device=1)
-        expect(ConfigError, lambda: engine.register((other, SIZE), location="cuda:0"), "on cuda:1, not on cuda:0")
-        expect(ConfigError, lambda: engine.register((other, SIZE), location="cuda:7"), "cuda:7 does not exist here (2 GPU(s))")
-        # Past the end of its allocation: refused, the allocation is all the driver vouches for.
-        tail = cuda.alloc(SIZE)
-        expect(ConfigError, lambda: engine.register((tail, SIZE + 4096), location="cuda:0"), "not GPU memory")
+        elsewhere = cuda.alloc(SIZE, device=other)
+        if other:
+            expect(ConfigError, lambda: engine.register((elsewhere, SIZE), location="cuda:0"), "on cuda:1, not on cuda:0")
+        expect(ConfigError, lambda: engine.register((elsewhere, SIZE), location="cuda:77"),
+               f"cuda:77 does not exist here ({cuda.devices} GPU(s))")
+        if FAKE:  # (a real driver may place another allocation right behind it)
+            # Past the end of its allocation: refused, the allocation is all the driver vouches for.
+            tail = cuda.alloc(SIZE)
+            expect(ConfigError, lambda: engine.register((tail, SIZE + 4096), location="cuda:0"), "not GPU memory")
 
         class ArrayLike:  # __cuda_array_interface__ (CuPy, Numba, ...): the device comes from the driver
             def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...] | None = None) -> None:
                 self.__cuda_array_interface__ = {"data": (ptr, False), "shape": shape, "typestr": "<f4",
                                                  "strides": strides, "version": 3}
 
-        array = cuda.alloc(SIZE, device=1)
+        array = cuda.alloc(SIZE, device=other)
         got = engine.register(ArrayLike(array, (SIZE // 4,)))
-        assert (got.address, got.length, got.location) == (array, SIZE, "cuda:1"), got
+        assert (got.address, got.length, got.location) == (array, SIZE, f"cuda:{other}"), got
         expect(ConfigError, lambda: engine.register(ArrayLike(cuda.alloc(SIZE), (256, 256), (4, 1024))),
                "non-contiguous")
+        if FAKE:
+            dlpack_registration(engine, cuda)
     finally:
         engine.close()
 
 
+def dlpack_registration(engine: TransferEngine, cuda: DeviceMemory) -> None:
+    """A DLPack CUDA producer: a CPU tensor lends its capsule, pointed at fake GPU memory."""
+    import ctypes
+
+    import torch
+
+    lender = torch.zeros(SIZE // 2, dtype=torch.float16)
+    gpu = cuda.alloc(SIZE)
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+
+    class DLPackCuda:
+        def __dlpack_device__(self) -> tuple[int, int]:
+            return (2, 0)  # kDLCUDA, device 0
+
+        def __dlpack__(self, **kwargs: Any) -> Any:
+            capsule = lender.__dlpack__()
+            ctypes.c_void_p.from_address(get(capsule, b"dltensor")).value = gpu  # DLTensor.data
+            return capsule
+
+    got = engine.register(DLPackCuda())
+    assert (got.address, got.length, got.location) == (gpu, SIZE, "cuda:0"), got
+
+
 def in_process() -> None:
     """Two engines of one process: cuda<->cuda across devices and cuda<->cpu, byte for byte."""
-    cuda = FakeCuda()
+    cuda = DeviceMemory()
     a, b = TransferEngine(), TransferEngine()
     try:
-        a_gpu, b_gpu = cuda.alloc(SIZE, device=0), cuda.alloc(SIZE, device=1)
+        other = 1 if cuda.devices > 1 else 0
+        a_gpu, b_gpu = cuda.alloc(SIZE, device=0), cuda.alloc(SIZE, device=other)
         cuda.write(b_gpu, pattern(1, SIZE))
         a.register((a_gpu, SIZE), location="cuda:0")
-        b.register((b_gpu, SIZE), location="cuda:1")
+        b.register((b_gpu, SIZE), location=f"cuda:{other}")
         host = a.register(bytearray(SIZE))
         move(a, TransferOp.READ, a_gpu, b.name, b_gpu, SIZE)
         assert cuda.read(a_gpu, SIZE) == pattern(1, SIZE)
@@ -132,7 +167,7 @@ def in_process() -> None:
 def forced() -> None:
     """A forced transport that cannot carry a GPU request fails it, naming location, peer and why;
     forced tcp stages GPU memory through host memory on both sides instead."""
-    cuda = FakeCuda()
+    cuda = DeviceMemory()
     target = TransferEngine()
     tcp = TransferEngine(config=TransferConfig(transport=TransportKind.TCP))
     shm = TransferEngine(config=TransferConfig(transport=TransportKind.SHM))
@@ -167,14 +202,15 @@ def forced() -> None:
 
 def serve() -> None:
     """The target process: GPU and host regions with known bytes; commands on stdin, JSON on stdout."""
-    cuda = FakeCuda()
+    cuda = DeviceMemory()
     engine = TransferEngine()
     regions: dict[str, int] = {}
     sizes: dict[str, int] = {}
     registered: dict[str, Any] = {}
+    other = 1 if cuda.devices > 1 else 0
     made = {
         "ipc": lambda n: cuda.alloc(n),
-        "ipc1": lambda n: cuda.alloc(n, device=1),
+        "ipc1": lambda n: cuda.alloc(n, device=other),
         "vmm": lambda n: cuda.vmm_alloc(n),
         "vmm_private": lambda n: cuda.vmm_alloc(n, exportable=False),
     }
@@ -183,7 +219,7 @@ def serve() -> None:
                                          ("blocks", big)], start=10):
         ptr = made.get(name, lambda n: cuda.alloc(n))(size)
         cuda.write(ptr, pattern(seed, size))
-        device = 1 if name == "ipc1" else 0
+        device = other if name == "ipc1" else 0
         registered[name] = engine.register((ptr, size), location=f"cuda:{device}")
         regions[name], sizes[name] = ptr, size
     host = engine.allocate(SIZE)
@@ -206,12 +242,17 @@ def serve() -> None:
 
 
 class Target:
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.cuda_fake.scenarios", "serve"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        hello = json.loads(self.proc.stdout.readline())
-        self.name: str = hello["name"]
-        self.regions: dict[str, int] = hello["regions"]
+    """A target process (``serve`` by default) and the regions it reported."""
+
+    def __init__(self, args: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.cuda_fake.scenarios", *(args or ["serve"])],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"target {args} exited with {self.proc.wait(timeout=30)} before reporting")
+        self.hello: dict[str, Any] = json.loads(line)
+        self.name: str = self.hello["name"]
+        self.regions: dict[str, int] = self.hello["regions"]
 
     def ask(self, line: str) -> dict[str, Any]:
         self.proc.stdin.write(line + "\n")
@@ -234,7 +275,7 @@ def sha(data: bytes) -> str:
 
 def two_process() -> None:
     """IPC (cudaMalloc'd), VMM (POSIX fd) and host memory of another process, byte for byte."""
-    cuda = FakeCuda()
+    cuda = DeviceMemory()
     target = Target()
     engine = TransferEngine()
     try:
@@ -285,7 +326,7 @@ def two_process() -> None:
 
 def scattered_blocks() -> None:
     """2,000 scattered 16 KiB blocks in one batch, GPU to GPU across processes (a KV hand-off)."""
-    cuda = FakeCuda()
+    cuda = DeviceMemory()
     target = Target()
     engine = TransferEngine()
     try:
@@ -312,7 +353,7 @@ def staged() -> None:
     """GPU memory over tcp (what crosses hosts): staged through pinned memory on both sides, byte
     for byte, for batches of large and of scattered small requests, mixed with host memory, and
     for frames larger than the target's bounce memory."""
-    cuda = FakeCuda()
+    cuda = DeviceMemory()
     target = Target()
     engines = [TransferEngine(config=TransferConfig(transport=TransportKind.TCP)),
                TransferEngine(config=TransferConfig(transport=TransportKind.TCP, slice_size_bytes=16 << 20))]
@@ -369,7 +410,7 @@ def peer_exit() -> None:
     """A target that dies: requests to its GPU memory fail as PeerUnavailable, nothing hangs."""
     from tidekv.errors import PeerUnavailableError
 
-    cuda = FakeCuda()
+    cuda = DeviceMemory()
     target = Target()
     engine = TransferEngine()
     try:
@@ -384,8 +425,89 @@ def peer_exit() -> None:
         engine.close()
 
 
+# -- torch on a real GPU ---------------------------------------------------------------------
+
+
+def serve_torch() -> None:
+    """Target process holding torch CUDA tensors (run with PYTORCH_CUDA_ALLOC_CONF to pick the allocator)."""
+    import torch
+
+    engine = TransferEngine()
+    generator = torch.Generator(device="cuda").manual_seed(7)
+    tensors = {"big": torch.randint(0, 256, (8 * SIZE,), dtype=torch.uint8, device="cuda", generator=generator),
+               "small": torch.randint(0, 256, (SIZE,), dtype=torch.uint8, device="cuda", generator=generator)}
+    torch.cuda.synchronize()
+    regions = {}
+    for name, t in tensors.items():
+        region = engine.register(t)
+        assert region.location == "cuda:0", region
+        regions[name] = region.address
+    print(json.dumps({"name": engine.name, "regions": regions,
+                      "sha": {n: sha(t.cpu().numpy().tobytes()) for n, t in tensors.items()},
+                      "conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}), flush=True)
+    for line in sys.stdin:
+        command, _, arg = line.strip().partition(" ")
+        if command == "digest":
+            torch.cuda.synchronize()
+            print(json.dumps({"sha": sha(tensors[arg].cpu().numpy().tobytes())}), flush=True)
+        elif command == "quit":
+            break
+    engine.close()
+
+
+def torch_tensors() -> None:
+    """torch CUDA tensors: location from the tensor, DLPack, and IPC with cudaMalloc'd and
+    expandable-segments (VMM) memory in the target, over cuda and over staged tcp."""
+    import torch
+
+    engine = TransferEngine()
+    tcp = TransferEngine(config=TransferConfig(transport=TransportKind.TCP))
+    try:
+        local = torch.zeros(8 * SIZE, dtype=torch.uint8, device="cuda")
+        region = engine.register(local)
+        assert region.location == "cuda:0" and region.length == 8 * SIZE
+        expect(ConfigError, lambda: engine.register(torch.zeros(4, 4, device="cuda").t()), "contiguous")
+
+        class DLPackOnly:  # what a DLPack producer without data_ptr/__cuda_array_interface__ offers
+            def __init__(self, t: torch.Tensor) -> None:
+                self._t = t
+
+            def __dlpack__(self, **kwargs: Any) -> Any:
+                return self._t.__dlpack__(**kwargs)
+
+            def __dlpack_device__(self) -> tuple[int, int]:
+                return self._t.__dlpack_device__()
+
+        other = torch.zeros(SIZE, dtype=torch.float16, device="cuda")
+        got = engine.register(DLPackOnly(other))
+        assert (got.address, got.length, got.location) == (other.data_ptr(), 2 * SIZE, "cuda:0"), got
+        tcp_local = torch.zeros(8 * SIZE, dtype=torch.uint8, device="cuda")
+        tcp.register(tcp_local)
+        for conf in ("", "expandable_segments:True"):
+            env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=conf)
+            target = Target(["serve_torch"], env)
+            try:
+                assert target.hello["conf"] == conf
+                for e, buf in ((engine, local), (tcp, tcp_local)):
+                    for name, size in (("big", 8 * SIZE), ("small", SIZE)):
+                        move(e, TransferOp.READ, buf.data_ptr(), target.name, target.regions[name], size)
+                        torch.cuda.synchronize()
+                        assert sha(buf[:size].cpu().numpy().tobytes()) == target.hello["sha"][name], (conf, e.name, name)
+                    buf.fill_(3)
+                    torch.cuda.synchronize()
+                    move(e, TransferOp.WRITE, buf.data_ptr(), target.name, target.regions["small"], SIZE)
+                    assert target.ask("digest small")["sha"] == sha(bytes([3]) * SIZE), (conf, e.name)
+                assert engine.stats()["cuda_bytes"] > 0 and tcp.stats()["cuda_bytes"] == 0
+            finally:
+                target.close()
+    finally:
+        engine.close()
+        tcp.close()
+
+
 SCENARIOS: dict[str, Callable[[], None]] = {f.__name__: f for f in (
-    registration, in_process, forced, serve, two_process, scattered_blocks, staged, peer_exit)}
+    registration, in_process, forced, serve, two_process, scattered_blocks, staged, peer_exit, serve_torch,
+    torch_tensors)}
 
 if __name__ == "__main__":
     assert os.environ.get("TIDEKV_LIBCUDA"), "set TIDEKV_LIBCUDA to the fake driver (tests.cuda_fake.build)"
