@@ -134,6 +134,7 @@ std::shared_ptr<CudaLink::Opened> CudaLink::opened(const RegionView& view) const
 
 std::shared_ptr<CudaLink::Opened> CudaLink::open_region(const RegionView& view) const {
   auto o = std::make_shared<Opened>();
+  o->view = view;
   o->generation = view.generation;
   o->location = view.location;
   if (view.location.kind == MemoryKind::kCpu) {
@@ -273,7 +274,21 @@ bool CudaLink::refusal_reason(const Request& r, MemoryLocation local, std::strin
   return true;
 }
 
+void CudaLink::sweep() const {
+  auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (now < next_sweep_) return;
+  next_sweep_ = now + std::chrono::seconds(1);
+  for (auto it = opened_.begin(); it != opened_.end();) {
+    if (table_.acquire_slot(it->second->view, /*is_local=*/false))
+      ++it;
+    else
+      it = opened_.erase(it);  // closed here, or by the last task still holding it
+  }
+}
+
 void CudaLink::plan(const std::shared_ptr<Batch>& batch, const std::vector<uint32_t>& requests) {
+  sweep();
   std::vector<Slice> slices;
   slices.reserve(requests.size());
   for (uint32_t r : requests) {

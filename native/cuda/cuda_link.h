@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -49,6 +50,7 @@ class CudaLink final : public PeerLink, public std::enable_shared_from_this<Cuda
     std::string why;
   };
   struct Opened {
+    RegionView view{};          // the peer's region it was opened for
     uint64_t generation = 0;
     MemoryLocation location;
     int device = 0;  // the local device it was opened on (GPU regions)
@@ -64,6 +66,9 @@ class CudaLink final : public PeerLink, public std::enable_shared_from_this<Cuda
   CudaLink(EngineContext& ctx, std::string peer_name, const CudaSection& s, int pidfd, RegionTable table,
            const ExportEntry* exports, size_t exports_len);
   std::shared_ptr<Opened> opened(const RegionView& view) const;
+  // Closes what was opened for regions the peer has unregistered since (at most once a second):
+  // an IPC mapping would otherwise keep the peer's freed GPU memory allocated.
+  void sweep() const;
   std::shared_ptr<Opened> open_region(const RegionView& view) const;
   bool is_peer_alive() const;
   // Whether this link can serve r; *why says why not.
@@ -82,6 +87,7 @@ class CudaLink final : public PeerLink, public std::enable_shared_from_this<Cuda
   std::atomic<bool> closed_{false};
   mutable std::mutex mu_;
   mutable std::map<uint32_t, std::shared_ptr<Opened>> opened_;  // by slot
+  mutable std::chrono::steady_clock::time_point next_sweep_{};
 };
 
 }  // namespace tidekv::cuda

@@ -334,6 +334,12 @@ __attribute__((visibility("default"))) CUresult cuIpcCloseMemHandle(CUdeviceptr 
   return OK;
 }
 
+// For tests: how many IPC handles of other processes this process has open now.
+__attribute__((visibility("default"))) int fake_ipc_open_count() {
+  std::lock_guard<std::mutex> lock(mu);
+  return int(ipc_opened.size());
+}
+
 // Virtual memory management.
 struct Prop {
   int type;

@@ -15,6 +15,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -316,9 +317,15 @@ def two_process() -> None:
                    "cuda:0", target.name, "did not allocate()")
         finally:
             only_cuda.close()
-        # After the peer unregisters a GPU region, nothing of it is reachable.
+        # After the peer unregisters a GPU region, nothing of it is reachable, and this process
+        # lets go of its IPC mapping (which would keep the peer's freed memory allocated).
+        opened = cuda.lib.fake_ipc_open_count() if FAKE else None
         assert target.ask("unregister ipc")["ok"]
         expect(SegmentNotRegisteredError, lambda: move(engine, TransferOp.READ, local, target.name, r["ipc"], SIZE))
+        if FAKE:
+            time.sleep(1.1)  # links sweep at most once a second, when planning
+            move(engine, TransferOp.READ, local, target.name, r["vmm"], SIZE)
+            assert cuda.lib.fake_ipc_open_count() == opened - 1, (opened, cuda.lib.fake_ipc_open_count())
     finally:
         engine.close()
         target.close()
