@@ -325,7 +325,8 @@ void CudaLink::run(Batch& batch, const std::vector<Slice>& slices) {
         auto o = opened(guard->view());
         if (s.request != last_request) {
           last_request = s.request;
-          local_device = d.device_of(s.local);
+          MemoryLocation where = batch.local_location(s.request);
+          local_device = where.kind == MemoryKind::kCuda ? where.device : -1;
         }
         int device = local_device >= 0 ? local_device : o->device;
         if (device != scope_device) {
