@@ -19,6 +19,25 @@ wire::Auth compute_mac(const std::string& secret, const uint8_t server_nonce[32]
   return auth;
 }
 
+// The server's proof: the same key over a message a client's proof can never be (its prefix).
+wire::Auth server_mac(const std::string& secret, const uint8_t client_nonce[32], const uint8_t server_nonce[32]) {
+  static constexpr char kPrefix[] = "tidekv-server";
+  uint8_t msg[sizeof(kPrefix) - 1 + 64];
+  std::memcpy(msg, kPrefix, sizeof(kPrefix) - 1);
+  std::memcpy(msg + sizeof(kPrefix) - 1, client_nonce, 32);
+  std::memcpy(msg + sizeof(kPrefix) - 1 + 32, server_nonce, 32);
+  Digest d = hmac_sha256(secret, msg, sizeof(msg));
+  wire::Auth auth{};
+  std::memcpy(auth.mac, d.data(), 32);
+  return auth;
+}
+
+bool same_mac(const wire::Auth& a, const uint8_t* b) {
+  uint8_t diff = 0;
+  for (int i = 0; i < 32; ++i) diff |= uint8_t(a.mac[i] ^ b[i]);
+  return diff == 0;
+}
+
 std::string version_text(uint32_t v) { return "v" + std::to_string(v); }
 
 constexpr size_t kGreetingBytes = 8;  // Hello.magic and Hello.version: the same in every version
@@ -59,6 +78,12 @@ Descriptor client_handshake(int fd, SocketReader& reader, wire::ConnType type, u
       TIDEKV_THROW(kAuth, "peer " + what + " requires a shared secret; set TransferConfig.secret "
                                            "(or TIDEKV_SECRET) to the peer's value");
     auth = compute_mac(secret, challenge.nonce, hello.nonce);
+  } else if (!secret.empty()) {
+    // We hold a secret and the peer asks for none: it could be anyone listening on that
+    // address, and our READs would take its bytes, our WRITEs give it ours.
+    TIDEKV_THROW(kAuth, "peer " + what + " does not require the shared secret this engine has (it runs without "
+                                         "TransferConfig.secret / TIDEKV_SECRET); refusing to exchange data "
+                                         "with a peer that cannot prove it holds the secret");
   }
   send_all(fd, &auth, sizeof(auth), what);
   wire::Welcome welcome{};
@@ -73,6 +98,9 @@ Descriptor client_handshake(int fd, SocketReader& reader, wire::ConnType type, u
   if (welcome.status != uint32_t(wire::Status::kOk))
     TIDEKV_THROW(kPeerUnavailable, "peer " + what + " refused the connection (status " +
                                        std::to_string(welcome.status) + ")");
+  if (!secret.empty() && !same_mac(server_mac(secret, hello.nonce, challenge.nonce), welcome.mac))
+    TIDEKV_THROW(kAuth, "peer " + what + " accepted us but did not prove it holds the shared secret (wrong "
+                                         "secret there, or not the engine it claims to be)");
   if (welcome.descriptor_bytes > wire::kMaxDescriptorBytes)
     TIDEKV_THROW(kPeerUnavailable, "peer " + what + " sent an oversized descriptor");
   std::string bytes(welcome.descriptor_bytes, '\0');
@@ -119,20 +147,17 @@ void ServerHandshake::feed(const uint8_t* data, const std::string& descriptor, b
   wire::Auth auth{};
   std::memcpy(&auth, data, sizeof(auth));
   step_ = Step::kDone;
-  if (!secret_.empty()) {
-    wire::Auth expected = compute_mac(secret_, challenge_.nonce, hello_.nonce);
-    uint8_t diff = 0;
-    for (int i = 0; i < 32; ++i) diff |= uint8_t(expected.mac[i] ^ auth.mac[i]);
-    if (diff != 0) {
-      append(reply, wire::Welcome{wire::kMagic, uint32_t(wire::Status::kAuthFailed), 0, 0});
-      TIDEKV_THROW(kAuth, "refused " + what_ + ": missing or wrong shared secret");
-    }
+  if (!secret_.empty() && !same_mac(compute_mac(secret_, challenge_.nonce, hello_.nonce), auth.mac)) {
+    append(reply, wire::Welcome{wire::kMagic, uint32_t(wire::Status::kAuthFailed), 0, 0, {}});
+    TIDEKV_THROW(kAuth, "refused " + what_ + ": missing or wrong shared secret");
   }
   if (!admit) {
-    append(reply, wire::Welcome{wire::kMagic, uint32_t(wire::Status::kRefused), 0, 0});
+    append(reply, wire::Welcome{wire::kMagic, uint32_t(wire::Status::kRefused), 0, 0, {}});
     TIDEKV_THROW(kPeerUnavailable, "refused " + what_ + ": connection limit reached (or no such transport)");
   }
-  append(reply, wire::Welcome{wire::kMagic, uint32_t(wire::Status::kOk), uint32_t(descriptor.size()), 0});
+  wire::Welcome welcome{wire::kMagic, uint32_t(wire::Status::kOk), uint32_t(descriptor.size()), 0, {}};
+  if (!secret_.empty()) std::memcpy(welcome.mac, server_mac(secret_, hello_.nonce, challenge_.nonce).mac, 32);
+  append(reply, welcome);
   reply->append(descriptor);
 }
 

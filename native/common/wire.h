@@ -8,7 +8,7 @@
 namespace tidekv::wire {
 
 constexpr uint32_t kMagic = 0x564b4454;  // "TDKV"
-constexpr uint32_t kProtocolVersion = 3;
+constexpr uint32_t kProtocolVersion = 4;
 
 enum class ConnType : uint32_t { kDescriptor = 1, kData = 2 };
 
@@ -53,12 +53,14 @@ struct Auth {
 };
 
 // Server -> client after a good Auth, followed by `descriptor_bytes` of the server's descriptor;
-// a kDescriptor connection then closes.
+// a kDescriptor connection then closes. With a secret, `mac` proves the server holds it too:
+// HMAC-SHA-256(secret, "tidekv-server" || client nonce || server nonce); zeros without one.
 struct Welcome {
   uint32_t magic;
   uint32_t status;
   uint32_t descriptor_bytes;
   uint32_t reserved;
+  uint8_t mac[32];
 };
 
 // The descriptor: what a peer needs to reach an engine. A header, then `sections` sections, one
@@ -104,7 +106,7 @@ struct ResponseHeader {
 
 static_assert(sizeof(Hello) == 64);
 static_assert(sizeof(Challenge) == 48);
-static_assert(sizeof(Welcome) == 16);
+static_assert(sizeof(Welcome) == 48);
 static_assert(sizeof(DescriptorHeader) == 32);
 static_assert(sizeof(SectionHeader) == 8);
 static_assert(sizeof(RequestHeader) == 48);

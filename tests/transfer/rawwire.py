@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 MAGIC = 0x564B4454
-VERSION = 3
+VERSION = 4
 TRANSPORT_TCP = 1
 TRANSPORT_SHM = 2
 
@@ -36,13 +36,13 @@ OP_WRITE = 1
 HELLO = struct.Struct("<IIIHH32s16s")  # magic, version, conn_type, transport, reserved, nonce, instance
 CHALLENGE = struct.Struct("<IIII32s")  # magic, version, status, secret_required, nonce
 AUTH = struct.Struct("<32s")
-WELCOME = struct.Struct("<IIII")  # magic, status, descriptor_bytes, reserved; the descriptor follows
+WELCOME = struct.Struct("<IIII32s")  # magic, status, descriptor_bytes, reserved, server mac; the descriptor follows
 DESCRIPTOR_HEADER = struct.Struct("<IIII16s")  # magic, version, sections, reserved, instance
 SECTION_HEADER = struct.Struct("<HHI")  # transport, reserved, length
 REQUEST = struct.Struct("<IB3xQQQQQ")  # magic, op, remote_addr, length, tag, span_addr, span_length
 RESPONSE = struct.Struct("<IIQQQ")  # magic, status, length, tag, reserved
 
-assert (HELLO.size, CHALLENGE.size, WELCOME.size, DESCRIPTOR_HEADER.size) == (64, 48, 16, 32)
+assert (HELLO.size, CHALLENGE.size, WELCOME.size, DESCRIPTOR_HEADER.size) == (64, 48, 48, 32)
 assert (REQUEST.size, RESPONSE.size) == (48, 32)
 
 IO_TIMEOUT_S = 10.0
@@ -60,6 +60,11 @@ class Challenge:
 def mac(secret: str, server_nonce: bytes, client_nonce: bytes) -> bytes:
     """HMAC-SHA-256(secret, server nonce || client nonce), as the engine computes it."""
     return hmac.new(secret.encode(), server_nonce + client_nonce, hashlib.sha256).digest()
+
+
+def server_mac(secret: str, client_nonce: bytes, server_nonce: bytes) -> bytes:
+    """The server's proof in its Welcome: HMAC-SHA-256(secret, "tidekv-server" || client || server nonce)."""
+    return hmac.new(secret.encode(), b"tidekv-server" + client_nonce + server_nonce, hashlib.sha256).digest()
 
 
 def recv_exact(sock: socket.socket, size: int) -> bytes:
@@ -121,8 +126,10 @@ def handshake(name: str, secret: str | None = None, conn_type: int = CONN_DATA,
     challenge = recv_challenge(sock)
     assert (challenge.magic, challenge.status) == (MAGIC, STATUS_OK), challenge
     sock.sendall(mac(secret, challenge.nonce, nonce) if secret else bytes(32))
-    magic, status, descriptor_bytes, _ = WELCOME.unpack(recv_exact(sock, WELCOME.size))
+    magic, status, descriptor_bytes, _, proof = WELCOME.unpack(recv_exact(sock, WELCOME.size))
     assert magic == MAGIC
+    if secret and status == STATUS_OK:  # the engine proves it holds the secret too
+        assert proof == server_mac(secret, nonce, challenge.nonce), "the server's proof does not check out"
     if descriptor_bytes:
         recv_exact(sock, descriptor_bytes)
     return sock, status
@@ -174,7 +181,7 @@ def serve_handshake(sock: socket.socket, descriptor_version: int = VERSION) -> i
     sock.sendall(CHALLENGE.pack(MAGIC, VERSION, STATUS_OK, 0, os.urandom(32)))
     recv_exact(sock, AUTH.size)
     body = descriptor(descriptor_version)
-    sock.sendall(WELCOME.pack(MAGIC, STATUS_OK, len(body), 0) + body)
+    sock.sendall(WELCOME.pack(MAGIC, STATUS_OK, len(body), 0, bytes(32)) + body)
     return int(conn_type)
 
 

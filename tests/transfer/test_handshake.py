@@ -121,6 +121,39 @@ def test_shared_secret(transport: str, spawn_target: SpawnTarget, make_engine: M
     assert bytes(buf.view()) == bytes(16)
 
 
+def test_an_engine_with_a_secret_refuses_a_peer_without_one(spawn_target: SpawnTarget,
+                                                          make_engine: MakeEngine) -> None:
+    """Authentication goes both ways: our bytes go only to, and come only from, a peer that proves
+    it holds the secret too."""
+    open_target = spawn_target({"mem": ("alloc", SIZE, 1)})
+    engine = make_engine(initiator_config("tcp", secret="s3cret"))
+    with pytest.raises(AuthenticationError, match="does not require the shared secret this engine has"):
+        engine.connect(open_target.name)
+    buf = engine.register(bytearray(16))
+    with pytest.raises(AuthenticationError):
+        engine.transfer([TransferRequest(TransferOp.WRITE, buf.addr(0), 16, open_target.name,
+                                         open_target.regions["mem"].addr(0))])
+
+
+def test_an_impostor_that_accepts_any_proof_is_refused(make_engine: MakeEngine) -> None:
+    """A server that asks for the secret but does not hold it (it welcomes whatever MAC comes) cannot
+    prove itself in its Welcome: the engine refuses it before reading its descriptor."""
+    def impostor(sock: socket.socket) -> None:
+        rawwire.recv_exact(sock, rawwire.HELLO.size)
+        sock.sendall(rawwire.CHALLENGE.pack(rawwire.MAGIC, rawwire.VERSION, rawwire.STATUS_OK, 1, os.urandom(32)))
+        rawwire.recv_exact(sock, rawwire.AUTH.size)
+        body = rawwire.descriptor()
+        sock.sendall(rawwire.WELCOME.pack(rawwire.MAGIC, rawwire.STATUS_OK, len(body), 0, os.urandom(32)) + body)
+
+    server = rawwire.FakeServer(impostor)
+    try:
+        engine = make_engine(initiator_config("tcp", secret="s3cret"))
+        with pytest.raises(AuthenticationError, match="did not prove it holds the shared secret"):
+            engine.connect(server.name)
+    finally:
+        server.close()
+
+
 def test_secret_is_checked_on_data_connections(spawn_target: SpawnTarget) -> None:
     """A raw client that skips the secret gets no data; one that computes the HMAC gets the bytes."""
     target = spawn_target({"mem": ("bytearray", SIZE, 1)}, secret="s3cret")
