@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import json
 import logging
 import os
@@ -146,10 +147,40 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     up.set_defaults(func=_run_up)
 
 
+def exposure_warning(host: str, what: str, secret: str | None) -> str | None:
+    """The warning for a service bound to a non-loopback ``host``; None on loopback."""
+    if _is_loopback(host):
+        return None
+    if secret:
+        return (f"{what} listens on {host}, beyond this host: the transfer engines authenticate each other "
+                "with TIDEKV_SECRET, but the master does not authenticate clients yet, so anyone who reaches "
+                "its port can remove objects or mount segments; keep it on a trusted network")
+    return (f"{what} listens on {host}, beyond this host, and no TIDEKV_SECRET is set: anyone who reaches it "
+            "can read, overwrite and remove every object (the master does not authenticate clients yet, and "
+            "without a secret the transfer engines do not either); bind 127.0.0.1 or set TIDEKV_SECRET")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve anywhere
+
+
+def _warn_if_exposed(host: str, what: str) -> None:
+    warning = exposure_warning(host, what, TransferConfig.from_env().secret)
+    if warning:
+        logger.warning(warning)
+
+
 def _run_master(args: argparse.Namespace) -> int:
     from tidekv.store.server import MasterServer
 
-    server = MasterServer(master_config_from_args(args))
+    config = master_config_from_args(args)
+    _warn_if_exposed(config.host, "tidekv master")
+    server = MasterServer(config)
     server.serve_forever()
     return 0
 
@@ -158,7 +189,11 @@ def _run_up(args: argparse.Namespace) -> int:
     from tidekv.store.client import Store
     from tidekv.store.server import MasterServer
 
-    server = MasterServer(master_config_from_args(args)).start()
+    config = master_config_from_args(args)
+    _warn_if_exposed(config.host, "tidekv up's master")
+    if args.engine_host:
+        _warn_if_exposed(args.engine_host, "tidekv up's segment holder")
+    server = MasterServer(config).start()
     store = Store.connect(server.address, segment_size=args.segment_size,
                           config=StoreConfig.from_env(), transfer_config=TransferConfig.from_env(), host=args.engine_host)
     try:
