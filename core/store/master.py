@@ -126,11 +126,23 @@ class MasterService:
         except MasterNotReadyError as exc:
             self._failures.inc(reason="not_ready")
             return self._error(envelope.request_id, p.ErrorKind.NOT_READY, str(exc))
+        except Exception as exc:  # noqa: BLE001 - one request's failure must not take the master down
+            return self._internal(envelope.request_id, kind, exc)
         if log is not None and len(log.ops) > before:
             self.reply_seq = log.seq  # it changed something: its reply waits for this batch
         self._requests.inc(type=kind)
         self._latency.observe(time.perf_counter() - started, type=kind)
-        return p.encode(p.Reply(envelope.request_id, result=result))
+        try:
+            return p.encode(p.Reply(envelope.request_id, result=result))
+        except Exception as exc:  # noqa: BLE001 - e.g. a number beyond u64 in the reply
+            return self._internal(envelope.request_id, kind, exc)
+
+    def _internal(self, request_id: int, kind: str, exc: Exception) -> bytes:
+        self._failures.inc(reason="internal")
+        logger.error("master failed on a %s request: %s: %s", kind, type(exc).__name__, exc,
+                     exc_info=logger.isEnabledFor(logging.DEBUG))
+        return self._error(request_id, p.ErrorKind.INTERNAL, f"the master failed on this {kind} request "
+                           f"({type(exc).__name__}: {exc}); it keeps serving others")
 
     def tick(self) -> None:
         """Housekeeping; call every ``config.tick_s``."""

@@ -50,6 +50,7 @@ class ErrorKind(enum.StrEnum):
     OVERSIZED = "oversized"  # beyond max_message_bytes
     MALFORMED = "malformed"  # not a request
     NOT_READY = "not_ready"  # recovering its index, or not the leader (``result`` names the leader if known)
+    INTERNAL = "internal"  # the master failed on this request (a bug; logged there); it keeps serving others
 
 
 class Pin(enum.IntEnum):
@@ -248,7 +249,7 @@ def probe_header(data: bytes) -> tuple[int, int] | None:
     """(protocol_version, request_id) of a message that failed to decode, when that much is readable."""
     try:
         head = _probe_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):  # deep nesting: no header either
         return None
     if len(head) >= 2 and isinstance(head[0], int) and isinstance(head[1], int):
         return head[0], head[1]

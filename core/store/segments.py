@@ -17,6 +17,9 @@ from tidekv.store.allocator import OffsetAllocator, align
 
 logger = logging.getLogger(__name__)
 
+ADDRESS_LIMIT = 1 << 64
+"""A segment must end within the 64-bit address space (every address a reply carries is a u64)."""
+
 
 @dataclass(slots=True)
 class Segment:
@@ -87,6 +90,8 @@ class SegmentTable:
             raise ConfigError(f"client {client_id!r} must say hello before mounting segment {name!r}")
         if capacity <= 0 or base <= 0:
             raise ConfigError(f"segment {name!r}: base and capacity must be > 0 (got {base:#x}, {capacity})")
+        if base + capacity > ADDRESS_LIMIT:
+            raise ConfigError(f"segment {name!r}: [{base:#x}, +{capacity}) reaches past the 64-bit address space")
         existing = self.segments.get(name)
         if existing is not None:
             if existing.client_id != client_id:

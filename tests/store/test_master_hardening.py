@@ -1,0 +1,45 @@
+"""The master against requests that are well-formed but hostile or absurd: each is refused with a
+typed error and the master keeps serving (issue 17's findings: a mount at the top of the address
+space broke every later stats and put; deep msgpack escaped the handler)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.store.rig import RpcFailed, ServiceRig
+from tidekv.store import protocol as p
+
+
+def test_a_segment_past_the_address_space_is_refused_and_nothing_breaks() -> None:
+    rig = ServiceRig()
+    rig.hello("c1")
+    for base, capacity in ((2**64 - 4096, 1 << 20), (2**64 - 1, 2), (2, 2**64 - 1)):
+        with pytest.raises(RpcFailed) as info:
+            rig.call(p.MountSegment("c1", f"seg-{base}", "e", base, capacity))
+        assert info.value.kind == "invalid" and "64-bit address space" in info.value.message
+    rig.mount("c1", "good", 1 << 20)  # the master still mounts, puts and reports
+    slot = rig.put("c1", b"k", 4096)
+    assert slot is not None
+    assert rig.call(p.StatsRequest()) is not None
+
+
+def test_deeply_nested_msgpack_is_malformed_not_a_crash() -> None:
+    rig = ServiceRig()
+    deep = b"\x91" * 100_000 + b"\xc0"  # 100k nested one-element arrays around nil
+    reply = p.decode_reply(rig.service.handle(deep))
+    assert reply.error_kind == "malformed", reply
+    rig.hello("c1")  # and it serves on
+
+
+def test_a_handler_failure_is_an_internal_error_and_the_master_serves_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = ServiceRig()
+    rig.hello("c1")
+
+    def broken(body: object, now: float) -> object:
+        raise OverflowError("int too big to convert")
+
+    monkeypatch.setitem(rig.service._handlers, p.StatsRequest, broken)
+    with pytest.raises(RpcFailed) as info:
+        rig.call(p.StatsRequest())
+    assert info.value.kind == "internal" and "OverflowError" in info.value.message
+    assert rig.heartbeat("c1") in (True, False)  # still serving
