@@ -268,6 +268,9 @@ class MasterConfig:
     """Longest key accepted. Default 4096 bytes."""
     max_message_bytes: int = 64 << 20
     """Largest RPC message accepted; larger ones are refused. Default 64 MiB."""
+    max_batch_keys: int = 65536
+    """Most keys one request may name; more are refused (a 1M-key get held the master's event loop
+    for 0.8 s, long enough to miss heartbeats). Default 65536 (about 50 ms of master time)."""
     tick_s: float = 0.1
     """Period of housekeeping (liveness, reclaim, eviction). Default 0.1 s."""
     busy_poll_us: int = 200
@@ -314,6 +317,7 @@ class MasterConfig:
         _check_range("eviction_ratio", self.eviction_ratio, 0.0, 0.5)
         _check_range("max_key_bytes", self.max_key_bytes, 1, 1 << 20)
         _check_range("max_message_bytes", self.max_message_bytes, 1024, 1 << 31)
+        _check_range("max_batch_keys", self.max_batch_keys, 1, 1 << 24)
         _check_range("tick_s", self.tick_s, 0.001, 10)
         _check_range("busy_poll_us", self.busy_poll_us, 0, 100_000)
 

@@ -76,6 +76,8 @@ def _add_master_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-key-bytes", type=int, default=None, help=f"longest key accepted (default {d.max_key_bytes})")
     parser.add_argument("--max-message-bytes", type=int, default=None,
                         help=f"largest RPC request accepted; larger ones get an error (default {d.max_message_bytes})")
+    parser.add_argument("--max-batch-keys", type=int, default=None,
+                        help=f"most keys one request may name; more get an error (default {d.max_batch_keys})")
     parser.add_argument("--tick-s", type=float, default=None,
                         help=f"period of housekeeping: liveness, reclaim, eviction (default {d.tick_s})")
     parser.add_argument("--busy-poll-us", type=int, default=None,

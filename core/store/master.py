@@ -106,6 +106,12 @@ class MasterService:
             return self._error(envelope.request_id, p.ErrorKind.VERSION, self._version_message(envelope.protocol_version))
         body = envelope.body
         kind = type(body).__name__
+        keys = getattr(body, "keys", None)
+        if keys is not None and len(keys) > self.config.max_batch_keys:
+            self._failures.inc(reason="oversized")
+            return self._error(envelope.request_id, p.ErrorKind.OVERSIZED,
+                               f"{kind} request of {len(keys)} keys exceeds the master's limit of "
+                               f"{self.config.max_batch_keys} keys per request (max_batch_keys); split the batch")
         if self.not_serving:
             self._failures.inc(reason="not_ready")
             return p.encode(p.Reply(envelope.request_id, error_kind=p.ErrorKind.NOT_READY,
@@ -166,6 +172,7 @@ class MasterService:
         self.segments.add_client(m.client_id, now)
         logger.info("client %s connected", m.client_id)
         return {"master_id": self.master_id, "max_message_bytes": self.config.max_message_bytes,
+                "max_batch_keys": self.config.max_batch_keys,
                 "lease_ttl_s": self.config.lease_ttl_s}
 
     def _mount(self, m: p.MountSegment, now: float) -> None:

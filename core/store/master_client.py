@@ -166,6 +166,8 @@ class MasterClient:
     def _hello(self, channel: MasterChannel) -> None:
         info = channel.call(p.Hello(self.client_id, p.PROTOCOL_VERSION))
         self.max_message_bytes = channel.max_message_bytes = int(info["max_message_bytes"])
+        if "max_batch_keys" in info:
+            channel.max_batch_keys = int(info["max_batch_keys"])
         self.master_id = str(info["master_id"])
         self.lease_ttl_s = float(info["lease_ttl_s"])
 

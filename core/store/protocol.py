@@ -11,7 +11,7 @@ dispatches these, ``rpc`` sends them from clients.
 from __future__ import annotations
 
 import enum
-from typing import Generic, TypeVar, Union
+from typing import Any, Generic, TypeVar, Union
 
 import msgspec
 
@@ -219,6 +219,23 @@ RESULT_TYPES: dict[type, object] = {
     Heartbeat: bool,  # need_remount
 }
 """The result type of each request's reply (others: any msgpack value)."""
+
+def split_request(body: msgspec.Struct, limit: int) -> list[msgspec.Struct]:
+    """A request naming more than ``limit`` keys as several of at most ``limit`` each: every list
+    field as long as ``keys`` is cut alike (a PutStart's sizes, a PutEnd's tokens)."""
+    keys = body.keys  # type: ignore[attr-defined]
+    parallel = [f for f in body.__struct_fields__
+                if isinstance(getattr(body, f), list) and len(getattr(body, f)) == len(keys)]
+    return [msgspec.structs.replace(body, **{f: getattr(body, f)[i:i + limit] for f in parallel})
+            for i in range(0, len(keys), limit)]
+
+
+def merge_results(body: msgspec.Struct, results: list[Any]) -> Any:
+    """The result of a request from those of its ``split_request`` parts, in key order."""
+    if isinstance(body, Get):  # (lease ttl, per-key results): the shortest lease holds for all
+        return min(r[0] for r in results), [x for r in results for x in r[1]]
+    return [x for r in results for x in r]
+
 
 _encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(Envelope)

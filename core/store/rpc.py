@@ -48,6 +48,7 @@ class MasterChannel:
         self._buf = bytearray(_RECV_CHUNK)
         self._closed = False
         self.max_message_bytes: int | None = None  # learned from the master's hello reply
+        self.max_batch_keys: int | None = None  # likewise (a master older than the limit sends none)
 
     def call(self, body: msgspec.Struct, timeout_s: float | None = None) -> Any:
         """Sends one request and returns its result.
@@ -58,6 +59,11 @@ class MasterChannel:
             ConfigError: the master refused an argument.
             RpcError: the master found the request malformed.
         """
+        keys = getattr(body, "keys", None)
+        if self.max_batch_keys is not None and keys is not None and len(keys) > self.max_batch_keys:
+            # More keys than the master takes in one request: in parts, each within its limit.
+            parts = p.split_request(body, self.max_batch_keys)
+            return p.merge_results(body, [self.call(part, timeout_s) for part in parts])
         limit = self.timeout_s if timeout_s is None else timeout_s
         with self._lock:
             if self._closed:

@@ -43,3 +43,14 @@ def test_a_handler_failure_is_an_internal_error_and_the_master_serves_on(monkeyp
         rig.call(p.StatsRequest())
     assert info.value.kind == "internal" and "OverflowError" in info.value.message
     assert rig.heartbeat("c1") in (True, False)  # still serving
+
+
+def test_a_request_naming_too_many_keys_is_refused_naming_the_limit() -> None:
+    rig = ServiceRig(max_batch_keys=1000)
+    rig.hello("c1")
+    with pytest.raises(RpcFailed) as info:
+        rig.call(p.Get([b"k%d" % i for i in range(1001)]))
+    assert info.value.kind == "oversized" and "1001 keys" in info.value.message
+    assert "limit of 1000 keys per request (max_batch_keys)" in info.value.message
+    assert rig.call(p.Get([b"k%d" % i for i in range(1000)])) is not None  # at the limit: served
+    assert rig.hello("c2")["max_batch_keys"] == 1000  # clients learn it and fail fast themselves

@@ -108,6 +108,22 @@ def test_store_batch_over_the_message_limit_fails_fast_and_clearly(master: Maste
     _check_serving(st, "big-batch")
 
 
+def test_a_batch_of_more_keys_than_the_master_takes_goes_in_parts(spawn_master: SpawnMaster,
+                                                                 connect: Connect) -> None:
+    """The master refuses requests naming more than max_batch_keys keys (so no request holds its
+    event loop for long); the client learns the limit at hello and sends bigger batches in parts."""
+    master = spawn_master(max_batch_keys=64)
+    st = connect(master.address, segment_size=1 << 20, rpc_timeout_s=3.0)
+    keys = [f"k{i}" for i in range(200)]
+    values = [b"v%d" % i for i in range(200)]
+    st.put_many(keys[:130], values[:130])  # PutStart and PutEnd in three parts each
+    assert st.exists_many(keys) == [True] * 130 + [False] * 70
+    assert st.get_many(keys[:130]) == values[:130]
+    assert st.remove_many(keys[:130], force=True) == [p.Status.OK] * 130  # (just read: leased)
+    assert st.exists_many(keys) == [False] * 200
+    _check_serving(st, "many-keys")
+
+
 def test_wrong_protocol_version_names_both_versions(master: MasterProcess, raw: socket.socket,
                                                     connect: Connect) -> None:
     st = connect(master.address, segment_size=1 << 20)
