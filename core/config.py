@@ -271,6 +271,13 @@ class MasterConfig:
     max_batch_keys: int = 65536
     """Most keys one request may name; more are refused (a 1M-key get held the master's event loop
     for 0.8 s, long enough to miss heartbeats). Default 65536 (about 50 ms of master time)."""
+    frame_timeout_s: float = 30.0
+    """A connection that sends nothing this long in the middle of a request is closed. Default 30 s."""
+    max_buffered_bytes: int = 256 << 20
+    """Bytes of unfinished requests the master holds over all connections; the connection that
+    would pass it is closed. Default 256 MiB."""
+    max_connections: int = 4096
+    """Client connections open at once; more are closed as they come, with a logged reason. Default 4096."""
     tick_s: float = 0.1
     """Period of housekeeping (liveness, reclaim, eviction). Default 0.1 s."""
     busy_poll_us: int = 200
@@ -318,6 +325,9 @@ class MasterConfig:
         _check_range("max_key_bytes", self.max_key_bytes, 1, 1 << 20)
         _check_range("max_message_bytes", self.max_message_bytes, 1024, 1 << 31)
         _check_range("max_batch_keys", self.max_batch_keys, 1, 1 << 24)
+        _check_range("frame_timeout_s", self.frame_timeout_s, 0.05, 3600)
+        _check_range("max_buffered_bytes", self.max_buffered_bytes, 1 << 16, 1 << 40)
+        _check_range("max_connections", self.max_connections, 1, 1 << 20)
         _check_range("tick_s", self.tick_s, 0.001, 10)
         _check_range("busy_poll_us", self.busy_poll_us, 0, 100_000)
 

@@ -78,6 +78,13 @@ def _add_master_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"largest RPC request accepted; larger ones get an error (default {d.max_message_bytes})")
     parser.add_argument("--max-batch-keys", type=int, default=None,
                         help=f"most keys one request may name; more get an error (default {d.max_batch_keys})")
+    parser.add_argument("--frame-timeout-s", type=float, default=None,
+                        help=f"close a connection that sends nothing this long mid-request (default {d.frame_timeout_s})")
+    parser.add_argument("--max-buffered-bytes", type=int, default=None,
+                        help=f"bytes of unfinished requests held over all connections; the connection that would "
+                        f"pass it is closed (default {d.max_buffered_bytes})")
+    parser.add_argument("--max-connections", type=int, default=None,
+                        help=f"client connections open at once; more are closed (default {d.max_connections})")
     parser.add_argument("--tick-s", type=float, default=None,
                         help=f"period of housekeeping: liveness, reclaim, eviction (default {d.tick_s})")
     parser.add_argument("--busy-poll-us", type=int, default=None,

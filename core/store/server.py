@@ -51,6 +51,10 @@ class MasterServer:
         # clear "oversized" reply; a longer one closes its connection.
         self._max_frame = 2 * config.max_message_bytes + (1 << 20)
         self._connections: set[asyncio.Transport] = set()
+        self._buffered = 0  # bytes of unfinished frames held over all connections
+        self._partial: dict[_Connection, float] = {}  # connections holding an unfinished frame: since when
+        self._refusals = 0  # connections refused for max_connections since the last log line
+        self._refusal_logged = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -254,12 +258,34 @@ class MasterServer:
             if self.service.not_serving:
                 continue
             try:
+                self._drop_stalled()
                 self.service.tick()
                 self._persist()
                 if self.replicator is not None:
                     self.replicator.check()
             except Exception:  # noqa: BLE001 - housekeeping must not die with one bad state
                 logger.exception("master housekeeping failed")
+
+    def _drop_stalled(self) -> None:
+        """Closes connections that sent nothing for frame_timeout_s in the middle of a request."""
+        if not self._partial:
+            return
+        limit = time.monotonic() - self.config.frame_timeout_s
+        for conn, since in list(self._partial.items()):
+            if since < limit:
+                conn._refuse(f"sent nothing for {self.config.frame_timeout_s} s in the middle of a request (frame_timeout_s)")
+
+    def admit(self) -> bool:
+        """Whether one more client connection may stay open (max_connections); logs refusals every 10 s."""
+        if len(self._connections) < self.config.max_connections:
+            return True
+        self._refusals += 1
+        now = time.monotonic()
+        if now - self._refusal_logged >= 10:
+            logger.warning("refused %d connection(s): %d are open (max_connections)", self._refusals,
+                           len(self._connections))
+            self._refusals, self._refusal_logged = 0, now
+        return False
 
     # ---- HTTP ---------------------------------------------------------------------------
 
@@ -313,6 +339,7 @@ class _Connection(asyncio.BufferedProtocol):
     def __init__(self, server: MasterServer) -> None:
         self._server = server
         self._buf = bytearray()
+        self._held = 0  # len(self._buf) as the server counts it (max_buffered_bytes)
         self._read = memoryview(bytearray(_READ_BYTES))
         self._greeted = False
         self._is_standby = False  # a standby following this leader (replication.REPLICA_MAGIC)
@@ -323,9 +350,13 @@ class _Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
+        if not self._server.admit():
+            transport.abort()
+            return
         self._server._connections.add(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._hold(0)
         if self._transport is not None:
             self._server._connections.discard(self._transport)
             if self._is_standby and self._server.replicator is not None:
@@ -356,6 +387,22 @@ class _Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._received(self._read[:nbytes])
+        if self._transport is not None and not self._transport.is_closing():
+            self._hold(len(self._buf))
+
+    def _hold(self, held: int) -> None:
+        """Accounts for the unfinished frame this connection holds (``held`` bytes)."""
+        server = self._server
+        server._buffered += held - self._held
+        self._held = held
+        if not held:
+            server._partial.pop(self, None)
+            return
+        server._partial[self] = time.monotonic()  # bytes came: the timeout counts from the last ones
+        if server._buffered > server.config.max_buffered_bytes:
+            self._refuse(f"holds {held} bytes of unfinished requests while the master holds "
+                         f"{server._buffered} over all connections (max_buffered_bytes "
+                         f"{server.config.max_buffered_bytes})")
 
     def _received(self, data: memoryview) -> None:
         buf = self._buf
@@ -459,5 +506,6 @@ class _Connection(asyncio.BufferedProtocol):
         peer = self._transport.get_extra_info("peername")
         logger.warning("closed the connection from %s: it %s", peer, why)
         self._buf.clear()
+        self._hold(0)
         self._transport.close()
 

@@ -55,11 +55,23 @@ def _ask(sock: socket.socket, payload: bytes) -> p.Reply:
     return p.decode_reply(_recv_exact(sock, size))
 
 
-def _closed_by_peer(sock: socket.socket) -> bool:
+def _closed_by_peer(sock: socket.socket, timeout_s: float | None = None) -> bool:
+    """Whether the master closed it (within timeout_s when given; else the socket's own timeout)."""
+    if timeout_s is not None:
+        sock.settimeout(timeout_s)
     try:
         return sock.recv(1) == b""
     except ConnectionResetError:
         return True
+    except TimeoutError:
+        return False
+
+
+def _wait_for_log(master: MasterProcess, text: str, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in master.log_text():
+        assert time.monotonic() < deadline, f"{text!r} not in the master's log:\n{master.log_text()[-2000:]}"
+        time.sleep(0.05)
 
 
 def _check_serving(st: Store, tag: str) -> None:
@@ -246,3 +258,53 @@ def test_connecting_to_no_master_raises_master_unavailable() -> None:
         Store.connect(f"127.0.0.1:{port}", config=StoreConfig(staging_size_bytes=1 << 20, rpc_timeout_s=0.3))
     with pytest.raises(ConfigError, match="host:port"):
         Store.connect("no-port-here", config=StoreConfig(staging_size_bytes=1 << 20))
+
+
+def _partial_request(master: MasterProcess, body_bytes: int) -> socket.socket:
+    """A connection that greets and starts a request of body_bytes, sending all but its last byte."""
+    host, port = master.address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=REPLY_TIMEOUT_S)
+    sock.sendall(p.MAGIC + body_bytes.to_bytes(p.FRAME_HEADER, "little") + b"\x00" * (body_bytes - 1))
+    return sock
+
+
+def test_an_unfinished_request_is_dropped_after_frame_timeout(spawn_master: SpawnMaster, connect: Connect) -> None:
+    master = spawn_master(frame_timeout_s=0.5, tick_s=0.05)
+    st = connect(master.address, segment_size=1 << 20, rpc_timeout_s=3.0)
+    stalled = _partial_request(master, 1000)
+    started = time.monotonic()
+    with stalled:
+        assert _closed_by_peer(stalled, timeout_s=5.0)
+    assert 0.4 < time.monotonic() - started < 3.0
+    _wait_for_log(master, "frame_timeout_s")
+    _check_serving(st, "after-stall")
+
+
+def test_unfinished_requests_past_the_total_cap_close_the_connection_that_passes_it(
+        spawn_master: SpawnMaster, connect: Connect) -> None:
+    master = spawn_master(max_buffered_bytes=1 << 20)
+    st = connect(master.address, segment_size=1 << 20, rpc_timeout_s=3.0)
+    first = _partial_request(master, 600 << 10)  # 600 KiB held: under the cap
+    time.sleep(0.2)
+    second = _partial_request(master, 600 << 10)  # with it, 1.2 MiB: this one goes
+    with first, second:
+        assert _closed_by_peer(second, timeout_s=5.0)
+        assert not _closed_by_peer(first, timeout_s=0.3)
+    _wait_for_log(master, "max_buffered_bytes")
+    _check_serving(st, "after-cap")
+
+
+def test_connections_beyond_max_connections_are_closed(spawn_master: SpawnMaster, connect: Connect) -> None:
+    master = spawn_master(max_connections=3)
+    st = connect(master.address, segment_size=1 << 20, rpc_timeout_s=3.0)  # one connection
+    host, port = master.address.rsplit(":", 1)
+    held = [socket.create_connection((host, int(port)), timeout=REPLY_TIMEOUT_S) for _ in range(2)]
+    extra = socket.create_connection((host, int(port)), timeout=REPLY_TIMEOUT_S)
+    try:
+        assert _closed_by_peer(extra, timeout_s=5.0)
+        assert not any(_closed_by_peer(s, timeout_s=0.2) for s in held)
+        _wait_for_log(master, "max_connections")
+        _check_serving(st, "at-capacity")
+    finally:
+        for s in (*held, extra):
+            s.close()
