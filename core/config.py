@@ -244,6 +244,10 @@ def parse_etcd_endpoints(text: str, what: str = "--etcd") -> tuple[str, ...]:
     return tuple(out)
 
 
+DEFAULT_MAX_BATCH_KEYS = 65536
+"""The master's default max_batch_keys; clients that never say hello split their batches at it."""
+
+
 @dataclass(frozen=True, slots=True)
 class MasterConfig:
     """Settings of the store master (``tidekv master``); env vars ``TIDEKV_MASTER_<FIELD>``."""
@@ -268,7 +272,7 @@ class MasterConfig:
     """Longest key accepted. Default 4096 bytes."""
     max_message_bytes: int = 64 << 20
     """Largest RPC message accepted; larger ones are refused. Default 64 MiB."""
-    max_batch_keys: int = 65536
+    max_batch_keys: int = DEFAULT_MAX_BATCH_KEYS
     """Most keys one request may name; more are refused (a 1M-key get held the master's event loop
     for 0.8 s, long enough to miss heartbeats). Default 65536 (about 50 ms of master time)."""
     frame_timeout_s: float = 30.0

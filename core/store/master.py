@@ -25,6 +25,29 @@ from tidekv.store.segments import SegmentTable
 logger = logging.getLogger(__name__)
 
 
+class Session:
+    """One client connection as the master sees it: the client it said hello as."""
+
+    __slots__ = ("client_id",)
+
+    def __init__(self) -> None:
+        self.client_id: str | None = None
+
+    def refusal(self, body: object, client_id: str) -> str:
+        """Why a request naming ``client_id`` may not come on this connection ("" when it may)."""
+        kind = type(body).__name__
+        if isinstance(body, p.Hello):
+            if self.client_id not in (None, client_id):
+                return f"this connection said hello as client {self.client_id!r}; it cannot say hello as {client_id!r}"
+            return ""
+        if self.client_id is None:
+            return f"{kind} names client {client_id!r}, but this connection has not said hello; say hello first"
+        if self.client_id != client_id:
+            return (f"{kind} names client {client_id!r}, but this connection said hello as {self.client_id!r}; "
+                    "a connection acts for its own client only")
+        return ""
+
+
 class MasterService:
     def __init__(self, config: MasterConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
@@ -83,8 +106,12 @@ class MasterService:
 
     # ---- entry points -------------------------------------------------------------------
 
-    def handle(self, data: bytes) -> bytes:
-        """Decodes one request, applies it, and returns the encoded reply (never raises)."""
+    def handle(self, data: bytes, session: Session | None = None) -> bytes:
+        """Decodes one request, applies it, and returns the encoded reply (never raises).
+
+        ``session``: the connection it came on. A request naming a client must come on the
+        connection that client said hello on, so no connection acts for another client.
+        """
         started = time.perf_counter()
         if len(data) > self.config.max_message_bytes:
             self._failures.inc(reason="oversized")
@@ -116,6 +143,12 @@ class MasterService:
             self._failures.inc(reason="not_ready")
             return p.encode(p.Reply(envelope.request_id, error_kind=p.ErrorKind.NOT_READY,
                                     error=f"master {self.master_id} {self.not_serving}", leader=self.leader_hint))
+        client_id = getattr(body, "client_id", None)
+        if session is not None and client_id is not None:
+            refusal = session.refusal(body, client_id)
+            if refusal:
+                self._failures.inc(reason="invalid")
+                return self._error(envelope.request_id, p.ErrorKind.INVALID, refusal)
         log = self.objects.journal
         if log is not None:
             before = len(log.ops)
@@ -134,6 +167,8 @@ class MasterService:
             return self._error(envelope.request_id, p.ErrorKind.NOT_READY, str(exc))
         except Exception as exc:  # noqa: BLE001 - one request's failure must not take the master down
             return self._internal(envelope.request_id, kind, exc)
+        if session is not None and isinstance(body, p.Hello):
+            session.client_id = body.client_id
         if log is not None and len(log.ops) > before:
             self.reply_seq = log.seq  # it changed something: its reply waits for this batch
         self._requests.inc(type=kind)

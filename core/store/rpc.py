@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from tidekv.config import parse_host_port
+from tidekv.config import DEFAULT_MAX_BATCH_KEYS, parse_host_port
 from tidekv.errors import ConfigError, MasterNotReadyError, MasterUnavailableError, ProtocolVersionError, RpcError
 from tidekv.store import protocol as p
 
@@ -48,7 +48,9 @@ class MasterChannel:
         self._buf = bytearray(_RECV_CHUNK)
         self._closed = False
         self.max_message_bytes: int | None = None  # learned from the master's hello reply
-        self.max_batch_keys: int | None = None  # likewise (a master older than the limit sends none)
+        # Likewise; before (or without) a hello, the master's default: a client that never says
+        # hello (lookups) still splits its batches.
+        self.max_batch_keys: int | None = DEFAULT_MAX_BATCH_KEYS
 
     def call(self, body: msgspec.Struct, timeout_s: float | None = None) -> Any:
         """Sends one request and returns its result.

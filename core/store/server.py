@@ -24,7 +24,7 @@ from tidekv.config import MasterConfig
 from tidekv.errors import ConfigError
 from tidekv.store import protocol as p
 from tidekv.store.journal import JournalFile, Mirror, encode_ops
-from tidekv.store.master import MasterService
+from tidekv.store.master import MasterService, Session
 from tidekv.store.replication import REPLICA_MAGIC, Replicator, decode_follow
 
 if TYPE_CHECKING:
@@ -340,6 +340,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._server = server
         self._buf = bytearray()
         self._held = 0  # len(self._buf) as the server counts it (max_buffered_bytes)
+        self._session = Session()  # the client this connection said hello as
         self._read = memoryview(bytearray(_READ_BYTES))
         self._greeted = False
         self._is_standby = False  # a standby following this leader (replication.REPLICA_MAGIC)
@@ -442,7 +443,7 @@ class _Connection(asyncio.BufferedProtocol):
                 break
             payload = bytes(buf[start + p.FRAME_HEADER: start + p.FRAME_HEADER + size])
             start += p.FRAME_HEADER + size
-            reply = p.frame(handle(payload))
+            reply = p.frame(handle(payload, self._session))
             replies.append((reply, service.reply_seq))
         del buf[:start]
         if replies:

@@ -85,6 +85,7 @@ class Agent:
         """
         channel = MasterChannel(self.master, self.store.client_id, 5.0)
         try:
+            channel.call(p.Hello(self.store.client_id, p.PROTOCOL_VERSION))  # a connection acts for who said hello
             slots = channel.call(p.PutStart(self.store.client_id, [key.encode()], [size], 1, "", int(Pin.NONE), False))
         finally:
             channel.close()

@@ -119,11 +119,12 @@ def test_reads_and_put_end_wait_out_a_master_restart(spawn_master: SpawnMaster, 
     store.put("after", b"y" * 100)
     assert store.get("after") == b"y" * 100
     # put_end is idempotent: ending an ended put again answers OK (what a retry after a failover sees).
-    client = MasterClient(first.address, store.client_id, timeout_s=2.0)
+    # (A client of its own: a connection acts only for the client it said hello as.)
+    client = MasterClient(first.address, "twice-writer", timeout_s=2.0, register=True)
     try:
-        token = client.call(p.PutStart(store.client_id, [b"twice"], [100]))[0].token
-        assert client.call(p.PutEnd(store.client_id, [b"twice"], [token])) == [p.Status.OK]
-        assert client.call(p.PutEnd(store.client_id, [b"twice"], [token])) == [p.Status.OK]
-        assert client.call(p.PutEnd(store.client_id, [b"twice"], [token + 1000])) == [p.Status.STALE]
+        token = client.call(p.PutStart("twice-writer", [b"twice"], [100]))[0].token
+        assert client.call(p.PutEnd("twice-writer", [b"twice"], [token])) == [p.Status.OK]
+        assert client.call(p.PutEnd("twice-writer", [b"twice"], [token])) == [p.Status.OK]
+        assert client.call(p.PutEnd("twice-writer", [b"twice"], [token + 1000])) == [p.Status.STALE]
     finally:
         client.close()

@@ -8,6 +8,7 @@ import pytest
 
 from tests.store.rig import RpcFailed, ServiceRig
 from tidekv.store import protocol as p
+from tidekv.store.master import Session
 
 
 def test_a_segment_past_the_address_space_is_refused_and_nothing_breaks() -> None:
@@ -54,3 +55,28 @@ def test_a_request_naming_too_many_keys_is_refused_naming_the_limit() -> None:
     assert "limit of 1000 keys per request (max_batch_keys)" in info.value.message
     assert rig.call(p.Get([b"k%d" % i for i in range(1000)])) is not None  # at the limit: served
     assert rig.hello("c2")["max_batch_keys"] == 1000  # clients learn it and fail fast themselves
+
+
+def test_a_connection_acts_for_the_client_it_said_hello_as_only() -> None:
+    """No request can name another client: not a Disconnect (all its objects gone at once), not a
+    Mount, a Heartbeat or a put in its name."""
+    rig = ServiceRig()
+    rig.hello("victim")
+    rig.mount("victim", "seg", 1 << 20)
+    rig.put("victim", b"k", 4096)
+    attacker = Session()
+
+    def on_attacker(body: object) -> p.Reply:
+        return p.decode_reply(rig.service.handle(p.encode(p.Envelope(p.PROTOCOL_VERSION, 1, body)), attacker))
+
+    reply = on_attacker(p.Disconnect("victim"))
+    assert reply.error_kind == "invalid" and "has not said hello" in reply.error
+    assert on_attacker(p.Hello("attacker", p.PROTOCOL_VERSION)).error_kind == ""
+    for body in (p.Disconnect("victim"), p.Heartbeat("victim"), p.PutStart("victim", [b"x"], [8], 1, "", 0, False),
+                 p.MountSegment("victim", "seg2", "e", 1 << 40, 1 << 20)):
+        reply = on_attacker(body)
+        assert reply.error_kind == "invalid" and "said hello as 'attacker'" in reply.error, (body, reply)
+    reply = on_attacker(p.Hello("victim", p.PROTOCOL_VERSION))
+    assert reply.error_kind == "invalid" and "cannot say hello as 'victim'" in reply.error
+    assert rig.call(p.Exists([b"k"])) == [True]  # the victim's object is still there
+    assert on_attacker(p.Exists([b"k"])).result == [True]  # requests that name no client are anyone's

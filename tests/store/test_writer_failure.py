@@ -56,6 +56,7 @@ def test_put_not_ended_within_put_timeout_is_reclaimed(spawn_master: SpawnMaster
     st = connect(master.address)
     channel = MasterChannel(master.address, st.client_id, 5.0)  # a slow writer that stays alive
     try:
+        channel.call(p.Hello(st.client_id, p.PROTOCOL_VERSION))  # a connection acts for who said hello
         raw = channel.call(p.PutStart(st.client_id, [b"slow"], [MIB], 1, "", 0, False))
         slot = msgspec.convert(raw, list[p.PutSlot])[0]
         assert slot.status == Status.OK
