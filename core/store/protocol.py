@@ -268,6 +268,6 @@ def probe_header(data: bytes) -> tuple[int, int] | None:
         head = _probe_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):  # deep nesting: no header either
         return None
-    if len(head) >= 2 and isinstance(head[0], int) and isinstance(head[1], int):
-        return head[0], head[1]
+    if len(head) >= 2 and type(head[0]) is int and type(head[1]) is int and 0 <= head[1] < 2**64:
+        return head[0], head[1]  # (not bools: a reply must carry an int request id)
     return None
