@@ -23,7 +23,6 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
 
 from tidekv.config import MasterAddress, StoreConfig, TransferConfig
 from tidekv.errors import (

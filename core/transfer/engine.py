@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tidekv import _native
-from tidekv.config import TransferConfig, TransportKind
+from tidekv.config import TransferConfig
 from tidekv.errors import ConfigError, EngineClosedError
 from tidekv.transfer.batch import TransferHandle, TransferRequest
 from tidekv.transfer.directory import DirectDirectory, PeerDirectory

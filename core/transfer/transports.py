@@ -193,7 +193,7 @@ _DETAILS: dict[str, Callable[[TransferConfig], TransportStatus]] = {
 }
 """Probes that explain a built transport the engine calls available."""
 
-_HINTS: dict[str, Callable[[], str]] = {"cuda": lambda: _nvidia_kernel_gpus()}
+_HINTS: dict[str, Callable[[], str]] = {"cuda": _nvidia_kernel_gpus}
 """What the host itself says, added to the reason of a built transport that is unavailable."""
 
 _NOT_BUILT: dict[str, Callable[[], TransportStatus]] = {"fabric": fabric_status}

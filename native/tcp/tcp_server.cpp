@@ -275,10 +275,6 @@ bool TcpServer::serve(Conn& c) {
   }
 }
 
-}  // namespace tidekv
-
-namespace tidekv {
-
 void TcpServer::serve_large_staged(Conn& c, const wire::RequestHeader& h, const RegionView& region) {
   // The reply of a READ is its header and then the pieces; a WRITE is acknowledged by the caller.
   cuda::Stager& stager = *c.stager;
