@@ -2,7 +2,7 @@
 
 Engines that drive Mooncake directly (SGLang's ``--disaggregation-transfer-backend mooncake``,
 its weight loader, TensorRT-LLM's Python glue) can run on tidekv without a patch: the optional
-``tidekv-mooncake-shim`` distribution (``plugins/sglang/mooncake_shim``) makes ``import
+``tidekv-mooncake-shim`` distribution (``plugins/mooncake``) makes ``import
 mooncake.engine`` resolve to this module.
 
 The shape of this class is Mooncake's, not ours, on purpose: the same operation under several

@@ -1,6 +1,6 @@
 """One side of an SGLang PD pair (prefill or decode) using SGLang's own mooncake connector
 (``MooncakeKVManager`` / ``MooncakeKVSender`` / ``MooncakeKVReceiver`` / ``MooncakeKVBootstrapServer``)
-over tidekv: the test starts it with the ``mooncake_shim`` directory on ``PYTHONPATH``, so SGLang's
+over tidekv: the test starts it with the shim (``plugins/mooncake``) on ``PYTHONPATH``, so SGLang's
 ``from mooncake.engine import TransferEngine`` gets ``tidekv.compat.mooncake``.
 
 Run as ``python pd_peer.py '{"role": "prefill"|"decode", "bootstrap_port": N, "pages": P, ...}'``.

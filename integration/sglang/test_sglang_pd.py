@@ -3,8 +3,8 @@
 Two processes (``pd_peer.py``), a prefill and a decode, each run SGLang's real
 ``MooncakeKVManager`` with ``MooncakeKVSender`` / ``MooncakeKVReceiver`` and the prefill's
 ``MooncakeKVBootstrapServer``, on SGLang's real ``MHATokenToKVPool`` and ``MetadataBuffers`` (CPU).
-``import mooncake.engine`` resolves to the tidekv shim (``plugins/sglang/mooncake_shim`` on
-``PYTHONPATH``, as ``pip install ./plugins/sglang/mooncake_shim`` would make it), so SGLang's
+``import mooncake.engine`` resolves to the tidekv shim (``plugins/mooncake`` on
+``PYTHONPATH``, as ``pip install ./plugins/mooncake`` would make it), so SGLang's
 unpatched connector moves the KV pages with ``tidekv.compat.mooncake``. Pages are compared by
 digest over every layer's K and V rows.
 """
@@ -12,16 +12,13 @@ digest over every layer's K and V rows.
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
 import sglang_rig
 
-SHIM = sglang_rig.REPO / "plugins" / "sglang" / "mooncake_shim"
+SHIM = sglang_rig.REPO / "plugins" / "mooncake"
 
 
 def free_port() -> int:
@@ -67,23 +64,3 @@ def test_sglang_mooncake_conn_moves_kv_pages_over_tidekv(tmp_path: Path, force_t
         prefill.stop()
         if decode is not None:
             decode.stop()
-
-
-def test_the_shim_installs_as_its_own_distribution(tmp_path: Path) -> None:
-    """``pip install ./plugins/sglang/mooncake_shim`` builds, and the installed package routes to tidekv."""
-    wheels, site = tmp_path / "wheels", tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
-                    str(SHIM)], check=True, timeout=300)
-    (wheel,) = wheels.glob("tidekv_mooncake_shim-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    assert "mooncake/engine.py" in names and "mooncake/__init__.py" in names
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
-                   check=True, timeout=300)
-    probe = ("import mooncake, mooncake.engine as e, tidekv.compat.mooncake as c; "
-             "assert mooncake.IS_TIDEKV_SHIM and e.TransferEngine is c.TransferEngine; "
-             "te = e.TransferEngine(); assert te.initialize('127.0.0.1', 'P2PHANDSHAKE', 'tcp', '') == 0; "
-             "print(te.get_rpc_port())")
-    out = subprocess.run([sys.executable, "-c", probe], env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert int(out.stdout.strip()) > 0

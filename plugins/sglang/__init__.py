@@ -6,8 +6,8 @@ Select it with ``--hicache-storage-backend dynamic`` and
 (README, "SGLang plugin"). Modules: ``settings`` (our extra-config keys, validated), ``keys`` (page
 keys as SGLang's Mooncake backend forms them), ``hicache`` (the ``HiCacheStorage`` subclass; imports
 sglang and torch, so it is not imported here). PD transfer runs through SGLang's own mooncake
-backend on ``tidekv.compat.mooncake`` (the optional ``mooncake_shim`` distribution next to this
-package).
+backend on ``tidekv.compat.mooncake`` (the optional Mooncake drop-in
+distribution, ``plugins/mooncake``).
 """
 
 HICACHE_MODULE = "tidekv_sglang.hicache"
