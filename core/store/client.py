@@ -7,7 +7,9 @@ itself through its TransferEngine (same-host peers: shared memory; others: tcp).
 Put is two-phase: put_start (the master places replicas) -> write every replica -> put_end
 (the object becomes visible). A failed write revokes the put, so readers never see partial
 objects. Get asks for locations and a read lease, reads one replica (the next one if a holder is
-gone), and refuses the bytes if the lease ran out before the read finished.
+gone), and refuses the bytes if the lease ran out before the read finished. The zero-copy calls
+take a buffer or a list of buffers (parts): the object is then the parts' concatenation, written
+by gathering them and read by scattering into them (one transfer request per part and replica).
 
 Neighbours: ``master_client`` (the master, followed across failovers), ``staging`` (scratch memory for bytes objects),
 ``tidekv.transfer`` (the data path). Thread-safe.
@@ -48,6 +50,30 @@ from tidekv.transfer.memory import huge_pages_shareable
 from tidekv.transfer.region import Region
 
 logger = logging.getLogger(__name__)
+
+Parts = Sequence[Buffer]
+"""A list of buffers whose concatenation is one object (the zero-copy calls take it for a buffer)."""
+
+Span = list[tuple[int, int]]
+"""One object's memory as (address, length) pieces, in order."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """What the master knows of one complete object (``Store.lookup_many``)."""
+
+    size_bytes: int
+    """The object's size."""
+    locations: tuple[p.Location, ...]
+    """Its replicas: segment, holder engine, address and length of each."""
+
+
+def _span(buffer: Buffer | Parts) -> Span:
+    """A buffer, or a list of them (parts), as (address, length) pieces."""
+    if isinstance(buffer, list):
+        return [buffer_span(part) for part in buffer]
+    return [buffer_span(buffer)]
+
 
 def _huge_segment(choice: str, engine: TransferEngine) -> bool:
     """Resolves StoreConfig.segment_memory to whether the segment is allocated on huge pages.
@@ -142,19 +168,24 @@ class Store:
 
     # ---- bytes API ----------------------------------------------------------------------
 
-    def put(self, key: Key, data: bytes | bytearray | memoryview, *, pin: Pin = Pin.NONE, replicas: int | None = None) -> None:
+    def put(self, key: Key, data: bytes | bytearray | memoryview, *, pin: Pin = Pin.NONE, replicas: int | None = None,
+            preferred_segment: str | None = None) -> None:
         """Stores ``data`` under ``key``. Putting an existing key is a successful no-op.
+
+        ``preferred_segment`` names the segment to place the first replica in when it has room
+        (a Store's ``segment_name``; default: this client's own when ``prefer_local_segment``).
 
         Raises:
             OutOfSpaceError: no room even after eviction.
             TransferError: the bytes could not be written (the put was revoked).
             MasterUnavailableError: the master does not answer.
         """
-        self.put_many([key], [data], pin=pin, replicas=replicas)
+        self.put_many([key], [data], pin=pin, replicas=replicas, preferred_segment=preferred_segment)
 
-    def upsert(self, key: Key, data: bytes | bytearray | memoryview, *, pin: Pin = Pin.NONE) -> None:
+    def upsert(self, key: Key, data: bytes | bytearray | memoryview, *, pin: Pin = Pin.NONE,
+               replicas: int | None = None, preferred_segment: str | None = None) -> None:
         """Stores ``data`` under ``key``, replacing any existing value atomically."""
-        self.put_many([key], [data], pin=pin, upsert=True)
+        self.put_many([key], [data], pin=pin, replicas=replicas, upsert=True, preferred_segment=preferred_segment)
 
     def put_many(
         self,
@@ -164,12 +195,13 @@ class Store:
         pin: Pin = Pin.NONE,
         replicas: int | None = None,
         upsert: bool = False,
+        preferred_segment: str | None = None,
     ) -> None:
         """Stores several objects in one master round trip per phase.
 
         Raises:
-            StoreError (or a subclass): some keys failed; ``err.failures`` maps key -> error,
-                the other keys were stored.
+            StoreError or TransferError (or a subclass): some keys failed; ``err.failed_keys``
+                maps each failed key (as bytes) to its error, the other keys were stored.
         """
         if len(keys) != len(values):
             raise ConfigError(f"put_many got {len(keys)} keys but {len(values)} values")
@@ -179,9 +211,9 @@ class Store:
             spans, offset = [], 0
             for v in views:
                 area.view()[offset : offset + v.nbytes] = v
-                spans.append((area.address + offset, v.nbytes))
+                spans.append([(area.address + offset, v.nbytes)])
                 offset += v.nbytes
-            self._put_spans([key_bytes(k) for k in keys], spans, pin, replicas, upsert)
+            self._put_spans([key_bytes(k) for k in keys], spans, pin, replicas, upsert, preferred_segment)
 
     def get(self, key: Key) -> bytes:
         """Returns the bytes stored under ``key``.
@@ -203,16 +235,17 @@ class Store:
         total = sum(r.size for r in results if r.status == Status.OK)
         out: list[bytes | None] = [None] * len(bkeys)
         with self._staging.borrow(max(total, 1)) as area:
-            spans, offset = [], 0
+            spans: list[Span | None] = []
+            offset = 0
             for r in results:
-                spans.append((area.address + offset, r.size) if r.status == Status.OK else None)
+                spans.append([(area.address + offset, r.size)] if r.status == Status.OK else None)
                 offset += r.size if r.status == Status.OK else 0
             self._read(bkeys, results, spans, lease_deadline)
             view = area.view()
             for i, span in enumerate(spans):
                 if span is not None:
-                    start = span[0] - area.address
-                    out[i] = bytes(view[start : start + span[1]])
+                    start = span[0][0] - area.address
+                    out[i] = bytes(view[start : start + span[0][1]])
         return out
 
     # ---- zero-copy API ------------------------------------------------------------------
@@ -224,19 +257,24 @@ class Store:
     def unregister(self, region: Region) -> None:
         self.engine.unregister(region)
 
-    def put_from(self, key: Key, buffer: Buffer, *, pin: Pin = Pin.NONE, replicas: int | None = None) -> None:
-        """Stores the bytes of a registered buffer (no copy on this side)."""
-        self._put_spans([key_bytes(key)], [buffer_span(buffer)], pin, replicas, False)
+    def put_from(self, key: Key, buffer: Buffer | Parts, *, pin: Pin = Pin.NONE, replicas: int | None = None,
+                 preferred_segment: str | None = None) -> None:
+        """Stores the bytes of a registered buffer, or the concatenation of a list of them (no
+        copy on this side)."""
+        self._put_spans([key_bytes(key)], [_span(buffer)], pin, replicas, False, preferred_segment)
 
-    def put_many_from(self, keys: Sequence[Key], buffers: Sequence[Buffer], *, pin: Pin = Pin.NONE,
-                      replicas: int | None = None, upsert: bool = False) -> None:
-        """Batch put_from: one master round trip per phase, one transfer batch."""
+    def put_many_from(self, keys: Sequence[Key], buffers: Sequence[Buffer | Parts], *, pin: Pin = Pin.NONE,
+                      replicas: int | None = None, upsert: bool = False, preferred_segment: str | None = None) -> None:
+        """Batch put_from: one master round trip per phase, one transfer batch. Failures as for
+        put_many (``err.failed_keys``)."""
         if len(keys) != len(buffers):
             raise ConfigError(f"put_many_from got {len(keys)} keys but {len(buffers)} buffers")
-        self._put_spans([key_bytes(k) for k in keys], [buffer_span(b) for b in buffers], pin, replicas, upsert)
+        self._put_spans([key_bytes(k) for k in keys], [_span(b) for b in buffers], pin, replicas, upsert,
+                        preferred_segment)
 
-    def get_into(self, key: Key, buffer: Buffer) -> int:
-        """Reads the object into a registered buffer; returns its size.
+    def get_into(self, key: Key, buffer: Buffer | Parts) -> int:
+        """Reads the object into a registered buffer (or a list of them, filled in order);
+        returns its size.
 
         Raises:
             ObjectNotFoundError, LeaseExpiredError, TransferError: as for get().
@@ -247,21 +285,33 @@ class Store:
             raise ObjectNotFoundError(f"no object under key {show_key(key)}", key=key)
         return n
 
-    def get_many_into(self, keys: Sequence[Key], buffers: Sequence[Buffer]) -> list[int | None]:
-        """Batch get_into; returns each object's size, or None for keys that do not exist."""
+    def get_many_into(self, keys: Sequence[Key], buffers: Sequence[Buffer | Parts]) -> list[int | None]:
+        """Batch get_into; returns each object's size, or None for keys that do not exist.
+
+        Raises:
+            ConfigError: some buffers are smaller than their objects (nothing was read;
+                ``err.failed_keys`` names those keys).
+            LeaseExpiredError, StoreError or TransferError: as for get(); ``err.failed_keys``
+                names the keys whose bytes were not read.
+        """
         if len(keys) != len(buffers):
             raise ConfigError(f"get_many_into got {len(keys)} keys but {len(buffers)} buffers")
         bkeys = [key_bytes(k) for k in keys]
         lease_deadline, results = self._locate(bkeys)
-        spans: list[tuple[int, int] | None] = []
+        spans: list[Span | None] = []
+        too_small: dict[bytes, StoreError | TransferError] = {}
         for key, r, buf in zip(bkeys, results, buffers):
             if r.status != Status.OK:
                 spans.append(None)
                 continue
-            address, length = buffer_span(buf)
+            parts = _span(buf)
+            length = sum(n for _, n in parts)
             if length < r.size:
-                raise ConfigError(f"buffer of {length} bytes is too small for object {show_key(key)} of {r.size} bytes")
-            spans.append((address, r.size))
+                too_small[key] = ConfigError(  # type: ignore[assignment]
+                    f"buffer of {length} bytes is too small for object {show_key(key)} of {r.size} bytes")
+            spans.append(_trim(parts, r.size))
+        if too_small:
+            raise self._batch_error("get", too_small)
         self._read(bkeys, results, spans, lease_deadline)
         return [r.size if r.status == Status.OK else None for r in results]
 
@@ -273,6 +323,13 @@ class Store:
     def exists_many(self, keys: Sequence[Key]) -> list[bool]:
         """Whether each key holds a complete object (one round trip; grants no lease)."""
         return self._rpc.exists_many(keys)
+
+    def lookup_many(self, keys: Sequence[Key]) -> list[ObjectInfo | None]:
+        """Each key's size and replicas (None: no complete object), in one round trip. Unlike
+        exists_many this takes a read lease on every object found, as get does: for the master's
+        lease_ttl_s, remove() without force and eviction leave them alone."""
+        _, results = self._locate([key_bytes(k) for k in keys])
+        return [ObjectInfo(r.size, tuple(r.locations)) if r.status == Status.OK else None for r in results]
 
     def locate_many(self, keys: Sequence[Key]) -> list[list[str]]:
         """Names of the transfer engines whose segments hold each key's replicas (empty: no
@@ -362,22 +419,18 @@ class Store:
                     logger.warning("store client %s: heartbeat failed: %s", self.client_id, exc)
                     warned = True
 
-    def _put_spans(self, keys: list[bytes], spans: list[tuple[int, int]], pin: Pin, replicas: int | None, upsert: bool) -> None:
+    def _put_spans(self, keys: list[bytes], spans: list[Span], pin: Pin, replicas: int | None, upsert: bool,
+                   preferred_segment: str | None = None) -> None:
         copies = self.config.replicas if replicas is None else replicas
         if isinstance(copies, bool) or not isinstance(copies, int) or not 1 <= copies <= 16:
             raise ConfigError(f"replicas={replicas!r} is out of range; allowed 1..16")
-        for key, (_, n) in zip(keys, spans):
+        sizes = [sum(n for _, n in span) for span in spans]
+        for key, n in zip(keys, sizes):
             if n <= 0:
                 raise ConfigError(f"object {show_key(key)} is empty; tidekv stores objects of at least 1 byte")
-        request = p.PutStart(
-            self.client_id,
-            keys,
-            [n for _, n in spans],
-            copies,
-            self.segment_name if self.config.prefer_local_segment else "",
-            int(pin),
-            upsert,
-        )
+        if preferred_segment is None:
+            preferred_segment = self.segment_name if self.config.prefer_local_segment else ""
+        request = p.PutStart(self.client_id, keys, sizes, copies, preferred_segment, int(pin), upsert)
         try:
             slots: list[p.PutSlot] = self._rpc.call(request)
         except MasterUnavailableError as exc:
@@ -387,15 +440,18 @@ class Store:
         failures: dict[bytes, StoreError | TransferError] = {}
         writes: list[TransferRequest] = []
         owners: list[int] = []
-        for i, (key, slot, (address, n)) in enumerate(zip(keys, slots, spans)):
+        for i, (key, slot, span, n) in enumerate(zip(keys, slots, spans, sizes)):
             if slot.status == Status.OUT_OF_SPACE:
                 failures[key] = OutOfSpaceError(f"no room for object {show_key(key)} ({n} bytes) even after eviction", key=key)
             elif slot.status == Status.INVALID:
                 failures[key] = ConfigError(f"master refused key {show_key(key)} (empty or too long) or size {n}")  # type: ignore[assignment]
             elif slot.status == Status.OK:
                 for loc in slot.locations:
-                    writes.append(TransferRequest(TransferOp.WRITE, address, n, loc.engine, loc.addr))
-                    owners.append(i)
+                    offset = 0
+                    for address, length in span:
+                        writes.append(TransferRequest(TransferOp.WRITE, address, length, loc.engine, loc.addr + offset))
+                        owners.append(i)
+                        offset += length
         failed_writes: set[int] = set()
         if writes:
             failed_writes = self._run(writes, owners, keys, failures)
@@ -429,7 +485,7 @@ class Store:
         deadline = started + lease_s if lease_s > 0 else float("inf")
         return deadline, results
 
-    def _read(self, keys: list[bytes], results: list[p.GetResult], spans: list[tuple[int, int] | None],
+    def _read(self, keys: list[bytes], results: list[p.GetResult], spans: list[Span | None],
               lease_deadline: float) -> None:
         """Reads every found object into its span, falling back to other replicas on failure."""
         pending = [i for i, s in enumerate(spans) if s is not None]
@@ -441,15 +497,16 @@ class Store:
                 locs = self._ordered(results[i].locations)
                 if attempt >= len(locs):
                     continue
-                address, n = spans[i]  # type: ignore[misc]
-                loc = locs[attempt]
-                reads.append(TransferRequest(TransferOp.READ, address, n, loc.engine, loc.addr))
-                owners.append(i)
+                loc, offset = locs[attempt], 0
+                for address, length in spans[i]:  # type: ignore[union-attr]
+                    reads.append(TransferRequest(TransferOp.READ, address, length, loc.engine, loc.addr + offset))
+                    owners.append(i)
+                    offset += length
             if not reads:
                 break
             round_failures: dict[bytes, StoreError | TransferError] = {}
             failed = self._run(reads, owners, keys, round_failures)
-            for i in failed:
+            for i in sorted(failed):
                 if attempt + 1 < len(results[i].locations):
                     next_pending.append(i)
                 else:
@@ -457,10 +514,12 @@ class Store:
             pending, attempt = next_pending, attempt + 1
         if time.monotonic() > lease_deadline:
             self._lease_expired += 1
-            raise LeaseExpiredError(
+            expired = LeaseExpiredError(
                 f"read of {len(keys)} object(s) outlived its lease; the bytes may have been replaced - retry",
                 key=keys[0] if len(keys) == 1 else None,
             )
+            expired.failed_keys = {keys[i]: expired for i, s in enumerate(spans) if s is not None}  # type: ignore[attr-defined]
+            raise expired
         if failures:
             raise self._batch_error("get", failures)
 
@@ -496,7 +555,19 @@ class Store:
     def _batch_error(op: str, failures: dict[bytes, StoreError | TransferError]) -> Exception:
         first_key, first = next(iter(failures.items()))
         if len(failures) == 1:
+            first.failed_keys = failures  # type: ignore[union-attr]
             return first
         err = type(first)(f"{op} failed for {len(failures)} keys; first {show_key(first_key)}: {first}")
-        err.failures = failures  # type: ignore[attr-defined]
+        err.failed_keys = failures  # type: ignore[attr-defined]
         return err
+
+
+def _trim(parts: Span, size: int) -> Span:
+    """The first ``size`` bytes of ``parts`` (which hold at least that many)."""
+    out: Span = []
+    for address, length in parts:
+        if size <= 0:
+            break
+        out.append((address, min(length, size)))
+        size -= length
+    return out

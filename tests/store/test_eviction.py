@@ -88,7 +88,7 @@ def test_batch_put_into_a_full_pool_fails_only_the_keys_that_do_not_fit(pool: St
     keys = [f"b{i}" for i in range(4)]
     with pytest.raises(OutOfSpaceError) as info:
         pool.put_many(keys, [payload(i, PAGE) for i in range(4)])
-    failed = set(info.value.failures)  # type: ignore[attr-defined]
+    failed = set(info.value.failed_keys)  # type: ignore[attr-defined]
     assert len(failed) == 2
     stored = _alive(pool, keys)
     assert len(stored) == 2 and {k.encode() for k in stored}.isdisjoint(failed)

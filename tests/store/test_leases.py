@@ -96,3 +96,18 @@ def test_zero_lease_ttl_means_no_lease(spawn_master: SpawnMaster, connect: Conne
     st.put("k", b"v" * 1000)
     assert st.get("k") == b"v" * 1000
     st.remove("k")
+
+
+def test_lookup_takes_a_lease_as_get_does(spawn_master: SpawnMaster, connect: Connect) -> None:
+    master = spawn_master(lease_ttl_s=LEASE_S)
+    st = connect(master.address, segment_size=4 * MIB)
+    st.put("k", b"v" * 100)
+    assert st.exists("k")
+    st.remove("k")  # exists grants no lease
+    st.put("k", b"w" * 300)
+    info = st.lookup_many(["k", "missing"])
+    assert info[1] is None and info[0] is not None and info[0].size_bytes == 300
+    assert [(loc.engine, loc.length) for loc in info[0].locations] == [(st.engine.name, 300)]
+    with pytest.raises(ObjectLeasedError):
+        st.remove("k")
+    wait_until(lambda: _remove_ok(st, "k"), LEASE_S + 5, "the lease lookup took on 'k' to lapse")

@@ -128,7 +128,7 @@ def test_batch_put_reports_failed_keys_and_stores_the_rest(client: Store) -> Non
     assert client.get_many(["good-1", "good-2"]) == [b"1", b"3"]
     with pytest.raises(ConfigError) as info:
         client.put_many([bad1, "good-3", bad2], [b"1", b"2", b"3"])
-    assert set(info.value.failures) == {bad1.encode(), bad2.encode()}  # type: ignore[attr-defined]
+    assert set(info.value.failed_keys) == {bad1.encode(), bad2.encode()}  # type: ignore[attr-defined]
     assert "2 keys" in str(info.value)
     assert client.get("good-3") == b"2"
     assert client.exists_many([bad1, bad2]) == [False, False]
@@ -229,3 +229,43 @@ def test_stores_sharing_one_engine_release_their_memory_on_close(master: MasterP
         keeper.close()
     finally:
         engine.close()
+
+
+def test_zero_copy_parts_gather_on_put_and_scatter_on_get(client: Store, holder: AgentProcess) -> None:
+    """A list of buffers is one object, their concatenation (layer-first KV pages)."""
+    src = bytearray(payload(21, 3 * MIB))
+    dst = bytearray(3 * MIB + 4096)
+    src_region, dst_region = client.register(src), client.register(dst)
+    base, out = src_region.address, dst_region.address
+    try:
+        parts = [(base + 2 * MIB, MIB), (base, 1000), (base + 5000, 1)]  # out of order, uneven
+        client.put_many_from(["parts", "whole"], [parts, [(base, MIB)]])
+        expected = bytes(src[2 * MIB : 3 * MIB] + src[:1000] + src[5000:5001])
+        assert holder.call("get", key="parts")["digest"] == digest(expected)
+        # Read back into other parts: the object fills them in order, the rest stays untouched.
+        assert client.get_many_into(["parts"], [[(out, 10), (out + 100, MIB), (out + 2 * MIB, 4096)]]) == [len(expected)]
+        got = bytes(dst[:10] + dst[100 : 100 + MIB] + dst[2 * MIB : 2 * MIB + len(expected) - 10 - MIB])
+        assert got == expected
+        assert dst[2 * MIB + len(expected) - 10 - MIB : 2 * MIB + 4096] == bytes(4096 - (len(expected) - 10 - MIB))
+        assert client.get_into("whole", [(out, MIB // 2), (out + MIB, MIB // 2)]) == MIB
+        assert dst[: MIB // 2] == src[: MIB // 2] and dst[MIB : MIB + MIB // 2] == src[MIB // 2 : MIB]
+        with pytest.raises(ConfigError, match="too small") as info:
+            client.get_many_into(["whole", "parts"], [[(out, MIB)], [(out, 10), (out + 100, 10)]])
+        assert set(info.value.failed_keys) == {b"parts"}  # type: ignore[attr-defined]
+    finally:
+        client.unregister(src_region)
+        client.unregister(dst_region)
+
+
+def test_a_single_failed_key_of_a_batch_is_named(client: Store) -> None:
+    with pytest.raises(ConfigError) as info:
+        client.put_many(["fine", "c" * 5000], [b"1", b"2"])
+    assert set(info.value.failed_keys) == {b"c" * 5000}  # type: ignore[attr-defined]
+
+
+def test_preferred_segment_places_the_replica(master: MasterProcess, holder: AgentProcess, connect: Connect) -> None:
+    own = connect(master.address, segment_size=4 * MIB)
+    own.put("mine", b"m" * 100)
+    own.put("theirs", b"t" * 100, preferred_segment=holder.segment)
+    own.put_many(["theirs-2"], [b"z" * 100], preferred_segment=holder.segment)
+    assert own.locate_many(["mine", "theirs", "theirs-2"]) == [[own.engine.name], [holder.engine], [holder.engine]]
