@@ -196,6 +196,37 @@ def parse_host_port(text: Any, what: str) -> tuple[str, int]:
     return host, int(port)
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(value: Any, what: str, *, minimum: int = 0) -> int:
+    """A byte count from an int or a text such as "4096", "64KiB", "16MB", "1.5g": the one size
+    parser of tidekv. Units are binary whichever way they are written (K = KB = KiB = 1024, as
+    Mooncake's configs mean them), case-insensitive, with an optional fraction.
+
+    Raises:
+        ConfigError: naming ``what`` and the value, when it is not a size or is below ``minimum``.
+    """
+    size: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    elif isinstance(value, str):
+        text = value.strip().lower().removesuffix("ib").removesuffix("b")
+        number = text.rstrip("kmgt")
+        unit = text[len(number):]
+        try:
+            if unit in _SIZE_UNITS and number.strip() and not number.strip().startswith(("-", "+")):
+                size = int(float(number) * _SIZE_UNITS[unit])
+        except ValueError:
+            size = None
+    if size is None:
+        raise ConfigError(f"{what}={value!r} is not a size; use bytes or a number with K, M, G or T (binary "
+                          "units: 16MB = 16MiB = 16 << 20), e.g. 4096 or 16MB")
+    if size < minimum:
+        raise ConfigError(f"{what}={value!r} is out of range; allowed at least {minimum} bytes")
+    return size
+
+
 ETCD_SCHEME = "etcd://"
 
 

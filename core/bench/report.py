@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from tidekv.config import parse_size as config_parse_size
 from tidekv.errors import ConfigError
 from tqdm import tqdm
 
@@ -25,22 +25,14 @@ logger = logging.getLogger(__name__)
 
 Row = dict[str, Any]
 
-_SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
-               "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
-
-
 def parse_size(text: str) -> int:
-    """Parses a byte size: "4096", "4K", "64KiB", "16M", "1G" (binary units).
+    """Parses a positive byte size: "4096", "4K", "64KiB", "16M", "1G" (binary units;
+    ``tidekv.config.parse_size``).
 
     Raises:
         ConfigError: the text is not a positive size.
     """
-    m = _SIZE_RE.match(text)
-    unit = m.group(2).upper() if m else ""
-    if not m or unit not in _SIZE_UNITS or int(m.group(1)) <= 0:
-        raise ConfigError(f"size {text!r} is invalid; use a positive number with an optional unit K, M or G")
-    return int(m.group(1)) * _SIZE_UNITS[unit]
+    return config_parse_size(text, "size", minimum=1)
 
 
 def format_size(size_bytes: int) -> str:

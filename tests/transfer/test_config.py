@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tidekv import ConfigError, TransferConfig, TransportKind
+from tidekv.config import parse_size
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -134,3 +135,22 @@ def test_from_env_reads_the_process_environment(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("TIDEKV_MAX_REGIONS", "12")
     config = TransferConfig.from_env()
     assert (config.transport, config.max_regions) == (TransportKind.TCP, 12)
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (4096, 4096), (0, 0), ("4096", 4096), ("4K", 4096), ("4kb", 4096), ("64KiB", 65536), ("16MB", 16 << 20),
+    ("16mib", 16 << 20), (" 4gb ", 4 << 30), ("1.5G", 3 << 29), ("2T", 2 << 40), ("100b", 100),
+])
+def test_parse_size_takes_binary_units_however_written(value: object, expected: int) -> None:
+    assert parse_size(value, "global_segment_size") == expected
+
+
+@pytest.mark.parametrize("value", ["lots", "", "MB", "-1MB", "+1", "1.5.2G", "16XB", None, True, 1.5, "1e"])
+def test_parse_size_refuses_non_sizes_naming_the_setting(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"global_segment_size=.* is not a size"):
+        parse_size(value, "global_segment_size")
+
+
+def test_parse_size_minimum() -> None:
+    with pytest.raises(ConfigError, match="at least 1 bytes"):
+        parse_size("0", "size", minimum=1)
