@@ -558,7 +558,7 @@ class Store:
             first.failed_keys = failures  # type: ignore[union-attr]
             return first
         err = type(first)(f"{op} failed for {len(failures)} keys; first {show_key(first_key)}: {first}")
-        err.failed_keys = failures  # type: ignore[attr-defined]
+        err.failed_keys = failures  # type: ignore[union-attr]
         return err
 
 

@@ -10,6 +10,7 @@ the top-level ``mooncake`` package, so the shim is installed into a folder of it
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import zipfile
@@ -30,18 +31,27 @@ def shim_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     str(SHIM)], check=True, timeout=300)
     (wheel,) = wheels.glob("tidekv_mooncake_shim-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"mooncake/__init__.py", "mooncake/engine.py"} <= set(names), names
+    assert {"mooncake/__init__.py", "mooncake/engine.py", "mooncake/store.py", "mooncake/master.py"} <= set(names), names
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
                    check=True, timeout=300)
     return site
 
 
-def run_with_shim(site: Path, code: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    """Runs ``code`` in a child whose ``import mooncake`` finds the installed shim first."""
+def shim_env(site: Path) -> dict[str, str]:
+    """The environment of a child whose ``import mooncake`` finds the installed shim first."""
     path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path}
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout_s,
-                          cwd=REPO)
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def run_with_shim(site: Path, code: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], env=shim_env(site), capture_output=True, text=True,
+                          timeout=timeout_s, cwd=REPO, check=False)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def test_the_installed_engine_routes_to_tidekv(shim_site: Path) -> None:
@@ -52,3 +62,43 @@ def test_the_installed_engine_routes_to_tidekv(shim_site: Path) -> None:
     out = run_with_shim(shim_site, probe)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.strip()) > 0
+
+
+def test_the_installed_store_and_master_script_work_together(shim_site: Path, tmp_path: Path) -> None:
+    """``mooncake_master`` (the console script the wheel installs) serves ``mooncake.store``."""
+    script = shim_site / "bin" / "mooncake_master"
+    assert script.exists(), sorted(p.name for p in (shim_site / "bin").iterdir())
+    port, metrics = free_port(), free_port()
+    log = (tmp_path / "master.log").open("w")
+    master = subprocess.Popen([str(script), f"--rpc_port={port}", "--metrics_port", str(metrics),
+                               "--default_kv_lease_ttl=2s", "--eviction_high_watermark_ratio=0.9"],
+                              env=shim_env(shim_site), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        probe = f"""
+import time
+import mooncake.store as s, tidekv.compat.mooncake_store as c
+assert s.MooncakeDistributedStore is c.MooncakeDistributedStore and s.ReplicateConfig is c.ReplicateConfig
+assert s.MooncakeHostMemAllocator is c.MooncakeHostMemAllocator
+store = s.MooncakeDistributedStore()
+deadline = time.monotonic() + 30
+while store.setup("127.0.0.1", "P2PHANDSHAKE", 4 << 20, 1 << 20, "tcp", "", "127.0.0.1:{port}", None) != 0:
+    assert time.monotonic() < deadline, "mooncake_master did not come up"
+    time.sleep(0.2)
+assert store.put("k", b"over the shim") == 0 and store.get("k") == b"over the shim"
+assert store.is_exist("k") == 1 and store.remove("k") == -706  # is_exist leased it for 2 s
+print("ok", store.close())
+"""
+        out = run_with_shim(shim_site, probe)
+        assert out.returncode == 0 and out.stdout.split() == ["ok", "0"], out.stderr + out.stdout
+    finally:
+        master.terminate()
+        master.wait(timeout=10)
+        log.close()
+    text = (tmp_path / "master.log").read_text()
+    assert f"127.0.0.1:{port}" in text and "lease 2 s" in text, text
+
+
+def test_the_installed_master_script_refuses_unknown_flags(shim_site: Path) -> None:
+    out = subprocess.run([str(shim_site / "bin" / "mooncake_master"), "--enable_http_metadata_server=true"],
+                         env=shim_env(shim_site), capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 2 and "--enable_http_metadata_server" in out.stderr, out.stderr

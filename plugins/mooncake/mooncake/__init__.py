@@ -1,15 +1,16 @@
 """tidekv's stand-in for Mooncake's Python package (the ``tidekv-mooncake-shim`` distribution).
 
-Only ``mooncake.engine`` is provided, backed by ``tidekv.compat.mooncake``; Mooncake's store,
-process group and EP modules are not (``import mooncake.store`` fails as if they were absent,
-which is how engines detect a Mooncake without them).
+Provided: ``mooncake.engine`` (``tidekv.compat.mooncake``), ``mooncake.store``
+(``tidekv.compat.mooncake_store``) and the ``mooncake_master`` command (``mooncake.master``,
+over ``tidekv.compat.mooncake_master``). Mooncake's process group, EP and other modules are not
+(importing them fails as if they were absent, which is how engines detect a Mooncake without them).
 """
 
 try:
     import tidekv.compat.mooncake  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "the tidekv-mooncake-shim package routes mooncake.engine to tidekv, but tidekv is not importable here; "
+        "the tidekv-mooncake-shim package routes mooncake.* to tidekv, but tidekv is not importable here; "
         "install tidekv into this environment (pip install <tidekv checkout>)"
     ) from exc
 

@@ -1,0 +1,680 @@
+"""Mooncake's store API (``mooncake.store``) over ``tidekv.Store``: ``MooncakeDistributedStore``,
+``ReplicateConfig``, ``MooncakeHostMemAllocator`` and the descriptor types, with Mooncake's
+signatures and return conventions, so code written for Mooncake's store (SGLang's mooncake HiCache
+backend, vLLM's MooncakeStoreConnector, LMCache's ``mooncakestore://``) runs on tidekv unchanged.
+
+The ``tidekv-mooncake-shim`` distribution (``plugins/mooncake``) makes ``import mooncake.store``
+resolve to this module. Like ``tidekv.compat.mooncake`` for the transfer engine, the shape is
+Mooncake's on purpose: integers at this boundary are Mooncake's contract (0 = success, negative =
+Mooncake's ``ErrorCode``; ``get`` of a missing key returns ``b""``). Every method is translation
+only: it calls one ``tidekv.Store`` method and turns the typed error it raises into Mooncake's
+code through ``error_code`` (one table). A method never raises where Mooncake returns a code.
+
+How Mooncake's semantics map onto tidekv's, where they differ (README, "Mooncake drop-in"):
+
+- Leases: ``is_exist``, ``batch_is_exist``, ``get_size`` and ``batch_get_replica_desc`` take a
+  read lease, as Mooncake's ExistKey/GetReplicaList do (``Store.lookup_many``); ``remove`` of a
+  leased key is -706 unless ``force``.
+- ``put`` of an existing key is 0 and leaves the old bytes (immutable objects); ``upsert*``
+  replaces them.
+- ``remove_all`` and ``remove_by_regex`` need a key listing the tidekv master does not offer:
+  they return -1011 (UNAVAILABLE_IN_CURRENT_MODE) and log why.
+- ``setup``: ``metadata_server``, ``protocol`` (except ``MC_FORCE_TCP=1``) and ``rdma_devices``
+  select nothing (tidekv handshakes directly and picks shared memory or tcp per peer);
+  ``enable_ssd_offload``, an ``ssd_offload_path``, a ``tenant_id`` other than "default" and
+  ``enable_client_http_server`` raise ``TypeError`` naming the argument, the way a Mooncake
+  without them does (SGLang then retries without the argument, or stops for ``tenant_id``).
+- ``setup_dummy(mem_pool_size, local_buffer_size, server_address)`` attaches a client without
+  memory of its own to the tidekv master at ``server_address`` (``tidekv up`` plays Mooncake's
+  real client: it holds the pool and the master in one process).
+- ``ReplicateConfig``: ``replica_num``, ``with_hard_pin``, soft pin (``with_soft_pin`` or
+  ``soft_pin_action = ENABLE``) and ``preferred_segment`` (or the first ``preferred_segments``)
+  are honoured; ``group_ids``, ``session_ids``, ``soft_pin_ttl_ms`` and the NoF/DFS replica
+  counts are accepted and have no effect.
+
+Neighbours: ``tidekv.store.client`` (the Store underneath), ``tidekv.compat.mooncake`` (the
+transfer engine, whose ``get_engine()`` ``setup`` can share), ``tidekv.config.parse_size``.
+Thread-safety: as ``tidekv.Store``, every method may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import logging
+import mmap
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+from tidekv.compat.mooncake import _split_hostname
+from tidekv.config import ETCD_SCHEME, StoreConfig, TransferConfig, TransportKind, parse_size
+from tidekv.errors import (
+    ConfigError,
+    LeaseExpiredError,
+    MasterUnavailableError,
+    ObjectLeasedError,
+    ObjectNotFoundError,
+    OutOfSpaceError,
+    RpcError,
+    TidekvError,
+    TransferError,
+)
+from tidekv.logs import WarnEvery
+from tidekv.store.client import ObjectInfo, Store
+from tidekv.store.keys import key_bytes
+from tidekv.store.protocol import Pin, Status
+from tidekv.transfer.engine import TransferEngine as _TidekvEngine
+
+logger = logging.getLogger(__name__)
+
+
+class ErrorCode(enum.IntEnum):
+    """The codes of Mooncake's ``ErrorCode`` (mooncake-store/include/types.h) this module returns."""
+
+    OK = 0
+    INTERNAL_ERROR = -1
+    NO_AVAILABLE_HANDLE = -200  #: no space, even after eviction
+    INVALID_PARAMS = -600  #: a bad argument, a buffer too small for the object
+    OBJECT_NOT_FOUND = -704
+    OBJECT_HAS_LEASE = -706
+    LEASE_EXPIRED = -707  #: the read outlived its lease; the bytes are not to be trusted
+    TRANSFER_FAIL = -800
+    RPC_FAIL = -900  #: the master did not answer
+    UNAVAILABLE_IN_CURRENT_MODE = -1011  #: an operation tidekv does not offer
+
+
+_ERROR_CODES: tuple[tuple[type[BaseException], ErrorCode], ...] = (
+    (ObjectNotFoundError, ErrorCode.OBJECT_NOT_FOUND),
+    (ObjectLeasedError, ErrorCode.OBJECT_HAS_LEASE),
+    (LeaseExpiredError, ErrorCode.LEASE_EXPIRED),
+    (OutOfSpaceError, ErrorCode.NO_AVAILABLE_HANDLE),
+    (ConfigError, ErrorCode.INVALID_PARAMS),
+    (MasterUnavailableError, ErrorCode.RPC_FAIL),
+    (RpcError, ErrorCode.RPC_FAIL),
+    (TransferError, ErrorCode.TRANSFER_FAIL),
+    (TidekvError, ErrorCode.INTERNAL_ERROR),
+)
+"""tidekv's typed errors -> Mooncake's codes: the one table (first match wins, so subclasses first)."""
+
+_STATUS_ERRORS = {Status.NOT_FOUND: ObjectNotFoundError, Status.LEASED: ObjectLeasedError}
+"""Per-key outcomes of a batch remove, as the errors a single remove raises."""
+
+
+def error_code(error: BaseException | type[BaseException]) -> int:
+    """Mooncake's code for a tidekv error (an instance or a class), by ``_ERROR_CODES``."""
+    cls = error if isinstance(error, type) else type(error)
+    for kind, code in _ERROR_CODES:
+        if issubclass(cls, kind):
+            return int(code)
+    raise AssertionError(f"no Mooncake code for {cls.__name__}")  # only TidekvErrors reach here
+
+
+_warn_failures = WarnEvery(10.0)
+
+
+def _log_failure(op: str, exc: TidekvError) -> None:
+    if isinstance(exc, ObjectNotFoundError):
+        logger.debug("mooncake store compat: %s: %s", op, exc)
+        return
+    held_back = _warn_failures.due()
+    if held_back is not None:
+        logger.warning("mooncake store compat: %s failed (%s): %s%s", op, error_code(exc), exc,
+                       f" ({held_back} similar failures not logged)" if held_back else "")
+
+
+# ---- Mooncake's value types ---------------------------------------------------------------
+
+
+class SoftPinAction(enum.IntEnum):
+    """``ReplicateConfig.soft_pin_action``."""
+
+    PRESERVE = 0
+    ENABLE = 1
+    DISABLE = 2
+
+
+class ReplicaStatus(enum.IntEnum):
+    """A replica's state; the replicas this module reports are all COMPLETE."""
+
+    UNDEFINED = 0
+    INITIALIZED = 1
+    PROCESSING = 2
+    COMPLETE = 3
+    REMOVED = 4
+    FAILED = 5
+
+
+class ReplicateConfig:
+    """Mooncake's placement settings for a put, constructible with no arguments. Unknown
+    attributes are refused (``__slots__``), as on Mooncake's bound class."""
+
+    __slots__ = ("replica_num", "nof_replica_num", "dfs_replica_num", "with_soft_pin", "soft_pin_action",
+                 "soft_pin_ttl_ms", "with_hard_pin", "preferred_segment", "preferred_segments",
+                 "preferred_nof_segments", "prefer_alloc_in_same_node", "group_ids", "session_ids", "data_type")
+
+    def __init__(self) -> None:
+        self.replica_num = 1
+        self.nof_replica_num = 0
+        self.dfs_replica_num = 0
+        self.with_soft_pin = False
+        self.soft_pin_action = SoftPinAction.PRESERVE
+        self.soft_pin_ttl_ms: int | None = None
+        self.with_hard_pin = False
+        self.preferred_segment = ""
+        self.preferred_segments: list[str] = []
+        self.preferred_nof_segments: list[str] = []
+        self.prefer_alloc_in_same_node = False
+        self.group_ids: list[str] | None = None
+        self.session_ids: list[str] | None = None
+        self.data_type = 0
+
+    def __repr__(self) -> str:
+        return "ReplicateConfig(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
+
+
+def _placement(config: ReplicateConfig | None) -> dict[str, Any]:
+    """A ReplicateConfig as the keyword arguments of tidekv's put calls."""
+    if config is None:
+        return {}
+    if config.with_hard_pin:
+        pin = Pin.HARD
+    elif config.with_soft_pin or config.soft_pin_action == SoftPinAction.ENABLE:
+        pin = Pin.SOFT
+    else:
+        pin = Pin.NONE
+    preferred = config.preferred_segment or next(iter(config.preferred_segments), "")
+    return {"pin": pin, "replicas": config.replica_num, "preferred_segment": preferred or None}
+
+
+class Descriptor:
+    """Where one replica's bytes are: ``transport_endpoint`` is the holder's transfer engine."""
+
+    def __init__(self, buffer_address: int = 0, size: int = 0, transport_endpoint: str = "") -> None:
+        self.buffer_address = buffer_address
+        self.size = size
+        self.transport_endpoint = transport_endpoint
+
+
+class MemoryDescriptor:
+    def __init__(self, buffer_descriptor: Descriptor) -> None:
+        self.buffer_descriptor = buffer_descriptor
+
+
+class ReplicaDescriptor:
+    """One replica (``batch_get_replica_desc``); tidekv's replicas are all in memory."""
+
+    def __init__(self, memory: MemoryDescriptor) -> None:
+        self._memory = memory
+        self.status = ReplicaStatus.COMPLETE
+
+    def is_memory_replica(self) -> bool:
+        return True
+
+    def is_disk_replica(self) -> bool:
+        return False
+
+    def is_local_disk_replica(self) -> bool:
+        return False
+
+    def get_memory_descriptor(self) -> MemoryDescriptor:
+        return self._memory
+
+
+def _replicas(info: ObjectInfo) -> list[ReplicaDescriptor]:
+    return [ReplicaDescriptor(MemoryDescriptor(Descriptor(loc.addr, loc.length, loc.engine))) for loc in info.locations]
+
+
+class BufferHandle(bytearray):
+    """An object's bytes (``get_buffer``): a buffer with Mooncake's ``ptr()`` and ``size()``."""
+
+    def ptr(self) -> int:
+        return ctypes.addressof((ctypes.c_char * len(self)).from_buffer(self)) if self else 0
+
+    def size(self) -> int:
+        return len(self)
+
+
+class MooncakeHostMemAllocator:
+    """Page-aligned host memory for a pool the caller registers (SGLang's standalone storage).
+    Memory stays mapped until ``free(ptr)``, whatever becomes of the allocator object."""
+
+    _mappings: ClassVar[dict[int, mmap.mmap]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def alloc(self, size: int) -> int:
+        """The address of ``size`` fresh zeroed bytes; 0 when they cannot be had."""
+        try:
+            mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except (OSError, ValueError, OverflowError, TypeError) as exc:
+            logger.warning("mooncake store compat: cannot allocate %r bytes of host memory: %s", size, exc)
+            return 0
+        ptr = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+        with self._lock:
+            self._mappings[ptr] = mapping
+        return ptr
+
+    def free(self, ptr: int) -> int:
+        """Unmaps memory from ``alloc``; 0, or -600 for an address it did not hand out."""
+        with self._lock:
+            mapping = self._mappings.pop(ptr, None)
+        if mapping is None:
+            return int(ErrorCode.INVALID_PARAMS)
+        try:
+            mapping.close()
+        except BufferError:  # still exported (a tensor over it): leave it mapped rather than crash
+            logger.warning("mooncake store compat: memory at %#x is still in use; it stays mapped", ptr)
+        return int(ErrorCode.OK)
+
+
+# ---- the store ----------------------------------------------------------------------------
+
+MOONCAKE_CLUSTER = "mooncake_cluster"
+"""Mooncake's default ``cluster_id`` (``MC_STORE_CLUSTER_ID``): the tidekv cluster name that an
+``etcd://`` master address means (``mooncake_master --enable_ha`` campaigns under the same)."""
+
+_ENV_KEYS = {"local_hostname": "MOONCAKE_LOCAL_HOSTNAME", "metadata_server": "MOONCAKE_TE_META_DATA_SERVER",
+             "global_segment_size": "MOONCAKE_GLOBAL_SEGMENT_SIZE", "local_buffer_size": "MOONCAKE_LOCAL_BUFFER_SIZE",
+             "protocol": "MOONCAKE_PROTOCOL", "rdma_devices": "MOONCAKE_DEVICE", "master_server_addr": "MOONCAKE_MASTER"}
+"""``setup(config)`` keys and the ``MOONCAKE_*`` variables that fill them when a key is absent."""
+
+_DICT_DEFAULTS: dict[str, Any] = {"global_segment_size": 16 << 20, "local_buffer_size": 16 << 20, "protocol": "tcp",
+                                  "rdma_devices": "", "master_server_addr": "127.0.0.1:50051",
+                                  "metadata_server": "P2PHANDSHAKE", "local_hostname": "localhost"}
+"""Mooncake's defaults for ``setup(config)`` (its docstring), after the variables."""
+
+_SETUP_KEYS = {"local_hostname", "metadata_server", "global_segment_size", "local_buffer_size", "protocol",
+               "rdma_devices", "master_server_addr", "enable_ssd_offload", "ssd_offload_path", "tenant_id",
+               "enable_client_http_server", "client_http_port"}
+"""The keys ``setup(config)`` reads (Mooncake's; ``ipc_socket_path`` is its dummy client's)."""
+
+_DICT_ALIASES = {"master_server_address": "master_server_addr", "device_name": "rdma_devices"}
+"""Key spellings Mooncake's JSON configs use for ``setup(config)`` keys."""
+
+
+def master_address(text: str) -> str:
+    """Mooncake's ``master_server_addr`` as a tidekv master address: "host:port" as it is,
+    "etcd://H:P;H:P" (Mooncake's HA form) as tidekv's "etcd://H:P,H:P/CLUSTER" with CLUSTER from
+    ``MC_STORE_CLUSTER_ID`` (default "mooncake_cluster").
+
+    Raises:
+        ConfigError: another scheme (Redis and Kubernetes leader election are Mooncake's only).
+    """
+    if text.startswith(ETCD_SCHEME):
+        hosts = ",".join(h.strip() for h in text[len(ETCD_SCHEME):].replace(";", ",").split(",") if h.strip())
+        return f"{ETCD_SCHEME}{hosts}/{os.environ.get('MC_STORE_CLUSTER_ID', MOONCAKE_CLUSTER)}"
+    if "://" in text:
+        raise ConfigError(f"master_server_addr={text!r}: tidekv masters are found at host:port or through etcd "
+                          "(etcd://H:P;H:P); redis:// and k8s:// leader election are not supported")
+    return text
+
+
+class MooncakeDistributedStore:
+    """Mooncake's store client over ``tidekv.Store``; call ``setup`` (or ``setup_dummy``) first."""
+
+    def __init__(self) -> None:
+        self._store: Store | None = None
+        self._engine: _TidekvEngine | None = None  # ours to close; None when shared or not set up
+        self._buffers: dict[int, Any] = {}  # address -> Region, from register_buffer
+        self._lock = threading.Lock()
+
+    # ---- setup and lifecycle ---------------------------------------------------------------
+
+    def setup(self, *args: Any, **kwargs: Any) -> int:
+        """``setup(local_hostname, metadata_server, global_segment_size, local_buffer_size,
+        protocol, rdma_devices, master_server_addr, engine=None, enable_ssd_offload=False,
+        ssd_offload_path="", tenant_id="default", enable_client_http_server=False,
+        client_http_port=9300)`` or ``setup(config: dict)``; 0 on success, else a negative code.
+
+        Raises:
+            TypeError: an argument Mooncake has but tidekv cannot honour (named), or one
+                Mooncake does not have.
+        """
+        if len(args) == 1 and not kwargs and isinstance(args[0], dict):
+            return self._setup_from_dict(args[0])
+        return self._setup(*args, **kwargs)
+
+    def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
+        """Attaches to the tidekv master at ``server_address`` with no memory of its own (the
+        pool is the server's; ``mem_pool_size`` is not used). 0, or a negative code."""
+        return self._connect("setup_dummy", server_address, "127.0.0.1", 0, 0, local_buffer_size, None)
+
+    def close(self) -> int:
+        """Unmounts this client's segment (its objects leave the pool) and disconnects; 0."""
+        with self._lock:
+            store, engine, self._store, self._engine = self._store, self._engine, None, None
+            self._buffers.clear()
+        if store is not None:
+            store.close()
+        if engine is not None:
+            engine.close()
+        return int(ErrorCode.OK)
+
+    def health_check(self) -> int:
+        """0 healthy, 1 not set up (or closed), 2 master unreachable."""
+        store = self._store
+        if store is None:
+            return 1
+        try:
+            store.stats()
+        except TidekvError:
+            return 2
+        return 0
+
+    def get_hostname(self) -> str:
+        """This client's segment name (its engine's name without a segment): the value to put in
+        ``ReplicateConfig.preferred_segment`` for "here"; "" before setup."""
+        store = self._store
+        if store is None:
+            return ""
+        return store.segment_name or store.engine.name
+
+    # ---- registered memory -----------------------------------------------------------------
+
+    def register_buffer(self, buffer_ptr: int, size: int) -> int:
+        """Registers host memory for the zero-copy calls; 0, or a negative code."""
+        def run(store: Store) -> int:
+            region = store.register((buffer_ptr, size))
+            with self._lock:
+                self._buffers[buffer_ptr] = region
+            return 0
+        return self._code("register_buffer", run)
+
+    def unregister_buffer(self, buffer_ptr: int) -> int:
+        """0, or -600 for an address ``register_buffer`` was not given."""
+        def run(store: Store) -> int:
+            with self._lock:
+                region = self._buffers.pop(buffer_ptr, None)
+            if region is None:
+                raise ConfigError(f"buffer at {buffer_ptr:#x} is not registered; register_buffer() it first")
+            store.unregister(region)
+            return 0
+        return self._code("unregister_buffer", run)
+
+    # ---- bytes objects ---------------------------------------------------------------------
+
+    def put(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
+        """Stores ``value`` (any buffer); 0 also when the key exists (its bytes stay)."""
+        return self._code("put", lambda s: s.put(key, value, **_placement(config)))
+
+    def put_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
+        """Stores the concatenation of ``parts``; 0 or a negative code."""
+        return self._code("put_parts", lambda s: s.put(key, b"".join(bytes(memoryview(p)) for p in parts),
+                                                       **_placement(config)))
+
+    def put_batch(self, keys: list[str], values: list[Any], config: ReplicateConfig | None = None) -> int:
+        """Stores several objects; 0, or the code of the first key that failed."""
+        return self._code("put_batch", lambda s: s.put_many(keys, values, **_placement(config)))
+
+    def upsert(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
+        """Stores ``value``, replacing the key's bytes if it exists; 0 or a negative code."""
+        return self._code("upsert", lambda s: s.upsert(key, value, **_placement(config)))
+
+    def upsert_batch(self, keys: list[str], values: list[Any], config: ReplicateConfig | None = None) -> int:
+        return self._code("upsert_batch", lambda s: s.put_many(keys, values, upsert=True, **_placement(config)))
+
+    def get(self, key: str) -> bytes:
+        """The key's bytes; ``b""`` when it is missing or the read failed."""
+        return self.get_batch([key])[0]
+
+    def get_batch(self, keys: list[str]) -> list[bytes]:
+        """Each key's bytes, ``b""`` where missing; all ``b""`` when the batch failed."""
+        def run(store: Store) -> list[bytes]:
+            return [b"" if v is None else v for v in store.get_many(keys)]
+        out = self._call("get_batch", run)
+        return [b""] * len(keys) if isinstance(out, int) else out
+
+    def get_buffer(self, key: str) -> BufferHandle | None:
+        """The key's bytes as a BufferHandle; None when missing or the read failed."""
+        return self.batch_get_buffer([key])[0]
+
+    def batch_get_buffer(self, keys: list[str]) -> list[BufferHandle | None]:
+        def run(store: Store) -> list[BufferHandle | None]:
+            return [None if v is None else BufferHandle(v) for v in store.get_many(keys)]
+        out = self._call("batch_get_buffer", run)
+        return [None] * len(keys) if isinstance(out, int) else out
+
+    # ---- metadata ----------------------------------------------------------------------------
+
+    def is_exist(self, key: str) -> int:
+        """1 present, 0 absent, -1 error; a present object gets a read lease (as in Mooncake)."""
+        return self.batch_is_exist([key])[0]
+
+    def batch_is_exist(self, keys: list[str]) -> list[int]:
+        """Per key 1 present, 0 absent; all -1 when the lookup failed. Leases what it finds."""
+        out = self._call("batch_is_exist", lambda s: [0 if i is None else 1 for i in s.lookup_many(keys)])
+        return [-1] * len(keys) if isinstance(out, int) else out
+
+    def get_size(self, key: str) -> int:
+        """The object's size, -704 when missing, or another negative code. Leases it."""
+        def run(store: Store) -> int:
+            info = store.lookup_many([key])[0]
+            return int(ErrorCode.OBJECT_NOT_FOUND) if info is None else info.size_bytes
+        return self._code("get_size", run)
+
+    def get_replica_desc(self, key: str) -> list[ReplicaDescriptor]:
+        return self.batch_get_replica_desc([key]).get(key, [])
+
+    def batch_get_replica_desc(self, keys: list[str]) -> dict[str, list[ReplicaDescriptor]]:
+        """Key -> its replicas, for the keys found (leased, as Mooncake's GetReplicaList does)."""
+        def run(store: Store) -> dict[str, list[ReplicaDescriptor]]:
+            return {k: _replicas(i) for k, i in zip(keys, store.lookup_many(keys)) if i is not None}
+        out = self._call("batch_get_replica_desc", run)
+        return {} if isinstance(out, int) else out
+
+    def remove(self, key: str, force: bool = False) -> int:
+        """0, -704 missing, -706 leased by a reader (``force=True`` removes anyway)."""
+        return self.batch_remove([key], force)[0]
+
+    def batch_remove(self, keys: list[str], force: bool = False) -> list[int]:
+        def run(store: Store) -> list[int]:
+            statuses = store.remove_many(keys, force=force)
+            return [error_code(_STATUS_ERRORS[s]) if s in _STATUS_ERRORS else 0 for s in statuses]
+        out = self._call("batch_remove", run)
+        return [out] * len(keys) if isinstance(out, int) else out
+
+    def remove_all(self, force: bool = False) -> int:
+        """-1011: the tidekv master lists no keys, so this client cannot name them all."""
+        return self._unavailable("remove_all", "the master offers no request to list or remove every key")
+
+    def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
+        """-1011: the tidekv master lists no keys, so none can be matched against a pattern."""
+        return self._unavailable("remove_by_regex", "the master offers no request to list or match keys")
+
+    # ---- zero-copy ---------------------------------------------------------------------------
+
+    def put_from(self, key: str, buffer_ptr: int, size: int, config: ReplicateConfig | None = None) -> int:
+        """Stores ``size`` bytes of registered memory at ``buffer_ptr``; 0 or a negative code."""
+        return self.batch_put_from([key], [buffer_ptr], [size], config)[0]
+
+    def batch_put_from(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int],
+                       config: ReplicateConfig | None = None) -> list[int]:
+        """Per key 0 (also for a key that exists: its bytes stay) or a negative code."""
+        return self._put_many(keys, _pairs(keys, buffer_ptrs, sizes), config, upsert=False)
+
+    def batch_put_from_multi_buffers(self, keys: list[str], all_buffer_ptrs: list[list[int]],
+                                     all_sizes: list[list[int]], config: ReplicateConfig | None = None) -> list[int]:
+        """As batch_put_from; each object is the concatenation of its buffers."""
+        return self._put_many(keys, _parts(keys, all_buffer_ptrs, all_sizes), config, upsert=False)
+
+    def upsert_from(self, key: str, buffer_ptr: int, size: int, config: ReplicateConfig | None = None) -> int:
+        return self.batch_upsert_from([key], [buffer_ptr], [size], config)[0]
+
+    def batch_upsert_from(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int],
+                          config: ReplicateConfig | None = None) -> list[int]:
+        return self._put_many(keys, _pairs(keys, buffer_ptrs, sizes), config, upsert=True)
+
+    def get_into(self, key: str, buffer_ptr: int, size: int) -> int:
+        """Reads the object into registered memory: its size, or -704 / -600 (buffer too small)
+        / -707 (lease expired) / another negative code."""
+        return self.batch_get_into([key], [buffer_ptr], [size])[0]
+
+    def batch_get_into(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int]) -> list[int]:
+        """Per key the bytes read, or a negative code as for get_into."""
+        return self._get_many(keys, _pairs(keys, buffer_ptrs, sizes))
+
+    def batch_get_into_multi_buffers(self, keys: list[str], all_buffer_ptrs: list[list[int]],
+                                     all_sizes: list[list[int]], prefer_alloc_in_same_node: bool = False) -> list[int]:
+        """As batch_get_into; each object fills its buffers in order."""
+        return self._get_many(keys, _parts(keys, all_buffer_ptrs, all_sizes))
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _setup(self, local_hostname: str, metadata_server: str, global_segment_size: int, local_buffer_size: int,
+               protocol: str, rdma_devices: str, master_server_addr: str, engine: Any = None,
+               enable_ssd_offload: bool = False, ssd_offload_path: str = "", tenant_id: str = "default",
+               enable_client_http_server: bool = False, client_http_port: int = 9300) -> int:
+        for name, asked, why in (("enable_ssd_offload", enable_ssd_offload, "no SSD offload"),
+                                 ("ssd_offload_path", ssd_offload_path, "no SSD offload"),
+                                 ("tenant_id", tenant_id != "default", "no tenants"),
+                                 ("enable_client_http_server", enable_client_http_server, "no client HTTP server")):
+            if asked:
+                raise TypeError(f"setup() got an unsupported keyword argument '{name}': tidekv's Mooncake "
+                                f"drop-in has {why}")
+        if metadata_server != "P2PHANDSHAKE":
+            logger.info("mooncake store compat: metadata_server %r is not used (tidekv engines handshake directly)",
+                        metadata_server)
+        shared = engine if isinstance(engine, _TidekvEngine) else None
+        if engine is not None and shared is None:
+            logger.warning("mooncake store compat: engine %r is not a tidekv TransferEngine; starting one", engine)
+        host, port = _split_hostname(local_hostname)
+        return self._connect("setup", master_server_addr, host, port, global_segment_size, local_buffer_size, shared)
+
+    def _setup_from_dict(self, config: dict[str, Any]) -> int:
+        values: dict[str, Any] = {}
+        for key, value in config.items():
+            values[_DICT_ALIASES.get(key, key)] = value
+        unused = sorted(set(values) - _SETUP_KEYS)
+        if unused:
+            logger.warning("mooncake store compat: setup(config) does not use key(s) %s", unused)
+        values = {k: v for k, v in values.items() if k in _SETUP_KEYS}
+        for key, variable in _ENV_KEYS.items():
+            if key not in values and variable in os.environ:
+                values[key] = os.environ[variable]
+        for key, default in _DICT_DEFAULTS.items():
+            values.setdefault(key, default)
+        try:
+            return self._setup(**values)
+        except TypeError as exc:
+            logger.error("mooncake store compat: setup(config) refused: %s", exc)
+            return int(ErrorCode.INVALID_PARAMS)
+
+    def _connect(self, op: str, master: str, host: str, port: int, segment_size: Any, buffer_size: Any,
+                 engine: _TidekvEngine | None) -> int:
+        if self._store is not None:
+            logger.error("mooncake store compat: %s() called on a store that is set up; close() it first", op)
+            return int(ErrorCode.INVALID_PARAMS)
+        own: _TidekvEngine | None = None
+        try:
+            config = StoreConfig.from_env(segment_size_bytes=parse_size(segment_size, "global_segment_size"),
+                                          staging_size_bytes=max(parse_size(buffer_size, "local_buffer_size"), 1 << 20))
+            address = master_address(master)
+            if engine is None:
+                transfer = TransferConfig.from_env()
+                if os.environ.get("MC_FORCE_TCP") == "1":
+                    transfer = TransferConfig.from_env(transport=TransportKind.TCP)
+                engine = own = _TidekvEngine(host=host, port=port, config=transfer)
+            store = Store.connect(address, config=config, engine=engine)
+        except TidekvError as exc:
+            if own is not None:
+                own.close()
+            logger.error("mooncake store compat: %s() failed: %s", op, exc)
+            return error_code(exc)
+        with self._lock:
+            self._store, self._engine = store, own
+        logger.info("mooncake store compat: %s() connected to master %s (segment %s, %d bytes)", op, address,
+                    store.segment_name or "none", config.segment_size_bytes)
+        return int(ErrorCode.OK)
+
+    def _call(self, op: str, run: Callable[[Store], Any]) -> Any:
+        """``run(store)``, or the Mooncake code of the tidekv error it raised."""
+        store = self._store
+        if store is None:
+            logger.error("mooncake store compat: %s() before setup()", op)
+            return int(ErrorCode.INTERNAL_ERROR)
+        try:
+            return run(store)
+        except TidekvError as exc:
+            _log_failure(op, exc)
+            return error_code(exc)
+
+    def _code(self, op: str, run: Callable[[Store], Any]) -> int:
+        out = self._call(op, run)
+        return out if isinstance(out, int) else int(ErrorCode.OK)
+
+    def _unavailable(self, op: str, why: str) -> int:
+        logger.warning("mooncake store compat: %s() is not supported: %s (returning %d)", op, why,
+                       ErrorCode.UNAVAILABLE_IN_CURRENT_MODE)
+        return int(ErrorCode.UNAVAILABLE_IN_CURRENT_MODE)
+
+    def _put_many(self, keys: list[str], buffers: Sequence[Any] | None, config: ReplicateConfig | None,
+                  upsert: bool) -> list[int]:
+        if buffers is None:
+            logger.error("mooncake store compat: batch put: keys, buffers and sizes differ in length")
+            return [int(ErrorCode.INVALID_PARAMS)] * len(keys)
+        # Mooncake refuses an empty object alone; tidekv refuses the batch that holds one.
+        empty = {i for i, b in enumerate(buffers) if not any(n for _, n in (b if isinstance(b, list) else [b]))}
+        todo = [i for i in range(len(keys)) if i not in empty]
+
+        def run(store: Store) -> list[int]:
+            try:
+                store.put_many_from([keys[i] for i in todo], [buffers[i] for i in todo], upsert=upsert,
+                                    **_placement(config))
+            except TidekvError as exc:
+                failed = getattr(exc, "failed_keys", None)
+                if failed is None:
+                    raise
+                _log_failure("batch_put_from", exc)
+                return [error_code(failed[b]) if (b := key_bytes(keys[i])) in failed else 0 for i in todo]
+            return [0] * len(todo)
+        out = self._call("batch_put_from", run) if todo else []
+        done = dict(zip(todo, [out] * len(todo) if isinstance(out, int) else out))
+        return [done.get(i, int(ErrorCode.INVALID_PARAMS)) for i in range(len(keys))]
+
+    def _get_many(self, keys: list[str], buffers: Sequence[Any] | None) -> list[int]:
+        if buffers is None:
+            logger.error("mooncake store compat: batch get: keys, buffers and sizes differ in length")
+            return [int(ErrorCode.INVALID_PARAMS)] * len(keys)
+
+        def run(store: Store) -> list[int]:
+            return _read_into(store, keys, buffers)
+        out = self._call("batch_get_into", run)
+        return [out] * len(keys) if isinstance(out, int) else out
+
+
+def _pairs(keys: list[str], buffer_ptrs: list[int], sizes: list[int]) -> list[tuple[int, int]] | None:
+    """Per key (address, size); None when the lists differ in length."""
+    if not len(keys) == len(buffer_ptrs) == len(sizes):
+        return None
+    return list(zip(buffer_ptrs, sizes))
+
+
+def _parts(keys: list[str], all_buffer_ptrs: list[list[int]],
+           all_sizes: list[list[int]]) -> list[list[tuple[int, int]]] | None:
+    """Per key its buffers as (address, size) parts; None when the lists differ in shape."""
+    if not len(keys) == len(all_buffer_ptrs) == len(all_sizes) or \
+            any(len(p) != len(s) for p, s in zip(all_buffer_ptrs, all_sizes)):
+        return None
+    return [list(zip(ptrs, sizes)) for ptrs, sizes in zip(all_buffer_ptrs, all_sizes)]
+
+
+def _read_into(store: Store, keys: list[str], buffers: Sequence[Any]) -> list[int]:
+    """Per key the bytes read into its buffer, or Mooncake's code for why not."""
+    try:
+        sizes = store.get_many_into(keys, buffers)
+    except TidekvError as exc:
+        failed = getattr(exc, "failed_keys", None)
+        if failed is None:
+            raise
+        _log_failure("batch_get_into", exc)
+        codes = {b: error_code(e) for b, e in failed.items()}
+        rest = [i for i, k in enumerate(keys) if key_bytes(k) not in codes]
+        if isinstance(exc, ConfigError):  # buffers too small: nothing was read, read the others
+            done = _read_into(store, [keys[i] for i in rest], [buffers[i] for i in rest]) if rest else []
+        else:  # the others were read (or are missing); their sizes went with the error
+            infos = store.lookup_many([keys[i] for i in rest]) if rest else []
+            done = [int(ErrorCode.OBJECT_NOT_FOUND) if i is None else i.size_bytes for i in infos]
+        out = dict(zip(rest, done))
+        return [out[i] if i in out else codes[key_bytes(k)] for i, k in enumerate(keys)]
+    return [int(ErrorCode.OBJECT_NOT_FOUND) if n is None else n for n in sizes]
