@@ -4,11 +4,11 @@ signatures and return conventions, so code written for Mooncake's store (SGLang'
 backend, vLLM's MooncakeStoreConnector, LMCache's ``mooncakestore://``) runs on tidekv unchanged.
 
 The ``tidekv-mooncake-shim`` distribution (``plugins/mooncake``) makes ``import mooncake.store``
-resolve to this module. Like ``tidekv.compat.mooncake`` for the transfer engine, the shape is
+resolve to this module and ``tidekv.compat.mooncake_types`` (the value types and error codes). Like ``tidekv.compat.mooncake`` for the transfer engine, the shape is
 Mooncake's on purpose: integers at this boundary are Mooncake's contract (0 = success, negative =
 Mooncake's ``ErrorCode``; ``get`` of a missing key returns ``b""``). Every method is translation
 only: it calls one ``tidekv.Store`` method and turns the typed error it raises into Mooncake's
-code through ``error_code`` (one table). A method never raises where Mooncake returns a code.
+code through ``mooncake_types.error_code`` (one table). A method never raises where Mooncake returns a code.
 
 How Mooncake's semantics map onto tidekv's, where they differ (README, "Mooncake drop-in"):
 
@@ -39,28 +39,25 @@ Thread-safety: as ``tidekv.Store``, every method may be called from any thread.
 
 from __future__ import annotations
 
-import ctypes
-import enum
 import logging
-import mmap
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from tidekv.compat.mooncake import _split_hostname
-from tidekv.config import ETCD_SCHEME, StoreConfig, TransferConfig, TransportKind, parse_size
-from tidekv.errors import (
-    ConfigError,
-    LeaseExpiredError,
-    MasterUnavailableError,
-    ObjectLeasedError,
-    ObjectNotFoundError,
-    OutOfSpaceError,
-    RpcError,
-    TidekvError,
-    TransferError,
+from tidekv.compat.mooncake_types import (
+    BufferHandle,
+    Descriptor,
+    ErrorCode,
+    MemoryDescriptor,
+    ReplicaDescriptor,
+    ReplicateConfig,
+    SoftPinAction,
+    error_code,
 )
+from tidekv.config import ETCD_SCHEME, StoreConfig, TransferConfig, TransportKind, parse_size
+from tidekv.errors import ConfigError, ObjectLeasedError, ObjectNotFoundError, TidekvError
 from tidekv.logs import WarnEvery
 from tidekv.store.client import ObjectInfo, Store
 from tidekv.store.keys import key_bytes
@@ -69,47 +66,8 @@ from tidekv.transfer.engine import TransferEngine as _TidekvEngine
 
 logger = logging.getLogger(__name__)
 
-
-class ErrorCode(enum.IntEnum):
-    """The codes of Mooncake's ``ErrorCode`` (mooncake-store/include/types.h) this module returns."""
-
-    OK = 0
-    INTERNAL_ERROR = -1
-    NO_AVAILABLE_HANDLE = -200  #: no space, even after eviction
-    INVALID_PARAMS = -600  #: a bad argument, a buffer too small for the object
-    OBJECT_NOT_FOUND = -704
-    OBJECT_HAS_LEASE = -706
-    LEASE_EXPIRED = -707  #: the read outlived its lease; the bytes are not to be trusted
-    TRANSFER_FAIL = -800
-    RPC_FAIL = -900  #: the master did not answer
-    UNAVAILABLE_IN_CURRENT_MODE = -1011  #: an operation tidekv does not offer
-
-
-_ERROR_CODES: tuple[tuple[type[BaseException], ErrorCode], ...] = (
-    (ObjectNotFoundError, ErrorCode.OBJECT_NOT_FOUND),
-    (ObjectLeasedError, ErrorCode.OBJECT_HAS_LEASE),
-    (LeaseExpiredError, ErrorCode.LEASE_EXPIRED),
-    (OutOfSpaceError, ErrorCode.NO_AVAILABLE_HANDLE),
-    (ConfigError, ErrorCode.INVALID_PARAMS),
-    (MasterUnavailableError, ErrorCode.RPC_FAIL),
-    (RpcError, ErrorCode.RPC_FAIL),
-    (TransferError, ErrorCode.TRANSFER_FAIL),
-    (TidekvError, ErrorCode.INTERNAL_ERROR),
-)
-"""tidekv's typed errors -> Mooncake's codes: the one table (first match wins, so subclasses first)."""
-
 _STATUS_ERRORS = {Status.NOT_FOUND: ObjectNotFoundError, Status.LEASED: ObjectLeasedError}
-"""Per-key outcomes of a batch remove, as the errors a single remove raises."""
-
-
-def error_code(error: BaseException | type[BaseException]) -> int:
-    """Mooncake's code for a tidekv error (an instance or a class), by ``_ERROR_CODES``."""
-    cls = error if isinstance(error, type) else type(error)
-    for kind, code in _ERROR_CODES:
-        if issubclass(cls, kind):
-            return int(code)
-    raise AssertionError(f"no Mooncake code for {cls.__name__}")  # only TidekvErrors reach here
-
+"""Per-key outcomes of a batch remove, as the errors a single remove raises (then ``error_code``)."""
 
 _warn_failures = WarnEvery(10.0)
 
@@ -122,56 +80,6 @@ def _log_failure(op: str, exc: TidekvError) -> None:
     if held_back is not None:
         logger.warning("mooncake store compat: %s failed (%s): %s%s", op, error_code(exc), exc,
                        f" ({held_back} similar failures not logged)" if held_back else "")
-
-
-# ---- Mooncake's value types ---------------------------------------------------------------
-
-
-class SoftPinAction(enum.IntEnum):
-    """``ReplicateConfig.soft_pin_action``."""
-
-    PRESERVE = 0
-    ENABLE = 1
-    DISABLE = 2
-
-
-class ReplicaStatus(enum.IntEnum):
-    """A replica's state; the replicas this module reports are all COMPLETE."""
-
-    UNDEFINED = 0
-    INITIALIZED = 1
-    PROCESSING = 2
-    COMPLETE = 3
-    REMOVED = 4
-    FAILED = 5
-
-
-class ReplicateConfig:
-    """Mooncake's placement settings for a put, constructible with no arguments. Unknown
-    attributes are refused (``__slots__``), as on Mooncake's bound class."""
-
-    __slots__ = ("replica_num", "nof_replica_num", "dfs_replica_num", "with_soft_pin", "soft_pin_action",
-                 "soft_pin_ttl_ms", "with_hard_pin", "preferred_segment", "preferred_segments",
-                 "preferred_nof_segments", "prefer_alloc_in_same_node", "group_ids", "session_ids", "data_type")
-
-    def __init__(self) -> None:
-        self.replica_num = 1
-        self.nof_replica_num = 0
-        self.dfs_replica_num = 0
-        self.with_soft_pin = False
-        self.soft_pin_action = SoftPinAction.PRESERVE
-        self.soft_pin_ttl_ms: int | None = None
-        self.with_hard_pin = False
-        self.preferred_segment = ""
-        self.preferred_segments: list[str] = []
-        self.preferred_nof_segments: list[str] = []
-        self.prefer_alloc_in_same_node = False
-        self.group_ids: list[str] | None = None
-        self.session_ids: list[str] | None = None
-        self.data_type = 0
-
-    def __repr__(self) -> str:
-        return "ReplicateConfig(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
 
 
 def _placement(config: ReplicateConfig | None) -> dict[str, Any]:
@@ -188,84 +96,8 @@ def _placement(config: ReplicateConfig | None) -> dict[str, Any]:
     return {"pin": pin, "replicas": config.replica_num, "preferred_segment": preferred or None}
 
 
-class Descriptor:
-    """Where one replica's bytes are: ``transport_endpoint`` is the holder's transfer engine."""
-
-    def __init__(self, buffer_address: int = 0, size: int = 0, transport_endpoint: str = "") -> None:
-        self.buffer_address = buffer_address
-        self.size = size
-        self.transport_endpoint = transport_endpoint
-
-
-class MemoryDescriptor:
-    def __init__(self, buffer_descriptor: Descriptor) -> None:
-        self.buffer_descriptor = buffer_descriptor
-
-
-class ReplicaDescriptor:
-    """One replica (``batch_get_replica_desc``); tidekv's replicas are all in memory."""
-
-    def __init__(self, memory: MemoryDescriptor) -> None:
-        self._memory = memory
-        self.status = ReplicaStatus.COMPLETE
-
-    def is_memory_replica(self) -> bool:
-        return True
-
-    def is_disk_replica(self) -> bool:
-        return False
-
-    def is_local_disk_replica(self) -> bool:
-        return False
-
-    def get_memory_descriptor(self) -> MemoryDescriptor:
-        return self._memory
-
-
 def _replicas(info: ObjectInfo) -> list[ReplicaDescriptor]:
     return [ReplicaDescriptor(MemoryDescriptor(Descriptor(loc.addr, loc.length, loc.engine))) for loc in info.locations]
-
-
-class BufferHandle(bytearray):
-    """An object's bytes (``get_buffer``): a buffer with Mooncake's ``ptr()`` and ``size()``."""
-
-    def ptr(self) -> int:
-        return ctypes.addressof((ctypes.c_char * len(self)).from_buffer(self)) if self else 0
-
-    def size(self) -> int:
-        return len(self)
-
-
-class MooncakeHostMemAllocator:
-    """Page-aligned host memory for a pool the caller registers (SGLang's standalone storage).
-    Memory stays mapped until ``free(ptr)``, whatever becomes of the allocator object."""
-
-    _mappings: ClassVar[dict[int, mmap.mmap]] = {}
-    _lock: ClassVar[threading.Lock] = threading.Lock()
-
-    def alloc(self, size: int) -> int:
-        """The address of ``size`` fresh zeroed bytes; 0 when they cannot be had."""
-        try:
-            mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        except (OSError, ValueError, OverflowError, TypeError) as exc:
-            logger.warning("mooncake store compat: cannot allocate %r bytes of host memory: %s", size, exc)
-            return 0
-        ptr = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
-        with self._lock:
-            self._mappings[ptr] = mapping
-        return ptr
-
-    def free(self, ptr: int) -> int:
-        """Unmaps memory from ``alloc``; 0, or -600 for an address it did not hand out."""
-        with self._lock:
-            mapping = self._mappings.pop(ptr, None)
-        if mapping is None:
-            return int(ErrorCode.INVALID_PARAMS)
-        try:
-            mapping.close()
-        except BufferError:  # still exported (a tensor over it): leave it mapped rather than crash
-            logger.warning("mooncake store compat: memory at %#x is still in use; it stays mapped", ptr)
-        return int(ErrorCode.OK)
 
 
 # ---- the store ----------------------------------------------------------------------------
@@ -519,6 +351,43 @@ class MooncakeDistributedStore:
         """As batch_get_into; each object fills its buffers in order."""
         return self._get_many(keys, _parts(keys, all_buffer_ptrs, all_sizes))
 
+    def get_into_ranges(self, buffer_ptrs: list[int], all_keys: list[list[str]],
+                        all_dst_offsets: list[list[list[int]]], all_src_offsets: list[list[list[int]]],
+                        all_sizes: list[list[list[int]]]) -> list[list[list[int]]]:
+        """For buffer ``i``, key ``j`` of ``all_keys[i]`` and range ``k``: the object's bytes
+        ``[src, src + size)`` go to ``buffer_ptrs[i] + dst``. Per range the bytes read, or a
+        negative code (-704 missing, -600 a range past the object's end or lists of unequal
+        shape, -707 lease expired, ...). Where a key appears more than once and one of its
+        ranges fails, all of them report that failure."""
+        shape = [[len(s) for s in per_key] for per_key in all_sizes]
+        flat_keys: list[str] = []
+        flat_ranges: list[list[tuple[int, tuple[int, int]]]] = []
+        try:
+            for i, ptr in enumerate(buffer_ptrs):
+                for j, key in enumerate(all_keys[i]):
+                    dst, src, sizes = all_dst_offsets[i][j], all_src_offsets[i][j], all_sizes[i][j]
+                    if not len(dst) == len(src) == len(sizes):
+                        raise IndexError
+                    flat_keys.append(key)
+                    flat_ranges.append([(s, (ptr + d, n)) for d, s, n in zip(dst, src, sizes)])
+            if len(flat_keys) != sum(len(per_key) for per_key in shape) or len(all_keys) != len(buffer_ptrs):
+                raise IndexError
+        except IndexError:
+            logger.error("mooncake store compat: get_into_ranges: its lists differ in shape")
+            return [[[int(ErrorCode.INVALID_PARAMS)] * n for n in per_key] for per_key in shape]
+        out = self._call("get_into_ranges", lambda s: _read_into(
+            s, flat_keys, flat_ranges, lambda st, k, r: st.get_ranges_into(k, r)))
+        codes = [out] * len(flat_keys) if isinstance(out, int) else out
+        results, n = [], 0
+        for per_key in shape:
+            rows = []
+            for _ in per_key:
+                code, ranges = codes[n], flat_ranges[n]
+                rows.append([length if code >= 0 else code for _, (_, length) in ranges])
+                n += 1
+            results.append(rows)
+        return results
+
     # ---- internals ---------------------------------------------------------------------------
 
     def _setup(self, local_hostname: str, metadata_server: str, global_segment_size: int, local_buffer_size: int,
@@ -659,10 +528,16 @@ def _parts(keys: list[str], all_buffer_ptrs: list[list[int]],
     return [list(zip(ptrs, sizes)) for ptrs, sizes in zip(all_buffer_ptrs, all_sizes)]
 
 
-def _read_into(store: Store, keys: list[str], buffers: Sequence[Any]) -> list[int]:
-    """Per key the bytes read into its buffer, or Mooncake's code for why not."""
+Reader = Callable[[Store, list[str], Sequence[Any]], list[int | None]]
+"""``Store.get_many_into`` or ``Store.get_ranges_into``: per key the object's size or None."""
+
+
+def _read_into(store: Store, keys: list[str], buffers: Sequence[Any], read: Reader | None = None) -> list[int]:
+    """Per key the object's size once read into its buffers (``read``, default get_many_into),
+    or Mooncake's code for why not."""
+    read = read or (lambda s, k, b: s.get_many_into(k, b))
     try:
-        sizes = store.get_many_into(keys, buffers)
+        sizes = read(store, keys, buffers)
     except TidekvError as exc:
         failed = getattr(exc, "failed_keys", None)
         if failed is None:
@@ -671,7 +546,7 @@ def _read_into(store: Store, keys: list[str], buffers: Sequence[Any]) -> list[in
         codes = {b: error_code(e) for b, e in failed.items()}
         rest = [i for i, k in enumerate(keys) if key_bytes(k) not in codes]
         if isinstance(exc, ConfigError):  # buffers too small: nothing was read, read the others
-            done = _read_into(store, [keys[i] for i in rest], [buffers[i] for i in rest]) if rest else []
+            done = _read_into(store, [keys[i] for i in rest], [buffers[i] for i in rest], read) if rest else []
         else:  # the others were read (or are missing); their sizes went with the error
             infos = store.lookup_many([keys[i] for i in rest]) if rest else []
             done = [int(ErrorCode.OBJECT_NOT_FOUND) if i is None else i.size_bytes for i in infos]

@@ -57,6 +57,9 @@ Parts = Sequence[Buffer]
 Span = list[tuple[int, int]]
 """One object's memory as (address, length) pieces, in order."""
 
+Pieces = list[tuple[int, int, int]]
+"""Memory to read an object into, as (address, length, offset in the object) pieces."""
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ObjectInfo:
@@ -73,6 +76,16 @@ def _span(buffer: Buffer | Parts) -> Span:
     if isinstance(buffer, list):
         return [buffer_span(part) for part in buffer]
     return [buffer_span(buffer)]
+
+
+def _in_order(span: Span) -> Pieces:
+    """A span as pieces: each one where the previous one ended in the object."""
+    out: Pieces = []
+    offset = 0
+    for address, length in span:
+        out.append((address, length, offset))
+        offset += length
+    return out
 
 
 def _huge_segment(choice: str, engine: TransferEngine) -> bool:
@@ -235,10 +248,10 @@ class Store:
         total = sum(r.size for r in results if r.status == Status.OK)
         out: list[bytes | None] = [None] * len(bkeys)
         with self._staging.borrow(max(total, 1)) as area:
-            spans: list[Span | None] = []
+            spans: list[Pieces | None] = []
             offset = 0
             for r in results:
-                spans.append([(area.address + offset, r.size)] if r.status == Status.OK else None)
+                spans.append([(area.address + offset, r.size, 0)] if r.status == Status.OK else None)
                 offset += r.size if r.status == Status.OK else 0
             self._read(bkeys, results, spans, lease_deadline)
             view = area.view()
@@ -298,7 +311,7 @@ class Store:
             raise ConfigError(f"get_many_into got {len(keys)} keys but {len(buffers)} buffers")
         bkeys = [key_bytes(k) for k in keys]
         lease_deadline, results = self._locate(bkeys)
-        spans: list[Span | None] = []
+        spans: list[Pieces | None] = []
         too_small: dict[bytes, StoreError | TransferError] = {}
         for key, r, buf in zip(bkeys, results, buffers):
             if r.status != Status.OK:
@@ -309,10 +322,45 @@ class Store:
             if length < r.size:
                 too_small[key] = ConfigError(  # type: ignore[assignment]
                     f"buffer of {length} bytes is too small for object {show_key(key)} of {r.size} bytes")
-            spans.append(_trim(parts, r.size))
+            spans.append(_in_order(_trim(parts, r.size)))
         if too_small:
             raise self._batch_error("get", too_small)
         self._read(bkeys, results, spans, lease_deadline)
+        return [r.size if r.status == Status.OK else None for r in results]
+
+    def get_ranges_into(self, keys: Sequence[Key], ranges: Sequence[Sequence[tuple[int, Buffer]]]) -> list[int | None]:
+        """Reads byte ranges of objects into registered buffers, in one lookup and one transfer
+        batch: for key ``i``, each ``(offset, buffer)`` of ``ranges[i]`` receives the object's
+        bytes ``[offset, offset + len(buffer))``. Returns each object's size, or None for keys
+        that do not exist.
+
+        Raises:
+            ConfigError: some ranges pass their object's end (nothing was read;
+                ``err.failed_keys`` names those keys).
+            LeaseExpiredError, StoreError or TransferError: as for get_many_into.
+        """
+        if len(keys) != len(ranges):
+            raise ConfigError(f"get_ranges_into got {len(keys)} keys but {len(ranges)} lists of ranges")
+        bkeys = [key_bytes(k) for k in keys]
+        lease_deadline, results = self._locate(bkeys)
+        pieces: list[Pieces | None] = []
+        outside: dict[bytes, StoreError | TransferError] = {}
+        for key, r, key_ranges in zip(bkeys, results, ranges):
+            if r.status != Status.OK:
+                pieces.append(None)
+                continue
+            mine: Pieces = []
+            for offset, buf in key_ranges:
+                address, length = buffer_span(buf)
+                if offset < 0 or offset + length > r.size:
+                    outside[key] = ConfigError(  # type: ignore[assignment]
+                        f"range [{offset}, +{length}) is outside object {show_key(key)} of {r.size} bytes")
+                elif length > 0:
+                    mine.append((address, length, offset))
+            pieces.append(mine)
+        if outside:
+            raise self._batch_error("get", outside)
+        self._read(bkeys, results, pieces, lease_deadline)
         return [r.size if r.status == Status.OK else None for r in results]
 
     # ---- metadata API -------------------------------------------------------------------
@@ -485,9 +533,9 @@ class Store:
         deadline = started + lease_s if lease_s > 0 else float("inf")
         return deadline, results
 
-    def _read(self, keys: list[bytes], results: list[p.GetResult], spans: list[Span | None],
+    def _read(self, keys: list[bytes], results: list[p.GetResult], spans: list[Pieces | None],
               lease_deadline: float) -> None:
-        """Reads every found object into its span, falling back to other replicas on failure."""
+        """Reads every found object into its pieces, falling back to other replicas on failure."""
         pending = [i for i, s in enumerate(spans) if s is not None]
         attempt = 0
         failures: dict[bytes, StoreError | TransferError] = {}
@@ -497,11 +545,10 @@ class Store:
                 locs = self._ordered(results[i].locations)
                 if attempt >= len(locs):
                     continue
-                loc, offset = locs[attempt], 0
-                for address, length in spans[i]:  # type: ignore[union-attr]
+                loc = locs[attempt]
+                for address, length, offset in spans[i]:  # type: ignore[union-attr]
                     reads.append(TransferRequest(TransferOp.READ, address, length, loc.engine, loc.addr + offset))
                     owners.append(i)
-                    offset += length
             if not reads:
                 break
             round_failures: dict[bytes, StoreError | TransferError] = {}

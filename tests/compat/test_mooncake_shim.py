@@ -76,9 +76,9 @@ def test_the_installed_store_and_master_script_work_together(shim_site: Path, tm
     try:
         probe = f"""
 import time
-import mooncake.store as s, tidekv.compat.mooncake_store as c
-assert s.MooncakeDistributedStore is c.MooncakeDistributedStore and s.ReplicateConfig is c.ReplicateConfig
-assert s.MooncakeHostMemAllocator is c.MooncakeHostMemAllocator
+import mooncake.store as s, tidekv.compat.mooncake_store as c, tidekv.compat.mooncake_types as v
+assert s.MooncakeDistributedStore is c.MooncakeDistributedStore and s.ReplicateConfig is v.ReplicateConfig
+assert s.MooncakeHostMemAllocator is v.MooncakeHostMemAllocator
 store = s.MooncakeDistributedStore()
 deadline = time.monotonic() + 30
 while store.setup("127.0.0.1", "P2PHANDSHAKE", 4 << 20, 1 << 20, "tcp", "", "127.0.0.1:{port}", None) != 0:

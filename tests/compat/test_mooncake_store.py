@@ -22,15 +22,14 @@ import pytest
 from tests.store.payload import payload
 from tests.store.procs import MasterProcess, wait_until
 from tidekv.compat.mooncake import TransferEngine
-from tidekv.compat.mooncake_store import (
+from tidekv.compat.mooncake_store import MooncakeDistributedStore, master_address
+from tidekv.compat.mooncake_types import (
     BufferHandle,
     ErrorCode,
-    MooncakeDistributedStore,
     MooncakeHostMemAllocator,
     ReplicateConfig,
     SoftPinAction,
     error_code,
-    master_address,
 )
 from tidekv.errors import (
     ConfigError,
@@ -502,3 +501,23 @@ def test_replicate_config_is_constructible_bare_with_sglangs_fields() -> None:
 
 def test_every_code_returned_is_mooncakes() -> None:
     assert {int(c) for c in ErrorCode} == {0, -1, -200, -600, -704, -706, -707, -800, -900, -1011}
+
+
+def test_get_into_ranges_reads_fragments_of_several_objects(store: MooncakeDistributedStore) -> None:
+    mem = Mem(store, 4 * MIB)
+    a, b = payload(40, MIB), payload(41, 4096)
+    assert store.put_batch(["a", "b"], [a, b]) == 0
+    out = store.get_into_ranges(
+        [mem.addr, mem.addr + MIB],
+        [["a", "b"], ["missing", "b"]],
+        [[[0, 100], [200]], [[0], [0]]],  # dst offsets
+        [[[MIB - 100, 0], [4000]], [[0], [10]]],  # src offsets
+        [[[100, 50], [96]], [[10], [20]]],  # sizes
+    )
+    assert out == [[[100, 50], [96]], [[NOT_FOUND], [20]]]
+    assert mem.read(0, 100) == a[MIB - 100 :] and mem.read(100, 50) == a[:50] and mem.read(200, 96) == b[4000:]
+    assert mem.read(MIB, 20) == b[10:30]
+    # A range past its object's end is -600; the other keys' ranges are still read.
+    assert store.get_into_ranges([mem.addr], [["b", "a"]], [[[0], [10]]], [[[4090], [0]]], [[[10], [5]]]) == \
+        [[[INVALID], [5]]]
+    assert store.get_into_ranges([mem.addr], [["a"]], [[[0]]], [[[0, 1]]], [[[1]]]) == [[[INVALID]]]

@@ -269,3 +269,25 @@ def test_preferred_segment_places_the_replica(master: MasterProcess, holder: Age
     own.put("theirs", b"t" * 100, preferred_segment=holder.segment)
     own.put_many(["theirs-2"], [b"z" * 100], preferred_segment=holder.segment)
     assert own.locate_many(["mine", "theirs", "theirs-2"]) == [[own.engine.name], [holder.engine], [holder.engine]]
+
+
+def test_get_ranges_into_reads_byte_ranges_of_objects(client: Store, holder: AgentProcess) -> None:
+    data = payload(31, MIB)
+    client.put_many(["r1", "r2"], [data, data[:1000]])
+    dst = bytearray(8192)
+    region = client.register(dst)
+    base = region.address
+    try:
+        sizes = client.get_ranges_into(["r1", "missing", "r2"], [
+            [(MIB - 100, (base, 100)), (0, (base + 100, 10))],
+            [(0, (base + 200, 10))],
+            [(990, (base + 300, 10)), (5, (base + 400, 0))],
+        ])
+        assert sizes == [MIB, None, 1000]
+        assert dst[:100] == data[MIB - 100 :] and dst[100:110] == data[:10] and dst[300:310] == data[990:1000]
+        assert dst[200:210] == bytes(10)
+        with pytest.raises(ConfigError, match="outside") as info:
+            client.get_ranges_into(["r2", "r1"], [[(995, (base, 10))], [(0, (base, 10))]])
+        assert set(info.value.failed_keys) == {b"r2"}  # type: ignore[attr-defined]
+    finally:
+        client.unregister(region)

@@ -1,10 +1,11 @@
-"""``mooncake.store`` served by tidekv: every name is ``tidekv.compat.mooncake_store``'s."""
+"""``mooncake.store`` served by tidekv: every name is ``tidekv.compat.mooncake_store``'s or
+``tidekv.compat.mooncake_types``'s."""
 
-from tidekv.compat.mooncake_store import (
+from tidekv.compat.mooncake_store import MooncakeDistributedStore
+from tidekv.compat.mooncake_types import (
     BufferHandle,
     Descriptor,
     MemoryDescriptor,
-    MooncakeDistributedStore,
     MooncakeHostMemAllocator,
     ReplicaDescriptor,
     ReplicaStatus,

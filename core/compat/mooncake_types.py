@@ -1,0 +1,190 @@
+"""Mooncake's store value types and error codes (``mooncake.store`` names): ``ErrorCode`` and the
+one table from tidekv's typed errors to it, ``ReplicateConfig``, the replica descriptors,
+``BufferHandle`` and ``MooncakeHostMemAllocator``, as the Mooncake drop-in hands them to callers.
+
+Neighbours: ``tidekv.compat.mooncake_store`` (the store that returns them), ``tidekv.errors``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import logging
+import mmap
+import threading
+from typing import ClassVar
+
+from tidekv.errors import (
+    ConfigError,
+    LeaseExpiredError,
+    MasterUnavailableError,
+    ObjectLeasedError,
+    ObjectNotFoundError,
+    OutOfSpaceError,
+    RpcError,
+    TidekvError,
+    TransferError,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class ErrorCode(enum.IntEnum):
+    """The codes of Mooncake's ``ErrorCode`` (mooncake-store/include/types.h) this module returns."""
+
+    OK = 0
+    INTERNAL_ERROR = -1
+    NO_AVAILABLE_HANDLE = -200  #: no space, even after eviction
+    INVALID_PARAMS = -600  #: a bad argument, a buffer too small for the object
+    OBJECT_NOT_FOUND = -704
+    OBJECT_HAS_LEASE = -706
+    LEASE_EXPIRED = -707  #: the read outlived its lease; the bytes are not to be trusted
+    TRANSFER_FAIL = -800
+    RPC_FAIL = -900  #: the master did not answer
+    UNAVAILABLE_IN_CURRENT_MODE = -1011  #: an operation tidekv does not offer
+
+
+_ERROR_CODES: tuple[tuple[type[BaseException], ErrorCode], ...] = (
+    (ObjectNotFoundError, ErrorCode.OBJECT_NOT_FOUND),
+    (ObjectLeasedError, ErrorCode.OBJECT_HAS_LEASE),
+    (LeaseExpiredError, ErrorCode.LEASE_EXPIRED),
+    (OutOfSpaceError, ErrorCode.NO_AVAILABLE_HANDLE),
+    (ConfigError, ErrorCode.INVALID_PARAMS),
+    (MasterUnavailableError, ErrorCode.RPC_FAIL),
+    (RpcError, ErrorCode.RPC_FAIL),
+    (TransferError, ErrorCode.TRANSFER_FAIL),
+    (TidekvError, ErrorCode.INTERNAL_ERROR),
+)
+"""tidekv's typed errors -> Mooncake's codes: the one table (first match wins, so subclasses first)."""
+
+
+def error_code(error: BaseException | type[BaseException]) -> int:
+    """Mooncake's code for a tidekv error (an instance or a class), by ``_ERROR_CODES``."""
+    cls = error if isinstance(error, type) else type(error)
+    for kind, code in _ERROR_CODES:
+        if issubclass(cls, kind):
+            return int(code)
+    raise AssertionError(f"no Mooncake code for {cls.__name__}")  # only TidekvErrors reach here
+
+
+class SoftPinAction(enum.IntEnum):
+    """``ReplicateConfig.soft_pin_action``."""
+
+    PRESERVE = 0
+    ENABLE = 1
+    DISABLE = 2
+
+
+class ReplicaStatus(enum.IntEnum):
+    """A replica's state; the replicas this module reports are all COMPLETE."""
+
+    UNDEFINED = 0
+    INITIALIZED = 1
+    PROCESSING = 2
+    COMPLETE = 3
+    REMOVED = 4
+    FAILED = 5
+
+
+class ReplicateConfig:
+    """Mooncake's placement settings for a put, constructible with no arguments. Unknown
+    attributes are refused (``__slots__``), as on Mooncake's bound class."""
+
+    __slots__ = ("replica_num", "nof_replica_num", "dfs_replica_num", "with_soft_pin", "soft_pin_action",
+                 "soft_pin_ttl_ms", "with_hard_pin", "preferred_segment", "preferred_segments",
+                 "preferred_nof_segments", "prefer_alloc_in_same_node", "group_ids", "session_ids", "data_type")
+
+    def __init__(self) -> None:
+        self.replica_num = 1
+        self.nof_replica_num = 0
+        self.dfs_replica_num = 0
+        self.with_soft_pin = False
+        self.soft_pin_action = SoftPinAction.PRESERVE
+        self.soft_pin_ttl_ms: int | None = None
+        self.with_hard_pin = False
+        self.preferred_segment = ""
+        self.preferred_segments: list[str] = []
+        self.preferred_nof_segments: list[str] = []
+        self.prefer_alloc_in_same_node = False
+        self.group_ids: list[str] | None = None
+        self.session_ids: list[str] | None = None
+        self.data_type = 0
+
+    def __repr__(self) -> str:
+        return "ReplicateConfig(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
+
+
+class Descriptor:
+    """Where one replica's bytes are: ``transport_endpoint`` is the holder's transfer engine."""
+
+    def __init__(self, buffer_address: int = 0, size: int = 0, transport_endpoint: str = "") -> None:
+        self.buffer_address = buffer_address
+        self.size = size
+        self.transport_endpoint = transport_endpoint
+
+
+class MemoryDescriptor:
+    def __init__(self, buffer_descriptor: Descriptor) -> None:
+        self.buffer_descriptor = buffer_descriptor
+
+
+class ReplicaDescriptor:
+    """One replica (``batch_get_replica_desc``); tidekv's replicas are all in memory."""
+
+    def __init__(self, memory: MemoryDescriptor) -> None:
+        self._memory = memory
+        self.status = ReplicaStatus.COMPLETE
+
+    def is_memory_replica(self) -> bool:
+        return True
+
+    def is_disk_replica(self) -> bool:
+        return False
+
+    def is_local_disk_replica(self) -> bool:
+        return False
+
+    def get_memory_descriptor(self) -> MemoryDescriptor:
+        return self._memory
+
+
+class BufferHandle(bytearray):
+    """An object's bytes (``get_buffer``): a buffer with Mooncake's ``ptr()`` and ``size()``."""
+
+    def ptr(self) -> int:
+        return ctypes.addressof((ctypes.c_char * len(self)).from_buffer(self)) if self else 0
+
+    def size(self) -> int:
+        return len(self)
+
+
+class MooncakeHostMemAllocator:
+    """Page-aligned host memory for a pool the caller registers (SGLang's standalone storage).
+    Memory stays mapped until ``free(ptr)``, whatever becomes of the allocator object."""
+
+    _mappings: ClassVar[dict[int, mmap.mmap]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def alloc(self, size: int) -> int:
+        """The address of ``size`` fresh zeroed bytes; 0 when they cannot be had."""
+        try:
+            mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except (OSError, ValueError, OverflowError, TypeError) as exc:
+            logger.warning("mooncake store compat: cannot allocate %r bytes of host memory: %s", size, exc)
+            return 0
+        ptr = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+        with self._lock:
+            self._mappings[ptr] = mapping
+        return ptr
+
+    def free(self, ptr: int) -> int:
+        """Unmaps memory from ``alloc``; 0, or -600 for an address it did not hand out."""
+        with self._lock:
+            mapping = self._mappings.pop(ptr, None)
+        if mapping is None:
+            return int(ErrorCode.INVALID_PARAMS)
+        try:
+            mapping.close()
+        except BufferError:  # still exported (a tensor over it): leave it mapped rather than crash
+            logger.warning("mooncake store compat: memory at %#x is still in use; it stays mapped", ptr)
+        return int(ErrorCode.OK)
