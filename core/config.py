@@ -290,7 +290,12 @@ class MasterConfig:
     metrics_port: int = 9003
     """HTTP port for /metrics and /health (0 = any free port, -1 = off). Default 9003."""
     client_ttl_s: float = 10.0
-    """A client silent this long is dead: its segments are unmounted, its puts reclaimed. Default 10 s."""
+    """A client silent this long is dead: its puts are reclaimed and its segments unmounted, or
+    suspended (see ``suspend_grace_s``). Default 10 s."""
+    suspend_grace_s: float = 60.0
+    """How long the segments of a client declared dead stay suspended: their objects unreadable
+    but kept, given back when the same holder process re-mounts (a paused or partitioned holder
+    comes back), dropped after this. 0 = unmount at once. Default 60 s (0..86400)."""
     lease_ttl_s: float = 5.0
     """Read lease granted by get; eviction and remove skip leased objects. Default 5 s."""
     put_timeout_s: float = 60.0
@@ -353,6 +358,7 @@ class MasterConfig:
                                   "clients to reach; bind a reachable address, not a wildcard")
         _check_range("metrics_port", self.metrics_port, -1, 65535)
         _check_range("client_ttl_s", self.client_ttl_s, 0.1, 86400)
+        _check_range("suspend_grace_s", self.suspend_grace_s, 0.0, 86400)
         _check_range("lease_ttl_s", self.lease_ttl_s, 0.0, 3600)
         _check_range("put_timeout_s", self.put_timeout_s, 0.1, 86400)
         _check_range("high_watermark", self.high_watermark, 0.1, 1.0)

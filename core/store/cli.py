@@ -65,7 +65,10 @@ def _add_master_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=None,
                         help=f"HTTP port for /metrics and /health, 0 = any free, -1 = off (default {d.metrics_port})")
     parser.add_argument("--client-ttl-s", type=float, default=None,
-                        help=f"a client silent this long is dead; its segments are unmounted (default {d.client_ttl_s})")
+                        help=f"a client silent this long is dead; its segments are suspended (default {d.client_ttl_s})")
+    parser.add_argument("--suspend-grace-s", type=float, default=None,
+                        help=f"a dead client's segments stay suspended this long: their objects come back if the "
+                        f"same holder re-mounts, else they are dropped; 0 = drop at once (default {d.suspend_grace_s})")
     parser.add_argument("--lease-ttl-s", type=float, default=None, help=f"read lease granted by get (default {d.lease_ttl_s})")
     parser.add_argument("--put-timeout-s", type=float, default=None,
                         help=f"an unfinished put is reclaimed after this long (default {d.put_timeout_s})")

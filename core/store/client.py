@@ -11,6 +11,10 @@ gone), and refuses the bytes if the lease ran out before the read finished. The 
 take a buffer or a list of buffers (parts): the object is then the parts' concatenation, written
 by gathering them and read by scattering into them (one transfer request per part and replica).
 
+A holder the master declared dead (paused, partitioned, slower than ``client_ttl_s``) re-mounts
+at its next heartbeat, quoting the incarnation secret it mounted with: the master gives back the
+objects its segment still holds and says how many were superseded meanwhile (logged at WARNING).
+
 Neighbours: ``master_client`` (the master, followed across failovers), ``staging`` (scratch memory for bytes objects),
 ``tidekv.transfer`` (the data path). Thread-safe.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import secrets
 import threading
 import time
 import uuid
@@ -124,6 +129,10 @@ class Store:
                                  register=True)
         self._segment: Region | None = None
         self.segment_name = ""
+        # Proves to the master that a re-mount comes from this very process (a new one, with the
+        # same engine address, must not get this one's objects back); never leaves this process
+        # but in MountSegment.
+        self._incarnation = secrets.token_hex(16)
         self._lease_expired = 0
         self._closed = threading.Event()
         self._heartbeat: threading.Thread | None = None
@@ -443,10 +452,30 @@ class Store:
             self.engine.unregister(self._segment)
             self._segment = None
 
-    def _mount(self) -> None:
+    def _mount(self) -> p.MountResult:
         assert self._segment is not None
-        self._rpc.call(p.MountSegment(self.client_id, self.segment_name, self.engine.name,
-                                      self._segment.address, self._segment.length))
+        result: p.MountResult = self._rpc.call(p.MountSegment(self.client_id, self.segment_name, self.engine.name,
+                                                              self._segment.address, self._segment.length,
+                                                              self._incarnation))
+        return result
+
+    def _remount(self) -> None:
+        """The master does not know this client (it declared it dead, or restarted): hello again
+        and mount the segment again, saying what became of the objects it held."""
+        self._rpc.call(p.Hello(self.client_id, p.PROTOCOL_VERSION))
+        if self._segment is None:
+            logger.warning("master %s did not know client %s (restarted, or declared it dead): said hello again",
+                           self._rpc.address, self.client_id)
+            return
+        result = self._mount()
+        if result.outcome == p.MountOutcome.RESUMED:
+            logger.warning("master %s had expired client %s; %d objects restored, %d superseded (re-put, upserted, "
+                           "removed or evicted meanwhile; their bytes in segment %s are free again)", self._rpc.address,
+                           self.client_id, result.restored, result.superseded, self.segment_name)
+        elif result.outcome == p.MountOutcome.NEW:
+            logger.warning("master %s had no record of segment %s (it restarted without its index, or dropped the "
+                           "segment after its suspension grace): re-mounted empty, the objects it held are gone",
+                           self._rpc.address, self.segment_name)
 
     def _heartbeat_loop(self) -> None:
         warned = False
@@ -456,10 +485,7 @@ class Store:
                 mounted = [self.segment_name] if self._segment is not None else []
                 need_remount = self._rpc.call(p.Heartbeat(self.client_id, expired, mounted), failover_timeout_s=0)
                 if need_remount:
-                    logger.warning("master %s does not know client %s (restarted?): re-mounting", self._rpc.address, self.client_id)
-                    self._rpc.call(p.Hello(self.client_id, p.PROTOCOL_VERSION))
-                    if self._segment is not None:
-                        self._mount()
+                    self._remount()
                 warned = False
             except TidekvError as exc:  # never let the heartbeat die: the master would drop us
                 self._lease_expired += expired

@@ -1,7 +1,7 @@
 """The master's journal: every change of its index as an op, and a ``Mirror`` rebuilt from ops.
 
-The master's tables emit one op per change (a segment mounted or dropped, a put started, ended
-or dropped, an object removed or evicted). The same ops feed two consumers: a file in
+The master's tables emit one op per change (a segment mounted, suspended, resumed or dropped, a
+put started, ended or dropped, an object removed or evicted). The same ops feed two consumers: a file in
 ``--state-dir`` (a lone master that restarts replays it) and the standbys of a cluster
 (``replication``), and both rebuild the index the same way, in a ``Mirror``: the tables without
 their allocators, which ``MasterService.restore`` turns back into a serving master (offsets
@@ -11,6 +11,12 @@ Bytes freed by a remove or an upsert may still be read under a lease the mirror 
 of (gets are not journaled: they would cost every read a write); the mirror keeps them for a
 lease TTL after it learnt of the change, and a restored master keeps every byte it frees for a
 lease TTL after it took over (``ObjectTable.quarantine_until``).
+
+A suspended segment (a lapsed holder's, ``segments``) is one the mirror keeps in ``suspended``
+with the time its grace ends; its objects stay in ``objects`` with every replica (the master
+holds those on suspended segments aside), so a resume only moves the segment back. A replayed
+suspension's grace runs from when the mirror learns of it (a restart keeps objects longer, never
+shorter).
 
 On disk (``JournalFile``): a snapshot (ops rebuilding the whole index, written atomically) and a
 log (frames of ops appended since, each written before the requests that made it are answered). A frame cut
@@ -42,10 +48,25 @@ class MountOp(msgspec.Struct, tag="mount", array_like=True):
     engine: str
     base: int
     capacity: int
+    incarnation: str = ""  # the holder's secret (journals written before it have none)
 
 
 class UnmountOp(msgspec.Struct, tag="unmount", array_like=True):
     names: list[str]
+
+
+class SuspendOp(msgspec.Struct, tag="suspend", array_like=True):
+    """Mounted segments whose holder lapsed, kept aside for ``grace_s``; pending puts lose their
+    replicas there."""
+
+    names: list[str]
+    grace_s: float
+
+
+class ResumeOp(msgspec.Struct, tag="resume", array_like=True):
+    """A suspended segment mounted again by its holder, with the objects still holding a replica there."""
+
+    name: str
 
 
 class StartOp(msgspec.Struct, tag="start", array_like=True):
@@ -98,7 +119,8 @@ class TokensOp(msgspec.Struct, tag="tokens", array_like=True):
     last: int
 
 
-Op = Union[MountOp, UnmountOp, StartOp, EndOp, DropOp, RemoveOp, EvictOp, ObjectOp, RetireOp, TokensOp]
+Op = Union[MountOp, UnmountOp, SuspendOp, ResumeOp, StartOp, EndOp, DropOp, RemoveOp, EvictOp, ObjectOp, RetireOp,
+           TokensOp]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(list[Op])
@@ -178,6 +200,7 @@ class Mirror:
 
     lease_ttl_s: float
     segments: dict[str, MountOp] = field(default_factory=dict)
+    suspended: dict[str, tuple[MountOp, float]] = field(default_factory=dict)  # name -> (mount, grace ends)
     objects: dict[bytes, ObjectOp] = field(default_factory=dict)  # complete, in LRU order
     pending: dict[int, StartOp] = field(default_factory=dict)
     retired: list[tuple[float, RetireOp]] = field(default_factory=list)  # (keep until, bytes)
@@ -199,6 +222,11 @@ class Mirror:
             self.max_token = max(self.max_token, op.token)
             if self.retired:
                 self._reused(op.size, op.replicas)
+            if not op.is_upsert and op.key in self.objects:
+                # A put (not an upsert) of a complete key: the key was suspended on the leader,
+                # and a put of it supersedes the suspended version (``ObjectTable.put_start``).
+                old = self.objects.pop(op.key)
+                self._retire(old.size, old.replicas, now)
         elif isinstance(op, EndOp):
             start = self.pending.pop(op.token, None)
             if start is None:
@@ -220,6 +248,12 @@ class Mirror:
             self.segments[op.name] = op
         elif isinstance(op, UnmountOp):
             self._unmount(set(op.names))
+        elif isinstance(op, SuspendOp):
+            self._suspend(set(op.names), now + op.grace_s)
+        elif isinstance(op, ResumeOp):
+            held = self.suspended.pop(op.name, None)
+            if held is not None:
+                self.segments[op.name] = held[0]
         elif isinstance(op, ObjectOp):
             self.objects[op.key] = op
             self.max_token = max(self.max_token, op.token)
@@ -253,10 +287,27 @@ class Mirror:
         if self.retired and self.retired[0][0] <= now:
             self.retired = [r for r in self.retired if r[0] > now]
 
+    def _suspend(self, names: set[str], until: float) -> None:
+        """As ``ObjectTable.suspend_segments``: objects keep their replicas there, pending puts do not."""
+        for name in names:
+            mount = self.segments.pop(name, None)
+            if mount is not None:
+                self.suspended[name] = (mount, until)
+        for token in list(self.pending):
+            start = self.pending[token]
+            left = [v for i in range(0, len(start.replicas), 2) if start.replicas[i] not in names
+                    for v in (start.replicas[i], start.replicas[i + 1])]
+            if not left:
+                del self.pending[token]
+            elif len(left) != len(start.replicas):
+                start.replicas = left
+
     def _unmount(self, names: set[str]) -> None:
-        """As ``ObjectTable.drop_segments``: replicas on the segments go, objects left with none too."""
+        """As ``ObjectTable.drop_segments``: replicas on the segments (mounted or suspended) go,
+        objects left with none too."""
         for name in names:
             self.segments.pop(name, None)
+            self.suspended.pop(name, None)
 
         def kept(replicas: list[object]) -> list[object]:
             return [v for i in range(0, len(replicas), 2) if replicas[i] not in names
@@ -278,9 +329,11 @@ class Mirror:
                 start.replicas = left
         self.retired = [(t, RetireOp(r.size, kept(r.replicas))) for t, r in self.retired]
 
-    def ops(self) -> list[Op]:
-        """Ops that rebuild this mirror from nothing (a snapshot)."""
+    def ops(self, now: float) -> list[Op]:
+        """Ops that rebuild this mirror from nothing (a snapshot; ``now`` for the graces left)."""
         out: list[Op] = [TokensOp(self.max_token), *self.segments.values()]
+        for name, (mount, until) in self.suspended.items():
+            out += [mount, SuspendOp([name], max(0.0, until - now))]
         out += self.objects.values()
         out += self.pending.values()
         out += [r for _, r in self.retired]

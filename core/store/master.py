@@ -4,6 +4,13 @@ It owns the segment table (who contributes which memory, who is alive) and the o
 (what lives where), answers decoded requests, and runs housekeeping on a timer: dead clients,
 unfinished puts, retired bytes, watermark eviction. ``server`` feeds it from TCP connections and serves
 its metrics over HTTP. Single-threaded: call it from one thread (the server's event loop).
+
+A client silent for ``client_ttl_s`` is dead, but a paused or partitioned holder is not gone: its
+segments mounted with an incarnation are suspended for ``suspend_grace_s`` (their objects unreadable,
+their bytes reserved, leases honoured). The same process re-mounting (same client, engine, range and
+incarnation secret) gets back every object whose key was not re-put, upserted, removed or evicted
+meanwhile, and the reply counts both; any other mount of that memory, or the end of the grace,
+drops them for good. Never silent: the holder learns which it was from ``MountResult``.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from tidekv.metrics import Registry
 from tidekv.store import journal as j
 from tidekv.store import protocol as p
 from tidekv.store.objects import ObjectTable
-from tidekv.store.segments import SegmentTable
+from tidekv.store.segments import SegmentTable, SuspendedSegment
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +53,10 @@ class Session:
             return (f"{kind} names client {client_id!r}, but this connection said hello as {self.client_id!r}; "
                     "a connection acts for its own client only")
         return ""
+
+
+MAX_INCARNATION_CHARS = 128
+"""Longest incarnation a MountSegment may carry."""
 
 
 class MasterService:
@@ -88,6 +99,18 @@ class MasterService:
                            kind="counter")
         self.metrics.gauge("tidekv_objects_lost_total", "objects lost with their last replica",
                            lambda: {(): c.objects_lost}, kind="counter")
+        self.metrics.gauge("tidekv_suspended_segments", "segments of clients declared dead, kept for their return",
+                           lambda: {(): len(self.segments.suspended)})
+        self.metrics.gauge("tidekv_suspended_keys", "objects unreadable until their holder returns",
+                           lambda: {(): len(self.objects.suspended)})
+        self.metrics.gauge("tidekv_objects_restored_total", "objects given back to a holder that returned",
+                           lambda: {(): c.objects_restored}, kind="counter")
+        self.metrics.gauge("tidekv_objects_superseded_total",
+                           "objects on a suspended segment replaced or removed before their holder returned",
+                           lambda: {(): c.objects_superseded}, kind="counter")
+        self.metrics.gauge("tidekv_suspended_objects_dropped_total",
+                           "objects dropped because their holder did not return within suspend_grace_s",
+                           lambda: {(): c.suspended_lost}, kind="counter")
         self._handlers: dict[type, Callable[[Any, float], Any]] = {
             p.Hello: self._hello,
             p.MountSegment: self._mount,
@@ -190,9 +213,11 @@ class MasterService:
         now = self.clock()
         dead = self.segments.dead_clients(now, self.config.client_ttl_s)
         for client_id in dead:
-            logger.warning("client %s silent for over %.1f s: unmounting its segments", client_id, self.config.client_ttl_s)
-            self._forget_client(client_id)
+            self._lapsed(client_id, now)
         self.objects.reclaim_stale_puts(now, self.config.put_timeout_s, set(dead))
+        expired = self.segments.expired_suspensions(now)
+        if expired:
+            self._drop_suspended(expired, f"its holder did not come back within {self.config.suspend_grace_s:.0f} s")
         self.objects.free_retired(now)
         cap = self.segments.capacity
         if cap and self.segments.used > self.config.high_watermark * cap:
@@ -210,11 +235,34 @@ class MasterService:
                 "max_batch_keys": self.config.max_batch_keys,
                 "lease_ttl_s": self.config.lease_ttl_s}
 
-    def _mount(self, m: p.MountSegment, now: float) -> None:
-        is_new = m.name not in self.segments.segments
-        self.segments.mount(m.client_id, m.name, m.engine, m.base, m.capacity)
+    def _mount(self, m: p.MountSegment, now: float) -> p.MountResult:
+        if len(m.incarnation) > MAX_INCARNATION_CHARS:
+            raise ConfigError(f"segment {m.name!r}: incarnation of {len(m.incarnation)} characters; "
+                              f"at most {MAX_INCARNATION_CHARS}")
+        self.segments.check_mount(m.client_id, m.name, m.base, m.capacity)
+        held = self.segments.suspended.get(m.name)
+        if held is not None:
+            if held.matches(m.client_id, m.engine, m.base, m.capacity, m.incarnation):
+                return self._resume(m.client_id, held)
+            self._drop_suspended([m.name], "it was mounted again by another incarnation of its holder")
+        stale = self.segments.suspended_overlapping(m.engine, m.base, m.capacity, m.name)
+        if stale:
+            self._drop_suspended(stale, f"segment {m.name} was mounted on the same memory of engine {m.engine}")
+        is_new = self.segments.mount(m.client_id, m.name, m.engine, m.base, m.capacity, m.incarnation)
         if is_new and self.objects.journal is not None:
-            self.objects.journal.add(j.MountOp(m.client_id, m.name, m.engine, m.base, m.capacity))
+            self.objects.journal.add(j.MountOp(m.client_id, m.name, m.engine, m.base, m.capacity, m.incarnation))
+        return p.MountResult(p.MountOutcome.NEW if is_new else p.MountOutcome.KEPT)
+
+    def _resume(self, client_id: str, held: SuspendedSegment) -> p.MountResult:
+        name = held.segment.name
+        self.segments.resume(client_id, name)
+        restored = self.objects.resume_segment(name)
+        superseded = max(0, held.objects - restored)
+        if self.objects.journal is not None:
+            self.objects.journal.add_everything(j.ResumeOp(name))
+        logger.warning("client %s came back for its suspended segment %s: %d objects restored, %d superseded "
+                       "while it was away", client_id, name, restored, superseded)
+        return p.MountResult(p.MountOutcome.RESUMED, restored, superseded)
 
     def _unmount(self, m: p.UnmountSegment, now: float) -> bool:
         if self.segments.unmount(m.client_id, m.name):
@@ -234,6 +282,9 @@ class MasterService:
 
     def _disconnect(self, m: p.Disconnect, now: float) -> None:
         self._forget_client(m.client_id)
+        suspended = self.segments.suspended_of(m.client_id)
+        if suspended:
+            self._drop_suspended(suspended, "its holder disconnected")
         logger.info("client %s disconnected", m.client_id)
 
     def _put_start(self, m: p.PutStart, now: float) -> list[p.PutSlot]:
@@ -300,12 +351,21 @@ class MasterService:
                 s.name: {"engine": s.engine, "capacity": s.capacity, "used": s.used}
                 for s in self.segments.segments.values()
             },
+            "suspended_segments": {
+                name: {"engine": s.segment.engine, "capacity": s.segment.capacity, "used": s.segment.used,
+                       "grace_left_s": max(0.0, s.until - self.clock())}
+                for name, s in self.segments.suspended.items()
+            },
+            "suspended_keys": len(self.objects.suspended),
             "capacity_bytes": self.segments.capacity,
             "used_bytes": self.segments.used,
             "evictions": c.evictions,
             "evicted_bytes": c.evicted_bytes,
             "puts_reclaimed": c.puts_reclaimed,
             "objects_lost": c.objects_lost,
+            "objects_restored": c.objects_restored,
+            "objects_superseded": c.objects_superseded,
+            "suspended_objects_dropped": c.suspended_lost,
             "lease_expiries": int(self._lease_expired.get()),
         }
 
@@ -313,6 +373,38 @@ class MasterService:
         names = self.segments.remove_client(client_id)
         self._dropped(names)
         self.objects.reclaim_stale_puts(self.clock(), self.config.put_timeout_s, {client_id})
+
+    def _lapsed(self, client_id: str, now: float) -> None:
+        """A client missed its heartbeats: its puts are reclaimed (by the caller) and its segments
+        suspended (or, without an incarnation or a grace, unmounted)."""
+        grace = self.config.suspend_grace_s
+        if grace > 0:
+            suspended, dropped = self.segments.suspend_client(client_id, now + grace)
+        else:
+            suspended, dropped = [], self.segments.remove_client(client_id)
+        self._dropped(dropped)
+        if dropped:
+            logger.warning("client %s silent for over %.1f s: segment(s) %s unmounted", client_id,
+                           self.config.client_ttl_s, ", ".join(dropped))
+        if not suspended:
+            return
+        if self.objects.journal is not None:
+            self.objects.journal.add_everything(j.SuspendOp(suspended, grace))
+        held_on = self.objects.suspend_segments(set(suspended))
+        for name in suspended:
+            self.segments.suspended[name].objects = held_on[name]
+            logger.warning("client %s silent for over %.1f s: segment %s suspended with %d objects (unreadable "
+                           "until the same holder re-mounts it; dropped in %.0f s otherwise)", client_id,
+                           self.config.client_ttl_s, name, held_on[name], grace)
+
+    def _drop_suspended(self, names: list[str], why: str) -> None:
+        """Drops suspended segments for good, and every object held only there."""
+        lost = self.objects.counters.objects_lost
+        for name in names:
+            logger.warning("suspended segment %s dropped with the objects it held: %s", name, why)
+        self.segments.drop_suspended(names)
+        self._dropped(names)
+        self.objects.counters.suspended_lost += self.objects.counters.objects_lost - lost
 
     def _dropped(self, names: list[str]) -> None:
         if names and self.objects.journal is not None:
@@ -333,8 +425,13 @@ class MasterService:
 
     def snapshot(self) -> list[j.Op]:
         """Ops that rebuild the whole index (``journal.Mirror``)."""
-        mounts: list[j.Op] = [j.MountOp(s.client_id, s.name, s.engine, s.base, s.capacity)
+        mounts: list[j.Op] = [j.MountOp(s.client_id, s.name, s.engine, s.base, s.capacity, s.incarnation)
                               for s in self.segments.segments.values()]
+        now = self.clock()
+        for name, held in self.segments.suspended.items():
+            seg = held.segment
+            mounts += [j.MountOp(seg.client_id, name, seg.engine, seg.base, seg.capacity, seg.incarnation),
+                       j.SuspendOp([name], max(0.0, held.until - now))]
         return mounts + self.objects.snapshot()
 
     def restore(self, mirror: j.Mirror) -> None:
@@ -342,7 +439,7 @@ class MasterService:
         use re-reserved, objects, pending puts; clients count as alive from now."""
         assert not self.segments.segments and not self.objects.objects, "restore into an empty master"
         now = self.clock()
-        used: dict[str, list[tuple[int, int]]] = {name: [] for name in mirror.segments}
+        used: dict[str, list[tuple[int, int]]] = {name: [] for name in (*mirror.segments, *mirror.suspended)}
         held: list[j.ObjectOp | j.StartOp | j.RetireOp] = [*mirror.objects.values(), *mirror.pending.values(),
                                                            *(r for _, r in mirror.retired)]
         for op in held:
@@ -353,7 +450,11 @@ class MasterService:
             for i in range(0, len(flat), 2):
                 used[flat[i]].append((flat[i + 1], size))  # type: ignore[index]
         for name, op in mirror.segments.items():
-            self.segments.restore(op.client_id, name, op.engine, op.base, op.capacity, used[name], now)
+            self.segments.restore(op.client_id, name, op.engine, op.base, op.capacity, used[name], now,
+                                  op.incarnation)
+        for name, (op, until) in mirror.suspended.items():
+            self.segments.restore(op.client_id, name, op.engine, op.base, op.capacity, used[name], now,
+                                  op.incarnation, suspended_until=until)
         self.objects.restore(mirror, now)
 
     @staticmethod

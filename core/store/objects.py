@@ -4,6 +4,13 @@ States: a key is *pending* between put_start and put_end (invisible to readers),
 *complete*. Complete objects are immutable; an upsert writes a new version beside the old one
 and put_end swaps them in one step, so a reader sees old or new, never a mix. Bytes a reader may
 still hold a lease on (an upserted-over version) are freed only when that lease ends.
+
+Replicas on a suspended segment (``segments``: a lapsed holder's) are *held*: set aside in the
+object's ``held``, neither read nor freed. An object with no other replica is unreadable, kept
+in ``suspended``; a put (from its start), upsert, remove or eviction of its key supersedes it
+(its held bytes are retired like any old version's), and when the holder comes back every
+object still holding a replica there gets it back.
+
 Neighbours: ``segments`` (placement and freeing), ``eviction`` (victim choice), ``master``
 (drives the table from RPCs and its timer). Single-threaded.
 """
@@ -11,7 +18,7 @@ Neighbours: ``segments`` (placement and freeing), ``eviction`` (victim choice), 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass
 
 from tidekv.store import eviction
@@ -34,9 +41,10 @@ class PendingPut:
 
 
 class ObjectMeta:
-    """One object. ``replicas`` is flat: (segment, offset, segment, offset, ...) to stay small."""
+    """One object. ``replicas`` is flat: (segment, offset, segment, offset, ...) to stay small;
+    ``held``, as flat, its replicas on suspended segments (complete objects only)."""
 
-    __slots__ = ("size", "replicas", "put", "lease_until", "pin", "token")
+    __slots__ = ("size", "replicas", "put", "lease_until", "pin", "token", "held")
 
     def __init__(self, size: int, replicas: tuple[object, ...], put: PendingPut | None, pin: int, token: int) -> None:
         self.size = size
@@ -45,6 +53,12 @@ class ObjectMeta:
         self.lease_until = _NO_LEASE
         self.pin = pin
         self.token = token  # the put that wrote this version (put_end quoting it again is answered OK)
+        self.held: tuple[object, ...] = ()
+
+    @property
+    def all_replicas(self) -> tuple[object, ...]:
+        """Replicas readable or held: the bytes this version occupies."""
+        return self.replicas + self.held if self.held else self.replicas
 
     @property
     def is_pending(self) -> bool:
@@ -63,6 +77,9 @@ class TableCounters:
     puts_reclaimed: int = 0
     replicas_lost: int = 0
     objects_lost: int = 0
+    objects_restored: int = 0  # objects that got their held replicas back (their holder came back)
+    objects_superseded: int = 0  # objects held on a suspended segment that were replaced or removed meanwhile
+    suspended_lost: int = 0  # objects lost because their holder did not come back within the grace
 
 
 class ObjectTable:
@@ -71,6 +88,7 @@ class ObjectTable:
         self.max_key_bytes = max_key_bytes
         self.objects: dict[bytes, ObjectMeta] = {}  # in LRU order: oldest first
         self.upserts: dict[bytes, ObjectMeta] = {}  # pending new versions of complete objects
+        self.suspended: dict[bytes, ObjectMeta] = {}  # complete, every replica held: unreadable
         self.pending: dict[int, bytes] = {}  # token -> key of every pending put
         self.retired: list[tuple[float, int, tuple[object, ...]]] = []  # (free_at, size, replicas)
         self.counters = TableCounters()
@@ -111,6 +129,10 @@ class ObjectTable:
             self.upserts[key] = meta
         else:
             self.objects[key] = meta
+            if self.suspended:
+                held = self.suspended.pop(key, None)
+                if held is not None:  # a put of a suspended key replaces it (as the journal's Mirror does)
+                    self._retire(held, now)
         self.pending[token] = key
         if self.journal is not None:
             self.journal.add(j.StartOp(token, key, size, list(flat), pin, existing is not None, writer), key)
@@ -153,12 +175,18 @@ class ObjectTable:
         return Status.OK
 
     def remove(self, key: bytes, force: bool, now: float) -> Status:
-        meta = self.objects.get(key)
+        """Deletes the complete object ``key``, readable or suspended (its holder then gets no
+        version of it back)."""
+        table = self.objects
+        meta = table.get(key)
+        if meta is None and self.suspended:
+            table = self.suspended
+            meta = table.get(key)
         if meta is None or meta.put is not None:
             return Status.NOT_FOUND
         if meta.lease_until > now and not force:
             return Status.LEASED
-        del self.objects[key]
+        del table[key]
         self._retire(meta, now)
         if self.journal is not None:
             self.journal.add(j.RemoveOp(key), key)
@@ -218,19 +246,24 @@ class ObjectTable:
         self.retired = keep
 
     def drop_segments(self, names: set[str]) -> None:
-        """Forgets replicas on unmounted segments; objects left with none are gone."""
+        """Forgets replicas on dropped segments (unmounted, or suspended ones whose grace ended);
+        objects left with none readable or held are gone, those left with held ones suspended."""
         if not names:
             return
-        for table in (self.objects, self.upserts):
+        for table in (self.objects, self.upserts, self.suspended):
             for key in list(table):
                 meta = table[key]
-                pairs = list(meta.replica_pairs())
-                kept = [(s, o) for s, o in pairs if s not in names]
-                if len(kept) == len(pairs):
+                replicas, held = _without(meta.replicas, names), _without(meta.held, names)
+                if len(replicas) == len(meta.replicas) and len(held) == len(meta.held):
                     continue
-                self.counters.replicas_lost += len(pairs) - len(kept)
-                if kept:
-                    meta.replicas = tuple(v for pair in kept for v in pair)
+                self.counters.replicas_lost += (len(meta.replicas) - len(replicas) + len(meta.held) - len(held)) // 2
+                meta.replicas, meta.held = replicas, held
+                if replicas:
+                    continue
+                if held:
+                    if table is not self.suspended:
+                        del table[key]
+                        self.suspended[key] = meta
                     continue
                 del table[key]
                 self.counters.objects_lost += 1
@@ -239,6 +272,54 @@ class ObjectTable:
         self.retired = [
             (t, size, tuple(v for s, o in _pairs(r) if s not in names for v in (s, o))) for t, size, r in self.retired
         ]
+
+    def suspend_segments(self, names: set[str]) -> dict[str, int]:
+        """Holds the replicas on ``names`` (segments just suspended): complete objects keep them in
+        ``held`` (one left with no readable replica moves to ``suspended``); pending puts lose
+        them, their bytes freed (a put left with no replica is dropped: its writer's put_end
+        answers STALE). Returns, per segment, how many objects hold a replica there."""
+        held_on = dict.fromkeys(names, 0)
+        for table in (self.objects, self.upserts):
+            for key in list(table):
+                meta = table[key]
+                if not any(s in names for s in meta.replicas[::2]):
+                    continue
+                replicas = _without(meta.replicas, names)
+                moved = [(s, o) for s, o in meta.replica_pairs() if s in names]
+                meta.replicas = replicas
+                if meta.put is not None:
+                    for seg, offset in moved:
+                        self.segments.release(seg, offset, meta.size)
+                    if not replicas:
+                        del table[key]
+                        del self.pending[meta.put.token]
+                        self.counters.puts_reclaimed += 1
+                    continue
+                meta.held += tuple(v for pair in moved for v in pair)
+                for seg, _ in moved:
+                    held_on[seg] += 1
+                if not replicas:
+                    del table[key]
+                    self.suspended[key] = meta
+        return held_on
+
+    def resume_segment(self, name: str) -> int:
+        """Gives the replicas held on ``name`` (a suspended segment mounted again) back to their
+        objects, which are readable again; returns how many objects got one back."""
+        restored = 0
+        for table in (self.objects, self.suspended):
+            for key in list(table):
+                meta = table[key]
+                if not meta.held or name not in meta.held[::2]:
+                    continue
+                meta.replicas += tuple(v for s, o in _pairs(meta.held) if s == name for v in (s, o))
+                meta.held = _without(meta.held, {name})
+                restored += 1
+                if table is self.suspended:
+                    del table[key]
+                    self.objects[key] = meta  # at the most-recently-used end
+        self.counters.objects_restored += restored
+        return restored
 
     def evict(self, bytes_needed: int, now: float, keep: bytes | None = None) -> int:
         """Evicts LRU objects (never ``keep``) to free about ``bytes_needed``; returns bytes freed."""
@@ -249,9 +330,11 @@ class ObjectTable:
         freed = 0
         for key in victims:
             meta = self.objects.pop(key)
+            if meta.held:
+                self.counters.objects_superseded += 1
             n = len(meta.replicas) // 2
             freed += align(meta.size) * n
-            self._release(meta.size, meta.replicas)
+            self._release(meta.size, meta.all_replicas)
             self.counters.evictions += 1
             self.counters.evicted_bytes += meta.size
         if victims:
@@ -264,8 +347,17 @@ class ObjectTable:
         """Fills an empty table from ``mirror`` (segments must be restored first): its objects,
         its pending puts (ended by their writers' put_end, or reclaimed as usual), and bytes kept
         for leases; nothing it frees is reused before ``now + mirror.lease_ttl_s``."""
+        suspended = self.segments.suspended
         for op in mirror.objects.values():
-            self.objects[op.key] = ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token)
+            meta = ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token)
+            if suspended and any(s in suspended for s in meta.replicas[::2]):
+                meta.replicas, meta.held = _without(meta.replicas, suspended), _only(meta.replicas, suspended)
+                for seg in meta.held[::2]:
+                    suspended[seg].objects += 1  # type: ignore[index]
+                if not meta.replicas:
+                    self.suspended[op.key] = meta
+                    continue
+            self.objects[op.key] = meta
         for start in mirror.pending.values():
             meta = ObjectMeta(start.size, tuple(start.replicas), PendingPut(start.token, start.writer, now,
                                                                             start.is_upsert), start.pin, start.token)
@@ -278,9 +370,10 @@ class ObjectTable:
     def snapshot(self) -> list[j.Op]:
         """Ops that rebuild this table (after the segments' MountOps)."""
         out: list[j.Op] = [j.TokensOp(self.last_token)]
-        for key, meta in self.objects.items():
-            if meta.put is None:
-                out.append(j.ObjectOp(key, meta.size, list(meta.replicas), meta.pin, meta.token))
+        for table in (self.objects, self.suspended):
+            for key, meta in table.items():
+                if meta.put is None:
+                    out.append(j.ObjectOp(key, meta.size, list(meta.all_replicas), meta.pin, meta.token))
         for table in (self.objects, self.upserts):
             for key, meta in table.items():
                 if meta.put is not None:
@@ -327,11 +420,14 @@ class ObjectTable:
             self.journal.add(j.DropOp(token), key)
 
     def _retire(self, meta: ObjectMeta, now: float) -> None:
+        if meta.held:
+            self.counters.objects_superseded += 1  # its holder, when back, gets no version of it
+        replicas = meta.all_replicas
         free_at = max(meta.lease_until, self.quarantine_until)
         if free_at > now:
-            self.retired.append((free_at, meta.size, meta.replicas))
+            self.retired.append((free_at, meta.size, replicas))
         else:
-            self._release(meta.size, meta.replicas)
+            self._release(meta.size, replicas)
 
     def _release(self, size: int, replicas: tuple[object, ...]) -> None:
         for seg, offset in _pairs(replicas):
@@ -348,3 +444,13 @@ class ObjectTable:
 def _pairs(flat: tuple[object, ...]) -> Iterator[tuple[str, int]]:
     for i in range(0, len(flat), 2):
         yield flat[i], flat[i + 1]  # type: ignore[misc]
+
+
+def _without(flat: tuple[object, ...], names: Container[object]) -> tuple[object, ...]:
+    """The (segment, offset) pairs of ``flat`` not on ``names``."""
+    return tuple(v for s, o in _pairs(flat) if s not in names for v in (s, o))
+
+
+def _only(flat: tuple[object, ...], names: Container[object]) -> tuple[object, ...]:
+    """The (segment, offset) pairs of ``flat`` on ``names``."""
+    return tuple(v for s, o in _pairs(flat) if s in names for v in (s, o))

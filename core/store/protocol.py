@@ -15,9 +15,12 @@ from typing import Any, Generic, TypeVar, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """v2: the ``not_ready`` error kind (a recovering master, a standby), idempotent put_end, and the
-replication stream between masters (``journal``)."""
+replication stream between masters (``journal``). v3: ``MountSegment`` carries the holder's
+incarnation and is answered with a ``MountResult``: a holder declared dead has its segment
+suspended, not dropped, and gets its objects back by re-mounting (the journal's suspend/resume
+ops)."""
 
 MAGIC = b"tkv\x01"
 """First bytes a client sends on a new connection (anything else is not a tidekv store client)."""
@@ -84,6 +87,8 @@ class MountSegment(msgspec.Struct, tag="mount", array_like=True):
     engine: str
     base: int
     capacity: int
+    incarnation: str = ""  # the holder's secret for its process's life (<= 128 chars): a segment
+    # suspended after missed heartbeats comes back only to a mount quoting it; "" = never suspended
 
 
 class UnmountSegment(msgspec.Struct, tag="unmount", array_like=True):
@@ -184,6 +189,24 @@ class GetResult(msgspec.Struct, array_like=True):
     locations: list[Location] = []
 
 
+class MountOutcome(enum.IntEnum):
+    """What a MountSegment did."""
+
+    NEW = 0  # a fresh, empty segment (the master had no record of it, or had dropped it)
+    KEPT = 1  # already mounted by this client: unchanged
+    RESUMED = 2  # suspended after missed heartbeats, mounted again with the objects still on it
+
+
+class MountResult(msgspec.Struct, array_like=True):
+    """``restored``: objects readable again from the resumed segment; ``superseded``: objects it
+    held that were re-put, upserted, removed or evicted while it was suspended (their bytes are
+    free again in the segment)."""
+
+    outcome: int
+    restored: int = 0
+    superseded: int = 0
+
+
 class Reply(msgspec.Struct, array_like=True):
     """``error`` set (kind + message) means the whole request failed; else ``result`` holds the answer."""
 
@@ -217,6 +240,7 @@ RESULT_TYPES: dict[type, object] = {
     Exists: list[bool],
     Locate: list[list[str]],  # engines holding each key's replicas
     Heartbeat: bool,  # need_remount
+    MountSegment: MountResult,
 }
 """The result type of each request's reply (others: any msgpack value)."""
 

@@ -3,12 +3,18 @@
 A segment is a range of a client's registered memory (its transfer engine name + base address)
 that the master allocates object replicas in. Placement puts the replicas of one object on
 distinct segments: the writer's preferred segment first when it has room, then the segments
-with the most free bytes. Neighbours: ``allocator`` (offsets inside one segment), ``objects``
-(which replicas live where), ``master`` (drives both).
+with the most free bytes.
+
+A holder whose heartbeats lapse does not lose its segments at once: a segment mounted with an
+incarnation (the holder's secret for the life of its process) is *suspended*, kept aside with its
+allocator (the bytes of its replicas stay reserved) but counted in no capacity and given no new
+replica, until the same incarnation mounts it again or its grace ends. Neighbours: ``allocator``
+(offsets inside one segment), ``objects`` (which replicas live where), ``master`` (drives both).
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 from dataclasses import dataclass, field
 
@@ -29,10 +35,31 @@ class Segment:
     base: int
     capacity: int
     allocator: OffsetAllocator
+    incarnation: str = ""  # the holder's secret (MountSegment.incarnation); "" = none, never suspended
 
     @property
     def used(self) -> int:
         return self.allocator.used
+
+    def overlaps(self, engine: str, base: int, capacity: int) -> bool:
+        return engine == self.engine and base < self.base + self.capacity and self.base < base + capacity
+
+
+@dataclass(slots=True)
+class SuspendedSegment:
+    """A lapsed holder's segment, kept aside until ``until`` (the master's clock). ``objects``:
+    how many objects had a replica on it when it was suspended (or restored from a journal)."""
+
+    segment: Segment
+    until: float
+    objects: int = 0
+
+    def matches(self, client_id: str, engine: str, base: int, capacity: int, incarnation: str) -> bool:
+        """Whether a mount is its holder coming back: the same client, engine and range, and the
+        same incarnation secret (a new process of the holder has another)."""
+        seg = self.segment
+        same_memory = (seg.client_id, seg.engine, seg.base, seg.capacity) == (client_id, engine, base, capacity)
+        return same_memory and bool(incarnation) and hmac.compare_digest(seg.incarnation.encode(), incarnation.encode())
 
 
 @dataclass(slots=True)
@@ -43,10 +70,12 @@ class ClientInfo:
 
 
 class SegmentTable:
-    """All mounted segments and known clients. Single-threaded (the master's loop)."""
+    """All mounted segments and known clients, and the suspended segments of lapsed ones.
+    ``capacity`` and ``used`` count mounted segments only. Single-threaded (the master's loop)."""
 
     def __init__(self) -> None:
         self.segments: dict[str, Segment] = {}
+        self.suspended: dict[str, SuspendedSegment] = {}
         self.clients: dict[str, ClientInfo] = {}
         self.capacity = 0
         self.used = 0
@@ -81,34 +110,99 @@ class SegmentTable:
             self._drop(name)
         return names
 
+    def suspend_client(self, client_id: str, until: float) -> tuple[list[str], list[str]]:
+        """Forgets a client whose heartbeats lapsed: its segments with an incarnation are
+        suspended until ``until``, the others unmounted. Returns (suspended, unmounted) names."""
+        info = self.clients.pop(client_id, None)
+        if info is None:
+            return [], []
+        kept, dropped = [], []
+        for name in sorted(info.segments):
+            seg = self.segments[name]
+            if not seg.incarnation:
+                self._drop(name)
+                dropped.append(name)
+                continue
+            del self.segments[name]
+            self.capacity -= seg.capacity
+            self.used -= seg.used
+            self.suspended[name] = SuspendedSegment(seg, until)
+            kept.append(name)
+        return kept, dropped
+
+    def resume(self, client_id: str, name: str) -> None:
+        """Mounts the suspended segment ``name`` again for its client (who said hello), its
+        allocations as they were."""
+        seg = self.suspended.pop(name).segment
+        assert seg.client_id == client_id and name not in self.segments
+        self.segments[name] = seg
+        self.clients[client_id].segments.add(name)
+        self.capacity += seg.capacity
+        self.used += seg.used
+        logger.info("segment %s resumed by %s (engine %s, %d bytes in use)", name, client_id, seg.engine, seg.used)
+
+    def drop_suspended(self, names: list[str]) -> None:
+        for name in names:
+            seg = self.suspended.pop(name).segment
+            logger.info("suspended segment %s dropped (%d bytes were in use)", name, seg.used)
+
+    def expired_suspensions(self, now: float) -> list[str]:
+        return [name for name, s in self.suspended.items() if s.until <= now]
+
+    def suspended_of(self, client_id: str) -> list[str]:
+        return [name for name, s in self.suspended.items() if s.segment.client_id == client_id]
+
+    def suspended_overlapping(self, engine: str, base: int, capacity: int, besides: str) -> list[str]:
+        """Suspended segments (other than ``besides``) whose memory a new mount on ``engine``
+        covers: their holder is gone (an engine address names one process; one process mounts
+        a range once), and so are the bytes they held."""
+        return [name for name, s in self.suspended.items()
+                if name != besides and s.segment.overlaps(engine, base, capacity)]
+
     # ---- segments -----------------------------------------------------------------------
 
-    def mount(self, client_id: str, name: str, engine: str, base: int, capacity: int) -> None:
-        """Raises ConfigError for an unknown client, a bad size, or a name mounted by another client."""
-        info = self.clients.get(client_id)
-        if info is None:
+    def check_mount(self, client_id: str, name: str, base: int, capacity: int) -> None:
+        """Raises ConfigError for an unknown client, a bad size, or a name another client holds
+        (mounted or suspended)."""
+        if client_id not in self.clients:
             raise ConfigError(f"client {client_id!r} must say hello before mounting segment {name!r}")
         if capacity <= 0 or base <= 0:
             raise ConfigError(f"segment {name!r}: base and capacity must be > 0 (got {base:#x}, {capacity})")
         if base + capacity > ADDRESS_LIMIT:
             raise ConfigError(f"segment {name!r}: [{base:#x}, +{capacity}) reaches past the 64-bit address space")
         existing = self.segments.get(name)
-        if existing is not None:
-            if existing.client_id != client_id:
-                raise ConfigError(f"segment {name!r} is already mounted by client {existing.client_id!r}")
-            return  # re-mount of the same segment: keep its allocations
-        self.segments[name] = Segment(name, client_id, engine, base, capacity, OffsetAllocator(capacity))
-        info.segments.add(name)
+        if existing is not None and existing.client_id != client_id:
+            raise ConfigError(f"segment {name!r} is already mounted by client {existing.client_id!r}")
+        held = self.suspended.get(name)
+        if held is not None and held.segment.client_id != client_id:
+            raise ConfigError(f"segment {name!r} is held suspended for client {held.segment.client_id!r}")
+
+    def mount(self, client_id: str, name: str, engine: str, base: int, capacity: int, incarnation: str = "") -> bool:
+        """Mounts a segment (a re-mount of one this client has mounted keeps its allocations);
+        returns whether it is new. Raises as ``check_mount``; the name must not be suspended."""
+        self.check_mount(client_id, name, base, capacity)
+        assert name not in self.suspended, "resume or drop a suspended segment before mounting its name"
+        if name in self.segments:
+            return False
+        self.segments[name] = Segment(name, client_id, engine, base, capacity, OffsetAllocator(capacity), incarnation)
+        self.clients[client_id].segments.add(name)
         self.capacity += capacity
         logger.info("segment %s mounted by %s (engine %s, %d bytes)", name, client_id, engine, capacity)
+        return True
 
     def restore(self, client_id: str, name: str, engine: str, base: int, capacity: int,
-                used: list[tuple[int, int]], now: float) -> None:
+                used: list[tuple[int, int]], now: float, incarnation: str = "",
+                suspended_until: float | None = None) -> None:
         """Mounts a segment known from a journal, its ``used`` (offset, size) ranges allocated;
-        its client counts as alive from ``now``."""
-        self.add_client(client_id, now)
+        its client counts as alive from ``now``. With ``suspended_until``: a suspended segment
+        instead (its client is not known)."""
         allocator = OffsetAllocator.with_used(capacity, used)
-        self.segments[name] = Segment(name, client_id, engine, base, capacity, allocator)
+        seg = Segment(name, client_id, engine, base, capacity, allocator, incarnation)
+        if suspended_until is not None:
+            self.suspended[name] = SuspendedSegment(seg, suspended_until)
+            return
+        self.add_client(client_id, now)
+        self.segments[name] = seg
         self.clients[client_id].segments.add(name)
         self.capacity += capacity
         self.used += allocator.used
@@ -157,9 +251,13 @@ class SegmentTable:
         return placed
 
     def release(self, name: str, offset: int, size: int) -> None:
-        """Frees a replica's bytes; a replica on an already dropped segment is simply forgotten."""
+        """Frees a replica's bytes (on a mounted or a suspended segment); a replica on an already
+        dropped segment is simply forgotten."""
         seg = self.segments.get(name)
         if seg is None:
+            held = self.suspended.get(name)
+            if held is not None:
+                held.segment.allocator.release(offset, size)
             return
         seg.allocator.release(offset, size)
         self.used -= align(size)

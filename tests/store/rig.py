@@ -44,6 +44,7 @@ class ServiceRig:
         self.clock.now += self.config.client_ttl_s
         self._ids = itertools.count(1)
         self._bases = itertools.count(SEGMENT_BASE, 1 << 36)
+        self.bases: dict[str, int] = {}  # segment name -> its base (a name is always mounted at one base)
 
     def call(self, body: msgspec.Struct) -> Any:
         request_id = next(self._ids)
@@ -63,8 +64,12 @@ class ServiceRig:
     def hello(self, client: str) -> str:
         return self.call(p.Hello(client, p.PROTOCOL_VERSION))
 
-    def mount(self, client: str, name: str, capacity: int) -> None:
-        self.call(p.MountSegment(client, name, f"engine-of-{name}", next(self._bases), capacity))
+    def mount(self, client: str, name: str, capacity: int, incarnation: str = "") -> p.MountResult:
+        """Mounts ``name`` (engine ``engine-of-<name>``, at the same base every time); without an
+        incarnation the segment is unmounted, not suspended, when the client lapses."""
+        base = self.bases.setdefault(name, next(self._bases))
+        return msgspec.convert(self.call(p.MountSegment(client, name, f"engine-of-{name}", base, capacity, incarnation)),
+                               p.MountResult)
 
     def heartbeat(self, client: str) -> bool:
         return self.call(p.Heartbeat(client))

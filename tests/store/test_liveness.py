@@ -1,8 +1,10 @@
 """Client liveness seen from the data path: dead holders fail transfers fast, paused ones come back.
 
 A holder the master still believes alive fails reads and writes at once (connection refused),
-and a failed write revokes its put. A holder paused past ``client_ttl_s`` is declared dead (its
-segment and objects leave the pool); when it resumes, its next heartbeat re-mounts the segment.
+and a failed write revokes its put. A holder paused past ``client_ttl_s`` is declared dead: its
+segment is suspended (its objects unreadable); when it resumes, its next heartbeat re-mounts the
+segment and every object not re-put meanwhile is readable again, byte for byte. A new process
+of a holder gets nothing of the old one's; the old objects go when the suspension grace ends.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 import pytest
 
 from tests.store.conftest import Connect, SpawnAgent, SpawnMaster
+from tests.store.payload import payload
 from tests.store.procs import wait_until
 from tidekv.errors import ObjectNotFoundError, TransferError
 
@@ -39,23 +42,52 @@ def test_transfers_to_a_killed_holder_fail_fast_and_revoke_the_put(spawn_master:
     assert not st.exists("during")
 
 
-def test_paused_holder_is_dropped_then_remounts_when_it_resumes(spawn_master: SpawnMaster, spawn_agent: SpawnAgent,
-                                                               connect: Connect) -> None:
+def test_paused_holder_gets_every_object_back_when_it_resumes(spawn_master: SpawnMaster, spawn_agent: SpawnAgent,
+                                                             connect: Connect) -> None:
     master = spawn_master(client_ttl_s=1.0)
-    holder = spawn_agent(master.address, 4 * MIB)
-    st = connect(master.address)
-    st.put("k", b"v" * 1000)
+    holder = spawn_agent(master.address, 8 * MIB)
+    st = connect(master.address, segment_size=4 * MIB)
+    sizes = {f"h{i}": 1000 + i * 9973 for i in range(20)}
+    for i, (key, size) in enumerate(sizes.items()):
+        holder.call("put", key=key, size=size, seed=i)
+    assert all(engines == [holder.engine] for engines in st.locate_many(list(sizes))), "puts land in its own segment"
     os.kill(holder.pid, signal.SIGSTOP)
     try:
-        wait_until(lambda: not st.stats()["segments"], 10.0, "the master to drop the paused holder's segment")
-        assert st.stats()["objects_lost"] == 1
+        stats = wait_until(lambda: (s := st.stats())["suspended_segments"] and s, 10.0,
+                           "the master to suspend the paused holder's segment")
+        assert stats["suspended_segments"].keys() == {holder.segment} and stats["segments"].keys() == {st.segment_name}
+        assert (stats["keys"], stats["suspended_keys"], stats["objects_lost"]) == (0, 20, 0)
         with pytest.raises(ObjectNotFoundError):
-            st.get("k")
+            st.get("h0")
+        st.put("h1", b"newer" * 100)  # re-put while the holder is away: this version wins
     finally:
         os.kill(holder.pid, signal.SIGCONT)
-    stats = wait_until(lambda: (s := st.stats())["segments"].keys() == {holder.segment} and s, 10.0,
-                       "the resumed holder to re-mount its segment")
-    assert stats["clients"] == 2 and stats["used_bytes"] == 0
-    st.put("k", b"w" * 1000)
-    assert st.get("k") == b"w" * 1000
-    assert holder.call("get", key="k")["size"] == 1000
+    resumed = time.monotonic()
+    stats = wait_until(lambda: (s := st.stats())["keys"] == 20 and s, 10.0, "the resumed holder's objects to return")
+    assert time.monotonic() - resumed < 5.0, "a resumed holder re-mounts within a few heartbeats"
+    assert stats["suspended_segments"] == {} and stats["segments"].keys() == {st.segment_name, holder.segment}
+    assert (stats["objects_restored"], stats["objects_superseded"], stats["objects_lost"]) == (19, 1, 0)
+    for i, (key, size) in enumerate(sizes.items()):
+        assert st.get(key) == (b"newer" * 100 if key == "h1" else payload(i, size)), key
+    assert "had expired client" in holder.log_text() and "19 objects restored, 1 superseded" in holder.log_text()
+
+
+def test_a_killed_and_restarted_holder_does_not_get_its_old_objects(spawn_master: SpawnMaster,
+                                                                    spawn_agent: SpawnAgent, connect: Connect) -> None:
+    master = spawn_master(client_ttl_s=1.0, suspend_grace_s=4.0)
+    holder = spawn_agent(master.address, 4 * MIB)
+    st = connect(master.address)
+    holder.call("put", key="old", size=5000, seed=7)
+    holder.kill()
+    wait_until(lambda: st.stats()["suspended_segments"].keys() == {holder.segment}, 10.0,
+               "the master to suspend the killed holder's segment")
+    again = spawn_agent(master.address, 4 * MIB)
+    stats = wait_until(lambda: (s := st.stats())["segments"].keys() == {again.segment} and s, 10.0,
+                       "the new holder process to mount its segment")
+    assert stats["segments"][again.segment]["used"] == 0 and stats["keys"] == 0
+    assert not st.exists("old") and "restored" not in again.log_text()
+    stats = wait_until(lambda: (s := st.stats())["suspended_segments"] == {} and s, 10.0,
+                       "the suspension grace to end")
+    assert (stats["objects_lost"], stats["suspended_objects_dropped"], stats["objects_restored"]) == (1, 1, 0)
+    again.call("put", key="old", size=100, seed=8)
+    assert st.get("old") == payload(8, 100)

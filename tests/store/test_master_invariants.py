@@ -1,9 +1,11 @@
 """Random request sequences against MasterService on a fake clock: the books always balance.
 
 Three clients mount, unmount, put, upsert, end, revoke, get, remove, disconnect and go silent in
-random order while time jumps. After every step: each segment's used bytes equal the aligned
+random order while time jumps (a silent one's segments are suspended, and resumed when it mounts
+them again, mostly as the same incarnation). After every step: each segment's used bytes equal the aligned
 sizes of the replicas that live on it (complete objects, pending puts, pending upserts and
-retired versions), no two replicas share an offset, every replica sits on a mounted segment,
+retired versions; on a suspended segment, the replicas held there), no two replicas share an
+offset, every replica sits on a mounted segment and every held one on a suspended segment,
 and the pending-put index matches the tables. ``handle`` must never raise.
 """
 
@@ -28,21 +30,30 @@ KEYS = [f"k{i}".encode() for i in range(30)]
 def _check_books(rig: ServiceRig) -> None:
     segments = rig.service.segments
     table = rig.service.objects
-    per_segment = {name: 0 for name in segments.segments}
+    held_on = {name: s.segment for name, s in segments.suspended.items()}
+    per_segment = {name: 0 for name in (*segments.segments, *held_on)}
     seen: dict[tuple[str, int], bytes] = {}
-    entries = [(k, m.size, m.replicas) for k, m in table.objects.items()]
-    entries += [(k, m.size, m.replicas) for k, m in table.upserts.items()]
-    entries += [(b"<retired>", size, replicas) for _, size, replicas in table.retired]
-    for key, size, replicas in entries:
-        for i in range(0, len(replicas), 2):
-            segment, offset = replicas[i], replicas[i + 1]
-            assert segment in segments.segments, f"{key!r} has a replica on unmounted segment {segment}"
+    entries = [(k, m.size, m.replicas, m.held) for k, m in (*table.objects.items(), *table.suspended.items())]
+    entries += [(k, m.size, m.replicas, ()) for k, m in table.upserts.items()]
+    entries += [(b"<retired>", size, replicas, None) for _, size, replicas in table.retired]
+    for key, size, replicas, held in entries:
+        flat = replicas if held is None else replicas + held
+        for i in range(0, len(flat), 2):
+            segment, offset = flat[i], flat[i + 1]
+            if held is None:
+                assert segment in per_segment, f"retired bytes on dropped segment {segment}"
+            elif i < len(replicas):
+                assert segment in segments.segments, f"{key!r} has a replica on unmounted segment {segment}"
+            else:
+                assert segment in held_on, f"{key!r} holds a replica on segment {segment}, which is not suspended"
             assert (segment, offset) not in seen, f"{key!r} and {seen[(segment, offset)]!r} share {segment}+{offset}"
             seen[(segment, offset)] = key
             per_segment[segment] += align(size)
-    for name, seg in segments.segments.items():
+    for name, seg in (*segments.segments.items(), *held_on.items()):
         assert seg.used == per_segment[name], f"segment {name}: allocator says {seg.used}, replicas {per_segment[name]}"
-    assert segments.used == sum(per_segment.values())
+    assert segments.used == sum(per_segment[name] for name in segments.segments)
+    assert all(not m.replicas and m.held and m.put is None for m in table.suspended.values())
+    assert not table.suspended.keys() & table.objects.keys(), "a put of a suspended key supersedes it"
     pending = [m for m in table.objects.values() if m.put is not None] + list(table.upserts.values())
     assert all(m.put is not None for m in table.upserts.values())
     assert sorted(table.pending) == sorted(m.put.token for m in pending if m.put is not None)
@@ -54,7 +65,11 @@ def _step(rig: ServiceRig, rng: random.Random, tokens: list[tuple[str, bytes, in
     client = rng.choice(CLIENTS)
     op = rng.random()
     if op < 0.05:
-        rig.mount(client, f"seg-{client}-{rng.randint(0, 1)}", rng.choice([4096, 16384, 65536]))
+        name = f"seg-{client}-{rng.randint(0, 1)}"
+        held = rig.service.segments.suspended.get(name)
+        # Mostly the size it had: a holder coming back; else another segment on that memory.
+        capacity = held.segment.capacity if held is not None and rng.random() < 0.8 else rng.choice([4096, 16384, 65536])
+        rig.mount(client, name, capacity, incarnation=f"inc-{client}" if rng.random() < 0.9 else "another")
     elif op < 0.06:
         rig.call(p.UnmountSegment(client, f"seg-{client}-{rng.randint(0, 1)}"))
     elif op < 0.35:
@@ -92,7 +107,7 @@ def test_random_operations_keep_the_books_balanced(seed: int, caplog: pytest.Log
     caplog.set_level(logging.ERROR, logger="tidekv")  # reclaim and liveness warnings are expected here
     rng = random.Random(seed)
     rig = ServiceRig(lease_ttl_s=rng.choice([0.0, 0.5, 2.0]), put_timeout_s=5.0, client_ttl_s=3.0,
-                     high_watermark=rng.choice([0.5, 0.9, 1.0]))
+                     high_watermark=rng.choice([0.5, 0.9, 1.0]), suspend_grace_s=rng.choice([0.0, 2.0, 10.0]))
     for client in CLIENTS:
         rig.hello(client)
     tokens: list[tuple[str, bytes, int]] = []
@@ -106,7 +121,9 @@ def test_random_operations_keep_the_books_balanced(seed: int, caplog: pytest.Log
 
 def _index(service: MasterService) -> tuple[dict[bytes, tuple[int, tuple[object, ...], int]], set[int]]:
     table = service.objects
-    complete = {k: (m.size, m.replicas, m.pin) for k, m in table.objects.items() if m.put is None}
+    complete = {k: (m.size, tuple(sorted(zip(m.replicas[::2], m.replicas[1::2]))),
+                    tuple(sorted(zip(m.held[::2], m.held[1::2]))), m.pin)
+                for k, m in (*table.objects.items(), *table.suspended.items()) if m.put is None}
     return complete, set(table.pending)
 
 
@@ -117,7 +134,7 @@ def test_the_journal_rebuilds_the_same_index(seed: int, caplog: pytest.LogCaptur
     allocations never land on a replica it restored."""
     caplog.set_level(logging.ERROR, logger="tidekv")
     rng = random.Random(100 + seed)
-    rig = ServiceRig(lease_ttl_s=rng.choice([0.0, 0.5, 2.0]), put_timeout_s=5.0, client_ttl_s=3.0)
+    rig = ServiceRig(lease_ttl_s=rng.choice([0.0, 0.5, 2.0]), put_timeout_s=5.0, client_ttl_s=3.0, suspend_grace_s=5.0)
     rig.service.enable_journal()
     follower = Mirror(rig.config.lease_ttl_s)
     for client in CLIENTS:
@@ -136,6 +153,7 @@ def test_the_journal_rebuilds_the_same_index(seed: int, caplog: pytest.LogCaptur
         restored.service.restore(mirror)
         assert _index(restored.service) == _index(rig.service)
         assert set(restored.service.segments.segments) == set(rig.service.segments.segments)
+        assert set(restored.service.segments.suspended) == set(rig.service.segments.suspended)
         assert restored.service.objects.last_token >= rig.service.objects.last_token
         _check_books(restored)
         for i in range(40):  # fill what is free: still no replica shares an offset

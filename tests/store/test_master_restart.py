@@ -5,11 +5,14 @@ every live client says hello again and re-mounts its segment, the keys written b
 restart are gone (ObjectNotFound), and new puts and gets work across the re-mounted segments.
 With ``state_dir`` (``test_restart_with_state_dir_loses_nothing``) every acknowledged object is
 back, byte for byte, before the master serves again; removed keys stay removed and upserts show
-their newest version.
+their newest version; a holder suspended before the restart (paused past ``client_ttl_s``) is
+still suspended after it, and gets its objects back when it resumes.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -111,3 +114,28 @@ def test_restart_with_state_dir_loses_nothing(how: str, tmp_path: Path, spawn_ma
         local.put(key, data)
     for key, data in {**objects, **new}.items():
         assert local.get(key) == data, key
+
+
+def test_a_holder_suspended_before_a_restart_with_state_dir_gets_its_objects_back(
+        tmp_path: Path, spawn_master: SpawnMaster, spawn_agent: SpawnAgent, connect: Connect) -> None:
+    state = str(tmp_path / "state")
+    first = spawn_master(client_ttl_s=1.0, state_dir=state)
+    holder = spawn_agent(first.address, 8 * MIB, rpc_timeout_s=1.0, failover_timeout_s=20.0)
+    local = connect(first.address, rpc_timeout_s=1.0, failover_timeout_s=20.0)
+    for i in range(8):
+        holder.call("put", key=f"h-{i}", size=3000 + i, seed=i)
+    os.kill(holder.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: local.stats()["suspended_keys"] == 8, 10.0, "the master to suspend the paused holder")
+        first.kill()
+        second = spawn_master(port=first.port, client_ttl_s=1.0, state_dir=state)
+        stats = wait_until(lambda: (s := local.stats())["master_id"] == second.master_id and s, 10.0,
+                           "the restarted master to serve")
+        assert stats["suspended_segments"].keys() == {holder.segment} and stats["suspended_keys"] == 8
+        assert not local.exists("h-0")
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    wait_until(lambda: local.stats()["keys"] == 8, 10.0, "the resumed holder's objects to return")
+    for i in range(8):
+        assert local.get(f"h-{i}") == payload(i, 3000 + i)
+    assert "8 objects restored, 0 superseded" in holder.log_text()

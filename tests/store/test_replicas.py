@@ -52,9 +52,10 @@ def test_reads_survive_sigkill_of_one_replica_holder(spawn_master: SpawnMaster, 
     assert writer.get_many(list(objects)) == list(objects.values())
 
     stats = wait_until(lambda: (s := writer.stats())["segments"].keys() == {holder_b.segment} and s, 10.0,
-                       "the master to unmount the killed holder's segment")
-    assert stats["clients"] == 3
-    assert stats["objects_lost"] == 1, "only the single-replica object dies with its holder"
+                       "the master to suspend the killed holder's segment")
+    assert stats["clients"] == 3 and stats["suspended_segments"].keys() == {holder_a.segment}
+    assert (stats["suspended_keys"], stats["objects_lost"]) == (1, 0), \
+        "only the single-replica object is unreadable (held for its holder until the suspension grace ends)"
     with pytest.raises(ObjectNotFoundError):
         writer.get("only-on-a")
     for key, data in objects.items():
