@@ -47,9 +47,16 @@ step "install sglang==$SGLANG_VERSION and triton==3.9.0 (--no-deps)" has_sglang 
 # --no-deps: tidekv's own dependencies (msgspec, pyzmq, tqdm) are in DEPS above.
 step "install tidekv (editable, --no-deps)" "tidekv_current tidekv_sglang" install_tidekv_editable --no-deps
 
+# The Mooncake drop-in (README: "Mooncake drop-in"), editable: SGLang's mooncake HiCache backend
+# and PD connector then run on tidekv. No Mooncake wheel goes into this venv (both own `mooncake`).
+has_shim() { "$PY" -c "import mooncake, mooncake.store, sys; sys.exit(not getattr(mooncake, 'IS_TIDEKV_SHIM', False))"; }
+step "install the Mooncake drop-in (plugins/mooncake, editable, --no-deps)" has_shim \
+  pip_quiet install -q --no-deps --no-build-isolation -e plugins/mooncake
+
 "$PY" -c "
-import sglang, torch, tidekv, tidekv._native
+import sglang, torch, tidekv, tidekv._native, mooncake.store
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 from sglang.srt.mem_cache.storage import StorageBackendFactory
-print('== check: sglang', sglang.__version__, '| torch', torch.__version__, '| tidekv', tidekv.__file__)"
+print('== check: sglang', sglang.__version__, '| torch', torch.__version__, '| tidekv', tidekv.__file__,
+      '| mooncake', mooncake.store.__file__)"
 echo "== setup_sglang: done in $(( $(date +%s) - total_start )) s"

@@ -1,8 +1,8 @@
 """Another SGLang rank on the same tidekv pool, in its own process, for the two-process tests.
 
-Run as ``python hicache_peer.py '{"master": ..., "segment_size": N, "shape": {PoolShape fields}}'``.
-It builds a real host pool and a ``TidekvHiCacheStorage`` through SGLang's factory, prints
-{"engine", "pid"}, then answers one JSON command per stdin line: ``set`` (fill pages from a
+Run as ``python hicache_peer.py '{"master": ..., "segment_size": N, "shape": {PoolShape fields}}'``
+(with ``"backend": "mooncake"``: SGLang's own mooncake backend on the Mooncake drop-in instead).
+It builds a real host pool and the backend through SGLang's factory, prints {"engine"}, then answers one JSON command per stdin line: ``set`` (fill pages from a
 seed, ``batch_set_v1``; answers the page digests) and ``get`` (``batch_get_v1`` into pages;
 answers per-page results and digests). EOF on stdin closes the backend and exits.
 """
@@ -27,11 +27,18 @@ def main() -> int:
 
     shape = sglang_rig.PoolShape(**spec["shape"])
     pool = sglang_rig.make_host_pool(shape)
-    config = sglang_rig.storage_config(
-        sglang_rig.tidekv_extra_config(spec["master"], segment_size=spec["segment_size"]), is_mla=shape.is_mla)
-    backend = StorageBackendFactory.create_backend("dynamic", config, None)
+    if spec.get("backend") == "mooncake":
+        extra = sglang_rig.mooncake_extra_config(spec["master"], global_segment_size=spec["segment_size"])
+        config = sglang_rig.storage_config(extra, is_mla=shape.is_mla)
+        backend = StorageBackendFactory.create_backend("mooncake", config, pool)
+        engine = backend.store.get_hostname()
+    else:
+        config = sglang_rig.storage_config(
+            sglang_rig.tidekv_extra_config(spec["master"], segment_size=spec["segment_size"]), is_mla=shape.is_mla)
+        backend = StorageBackendFactory.create_backend("dynamic", config, None)
+        engine = backend.store.engine.name
     backend.register_mem_pool_host(pool)
-    print(json.dumps({"engine": backend.store.engine.name}), flush=True)
+    print(json.dumps({"engine": engine}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
         try:

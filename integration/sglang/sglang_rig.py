@@ -207,6 +207,13 @@ def tidekv_extra_config(master: str, **settings: Any) -> dict[str, Any]:
             "interface_v1": 1, "master": master, **settings}
 
 
+def mooncake_extra_config(master: str, **settings: Any) -> dict[str, Any]:
+    """The extra config of SGLang's own ``mooncake`` backend, pointed at a tidekv master (through
+    the Mooncake drop-in); this process holds no pool memory unless ``global_segment_size`` says so."""
+    return {"master_server_address": master, "protocol": "tcp", "metadata_server": "P2PHANDSHAKE",
+            "local_hostname": "127.0.0.1", "global_segment_size": 0, **settings}
+
+
 def page_hashes(count: int, seed: int) -> list[str]:
     """``count`` page hashes chained like SGLang's (sha256 over the previous digest and the page's token ids)."""
     out, prev = [], b""
