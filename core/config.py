@@ -80,7 +80,9 @@ class TransferConfig:
     socket_buffer_bytes: int = 4 << 20
     """SO_SNDBUF/SO_RCVBUF asked for each socket (the kernel caps it). Default 4 MiB."""
     secret: str | None = field(default=None, repr=False)
-    """Shared secret; peers without it are refused at handshake. Default None (no check)."""
+    """Shared secret; peers without it are refused at handshake, and peers that do not prove it
+    are refused by ours. From the environment: ``TIDEKV_SECRET``, or ``TIDEKV_SECRET_FILE`` naming
+    a file that holds it (``secret_from_env``). Default None (no check)."""
     max_regions: int = 4096
     """Capacity of the registered-region table. Default 4096 (1..1048576)."""
     unregister_timeout_s: float = 5.0
@@ -140,7 +142,39 @@ class TransferConfig:
         Raises:
             ConfigError: a variable holds a value its field cannot take.
         """
-        return _from_env(cls, environ if environ is not None else os.environ, overrides)
+        env = environ if environ is not None else os.environ
+        if "secret" not in overrides:
+            overrides = {**overrides, "secret": secret_from_env(env)}
+        return _from_env(cls, env, overrides)
+
+
+SECRET_FILE_VARIABLE = ENV_PREFIX + "SECRET_FILE"
+
+
+def secret_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    """The shared secret every tidekv component uses (transfer engines, master, weights, PD):
+    ``TIDEKV_SECRET``, or the contents of the file ``TIDEKV_SECRET_FILE`` names (trailing
+    whitespace stripped), or None.
+
+    Raises:
+        ConfigError: both are set, the file cannot be read, or it is empty.
+    """
+    env = environ if environ is not None else os.environ
+    secret, path = env.get(ENV_PREFIX + "SECRET"), env.get(SECRET_FILE_VARIABLE)
+    if path is None:
+        if secret is not None and not secret:
+            raise ConfigError(f"{ENV_PREFIX}SECRET is set but empty; unset it for no secret")
+        return secret
+    if secret is not None:
+        raise ConfigError(f"{ENV_PREFIX}SECRET and {SECRET_FILE_VARIABLE} are both set; set one")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read().rstrip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{SECRET_FILE_VARIABLE}={path!r} cannot be read: {exc}") from None
+    if not text:
+        raise ConfigError(f"{SECRET_FILE_VARIABLE}={path!r} is empty")
+    return text
 
 
 def _parse(name: str, raw: str, kind: Any) -> Any:
@@ -340,6 +374,11 @@ class MasterConfig:
     """A leader acknowledges a change only once at least this many standbys hold it (and every
     in-sync one): with 1, losing the leader right after its promotion, before a standby caught
     up, loses nothing; changes wait meanwhile. 0 = a leader alone may acknowledge. Default 1 (0..8)."""
+    secret: str | None = field(default=None, repr=False)
+    """Shared secret every client and standby must prove (``tidekv.auth``); the master proves it
+    to them too. ``from_env`` takes the transfer engines' setting (``TIDEKV_SECRET`` or
+    ``TIDEKV_SECRET_FILE``), so one variable secures a whole deployment. Default None (anyone
+    who reaches the port is served)."""
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -371,11 +410,20 @@ class MasterConfig:
         _check_range("max_connections", self.max_connections, 1, 1 << 20)
         _check_range("tick_s", self.tick_s, 0.001, 10)
         _check_range("busy_poll_us", self.busy_poll_us, 0, 100_000)
+        if self.secret is not None and not self.secret:
+            raise ConfigError("secret='' is invalid; use None for no secret")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> MasterConfig:
-        """Builds a config from ``TIDEKV_MASTER_*`` variables; keyword overrides win."""
-        return _from_env(cls, environ if environ is not None else os.environ, overrides, prefix=ENV_PREFIX + "MASTER_")
+        """Builds a config from ``TIDEKV_MASTER_*`` variables (the secret from ``TIDEKV_SECRET`` or
+        ``TIDEKV_SECRET_FILE``); keyword overrides win."""
+        env = environ if environ is not None else os.environ
+        if ENV_PREFIX + "MASTER_SECRET" in env:
+            raise ConfigError(f"{ENV_PREFIX}MASTER_SECRET is not a setting: the master takes {ENV_PREFIX}SECRET "
+                              f"(or {SECRET_FILE_VARIABLE}), as the transfer engines do")
+        if "secret" not in overrides:
+            overrides = {**overrides, "secret": secret_from_env(env)}
+        return _from_env(cls, env, overrides, prefix=ENV_PREFIX + "MASTER_")
 
 
 SEGMENT_MEMORY = ("auto", "shared", "huge")
@@ -508,6 +556,8 @@ def settings_sources(cls: type, environ: Mapping[str, str] | None = None) -> lis
     rows: list[tuple[str, Any, str]] = []
     for f in dataclasses.fields(config):
         variable = prefix + f.name.upper()
+        if f.name == "secret":  # one setting for every component (secret_from_env)
+            variable = SECRET_FILE_VARIABLE if SECRET_FILE_VARIABLE in env else ENV_PREFIX + "SECRET"
         value = getattr(config, f.name)
         if not f.repr and value is not None:
             value = SECRET_SHOWN_AS

@@ -4,19 +4,27 @@ the "release" signal.
 The decode side pulls the prefill blocks that hold the prompt tokens it does not have
 (``pull_end``, ``pulled_blocks``). The prefill side holds a finished request's blocks until it
 is told to release them, or until ``hold_timeout_s`` passes (the last resort: a decode that
-never comes leaks nothing for longer). Releases travel over one ZeroMQ PUSH -> PULL channel per
-prefill rank, as ``HoldRelease`` messages (versioned with the PD contract), and say why
+never comes leaks nothing for longer). Releases travel over one ZeroMQ DEALER -> ROUTER channel
+per prefill rank, as ``HoldRelease`` messages (versioned with the PD contract), and say why
 (``ReleaseReason``): the decode pulled the blocks (its worker says so), its pull failed (its
 worker), the decode request ended before any pull was planned (its scheduler, e.g. aborted when
 its client left), or the decode leg failed before the decode took the request (the proxy:
-decode unreachable or answering an error). ``HoldTable`` owns the PULL end on the prefill worker
-and ``Releaser`` a PUSH end wherever a release is sent from. Each does its ZeroMQ I/O on a
-thread of its own: a step never waits on a socket. Neighbours: ``contract`` (the hold table's
-address travels in ``RankEndpoint.confirm_address``; ``PROTOCOL_VERSION``).
+decode unreachable or answering an error). ``HoldTable`` owns the ROUTER end on the prefill
+worker and ``Releaser`` a DEALER end wherever a release is sent from. Each does its ZeroMQ I/O on
+a thread of its own: a step never waits on a socket.
+
+A forged release would free blocks a decode is still reading (wrong tokens), so with a shared
+secret the channel is authenticated (``tidekv.auth``, label "pd"): a releaser greets each hold
+table once, checks its proof, and seals every release with the session's key; the hold table
+drops (and logs) a release that is not sealed by a live session, or replayed. Without a secret
+on either side releases go plain, one message each, as before; a side with a secret refuses a
+side without. Neighbours: ``contract`` (the hold table's address travels in
+``RankEndpoint.confirm_address``; ``PROTOCOL_VERSION``).
 """
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import queue
@@ -26,6 +34,9 @@ import time
 import msgspec
 import zmq
 
+from tidekv import auth
+from tidekv.auth import ClientHandshake, Sealer, ServerHandshake
+from tidekv.errors import AuthenticationError
 from tidekv.kvcache.contract import PROTOCOL_VERSION, KVHandoff
 from tidekv.logs import WarnEvery
 
@@ -60,6 +71,11 @@ _MAX_UNPAIRED = 4096
 are pruned. A release may come before its hold (the proxy can hear of a failed decode before
 the prefill's worker has recorded the hold), and after it (a second sender, e.g. the proxy's
 backstop after the decode's own release)."""
+_MAX_SESSIONS = 4096
+"""Releasers' sessions a hold table keeps (the least recently used goes first)."""
+_RETRY_HANDSHAKE_S = 10.0
+"""A hold table whose handshake failed is not greeted again for this long (its releases are
+dropped meanwhile, and free at their deadline), so one dead prefill does not stall the others."""
 
 
 def pull_end(prompt_len: int, remote_num_tokens: int, num_remote_blocks: int, block_size: int, *,
@@ -101,10 +117,13 @@ class HoldTable:
     ``is_held`` may be called from any thread (the worker's step thread calls them).
     """
 
-    def __init__(self, host: str, hold_timeout_s: float) -> None:
+    def __init__(self, host: str, hold_timeout_s: float, secret: str | None = None) -> None:
         self.hold_timeout_s = hold_timeout_s
+        self._secret = secret
+        self._sessions: collections.OrderedDict[bytes, Sealer] = collections.OrderedDict()
+        self._refused = WarnEvery()
         ctx = zmq.Context.instance()
-        sock = ctx.socket(zmq.PULL)
+        sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         port = sock.bind_to_random_port(f"tcp://{host}")
         self.address = f"{host}:{port}"
@@ -182,10 +201,13 @@ class HoldTable:
             while stop not in dict(poller.poll()):
                 while True:
                     try:
-                        frame = sock.recv(zmq.NOBLOCK)
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    self._receive(frame)
+                    if len(frames) == 2:
+                        reply = self._receive(frames[1])
+                        if reply is not None:
+                            sock.send_multipart([frames[0], reply], zmq.NOBLOCK)
         except zmq.ContextTerminated:
             pass  # the process is shutting down
         except Exception:
@@ -194,7 +216,49 @@ class HoldTable:
             sock.close(linger=0)
             stop.close(linger=0)
 
-    def _receive(self, frame: bytes) -> None:
+    def _receive(self, frame: bytes) -> bytes | None:
+        """Takes one message; returns the reply to send back (a handshake's Challenge), if any."""
+        message = auth.decode_any(frame)  # None: a plain release
+        if isinstance(message, auth.Greeting):
+            return self._greeted(frame)
+        if isinstance(message, auth.Sealed):
+            sealer = self._sessions.get(message.session)
+            if sealer is None:
+                self._refuse("a release sealed by an unknown session (this prefill restarted, or forgot the "
+                             "session among too many)")
+                return None
+            try:
+                frame = sealer.open(message)
+            except AuthenticationError as exc:
+                self._refuse(str(exc))
+                return None
+            self._sessions.move_to_end(message.session)
+        elif self._secret is not None:
+            self._refuse("an unauthenticated release (the sender has no TIDEKV_SECRET, or an older tidekv)")
+            return None
+        self._release(frame)
+        return None
+
+    def _greeted(self, frame: bytes) -> bytes | None:
+        handshake = ServerHandshake(self._secret, "pd", f"hold table {self.address}'s peer")
+        try:
+            challenge = handshake.greeted(frame)
+        except AuthenticationError as exc:
+            self._refuse(str(exc))
+            return None
+        if self._secret is not None:
+            self._sessions[handshake.nonce] = Sealer(handshake.session_key(), handshake.nonce, "a releaser")
+            while len(self._sessions) > _MAX_SESSIONS:
+                self._sessions.popitem(last=False)
+        return challenge
+
+    def _refuse(self, why: str) -> None:
+        held_back = self._refused.due()
+        if held_back is not None:
+            logger.warning("hold table %s dropped %s; its blocks free at their deadline (%d similar not logged)",
+                           self.address, why, held_back)
+
+    def _release(self, frame: bytes) -> None:
         try:
             release = _decode(frame)
         except msgspec.DecodeError:
@@ -244,7 +308,11 @@ class Releaser:
     waits for that. Thread-safe.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, secret: str | None = None, handshake_timeout_s: float = 5.0) -> None:
+        self._secret = secret
+        self._handshake_timeout_s = handshake_timeout_s
+        self._sealers: dict[str, Sealer | None] = {}  # the session with each hold table (None: no secret)
+        self._down_until: dict[str, float] = {}  # hold tables whose handshake failed: not greeted again until
         self._socks: dict[str, zmq.Socket] = {}
         self._queue: queue.SimpleQueue[tuple[str, HoldRelease] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._send_loop, name="tidekv-release", daemon=True)
@@ -262,26 +330,62 @@ class Releaser:
                 self.release(rank.confirm_address, handoff.request_id, reason, detail)
 
     def _send_loop(self) -> None:
+        try:
+            self._send_all()
+        finally:  # the sockets are this thread's: closed here, never under a poll of it
+            for sock in self._socks.values():
+                sock.close()
+            self._socks.clear()
+
+    def _send_all(self) -> None:
         while (item := self._queue.get()) is not None:
             address, release = item
             sock = self._socks.get(address)
             if sock is None:
-                sock = zmq.Context.instance().socket(zmq.PUSH)
+                sock = zmq.Context.instance().socket(zmq.DEALER)
                 sock.setsockopt(zmq.LINGER, 1000)
                 sock.setsockopt(zmq.SNDHWM, 100_000)
                 sock.connect(f"tcp://{address}")
                 self._socks[address] = sock
+            message = _encode(release)
             try:
-                sock.send(_encode(release), zmq.NOBLOCK)
+                sealer = self._session(address, sock)
+            except (AuthenticationError, TimeoutError) as exc:
+                self._down_until[address] = time.monotonic() + _RETRY_HANDSHAKE_S
+                logger.warning("could not release request %s at %s: %s; it frees at its deadline",
+                               release.request_id, address, exc)
+                continue
+            if sealer is not None:
+                message = sealer.seal(message)
+            try:
+                sock.send(message, zmq.NOBLOCK)
             except zmq.Again:
                 logger.warning("could not release request %s at %s (queue full); it frees at its deadline",
                                release.request_id, address)
+
+    def _session(self, address: str, sock: zmq.Socket) -> Sealer | None:
+        """The session with the hold table at ``address`` (its sealer; None without a secret),
+        greeting it first if need be: once per hold table, on this thread, never on a step.
+
+        Raises:
+            AuthenticationError: the hold table did not prove the secret, or wants one we lack.
+            TimeoutError: it did not answer within handshake_timeout_s (or did not recently).
+        """
+        if address in self._sealers:
+            return self._sealers[address]
+        if time.monotonic() < self._down_until.get(address, 0.0):
+            raise TimeoutError(f"its handshake failed less than {_RETRY_HANDSHAKE_S:.0f} s ago")
+        handshake = ClientHandshake(self._secret, "pd", f"hold table {address}")
+        sock.send(handshake.greeting())
+        if not sock.poll(int(self._handshake_timeout_s * 1000), zmq.POLLIN):
+            raise TimeoutError(f"hold table {address} did not answer its handshake within "
+                               f"{self._handshake_timeout_s} s")
+        handshake.challenged(sock.recv())
+        self._sealers[address] = handshake.sealer
+        return handshake.sealer
 
     def close(self) -> None:
         """Sends what is queued, then closes the sockets."""
         if self._thread.is_alive():
             self._queue.put(None)
-            self._thread.join(timeout=5)
-        for sock in self._socks.values():
-            sock.close()
-        self._socks.clear()
+            self._thread.join(timeout=self._handshake_timeout_s + 5)

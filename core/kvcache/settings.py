@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tidekv.config import MasterAddress, TransportKind
+from tidekv.config import MasterAddress, TransportKind, secret_from_env
 from tidekv.errors import ConfigError
 
 LOAD_MODES = ("sync", "async")
@@ -85,7 +85,8 @@ class KVConnectorConfig:
     hold_timeout_s: float = 120.0
     """Prefill frees blocks held for a decode that never pulled them after this long. Default 120 s."""
     secret: str | None = None
-    """Shared secret of the transfer engines (all instances must agree). Default None."""
+    """Shared secret of the transfer engines, the master and the PD release channel (all
+    instances must agree). Default ``$TIDEKV_SECRET`` (or ``$TIDEKV_SECRET_FILE``'s contents), else None."""
     load_mode: str = "sync"
     """How a decode pulls a prefill's blocks: "sync" copies them before the forward of the step
     that schedules the request (all prompt tokens but the last come from the prefill); "async"
@@ -132,4 +133,6 @@ class KVConnectorConfig:
             hints = "".join(did_you_mean(k, names) for k in unknown[:1])
             raise ConfigError(f"unknown tidekv connector setting(s) {unknown}{hints}; allowed {sorted(names)}")
         values["master"] = resolve_master(values, environ=environ)
+        if "secret" not in values:  # like the master: the engine's config, else the environment
+            values["secret"] = secret_from_env(environ)
         return cls(**values)

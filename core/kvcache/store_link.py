@@ -196,6 +196,7 @@ class StoreLink:
                 return False
             self._client = client
             self._state = LinkState.UP
+            # Logged before a waiter can run: one that saw the link up also finds the line.
+            logger.info("tidekv store at %s answers again: prefix reuse is on (%s)", self.master, self.owner)
             self._cond.notify_all()
-        logger.info("tidekv store at %s answers again: prefix reuse is on (%s)", self.master, self.owner)
         return True

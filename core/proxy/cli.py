@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import signal
 
+from tidekv.config import secret_from_env
 from tidekv.proxy.routing import ProxyConfig, RoutingPolicy, normalize_url
 from tidekv.proxy.server import ProxyServer, require_aiohttp
 
@@ -29,7 +30,8 @@ def _run(args: argparse.Namespace) -> int:
     config = ProxyConfig(
         prefill_urls=tuple(args.prefill), decode_urls=tuple(args.decode), host=args.host, port=args.port,
         policy=RoutingPolicy(args.policy), timeout_s=args.timeout_s, prefix_chunk_chars=args.prefix_chunk_chars,
-        prefix_capacity=args.prefix_capacity, master=args.master or "", release_grace_s=args.release_grace_s)
+        prefix_capacity=args.prefix_capacity, master=args.master or "", release_grace_s=args.release_grace_s,
+        secret=secret_from_env())
     asyncio.run(_serve(config))
     return 0
 

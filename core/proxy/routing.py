@@ -18,7 +18,7 @@ import logging
 import urllib.parse
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tidekv.config import MasterAddress
@@ -67,6 +67,9 @@ class ProxyConfig:
     much later, for a decode too stuck to. Default 5 s (0..600): late enough that a pull in flight
     when the proxy hung up has ended. A decode that is unreachable or answers an error gets no
     grace: the prefill is told at once."""
+    secret: str | None = field(default=None, repr=False)
+    """Shared secret of the deployment: proved to the master (store policy) and to the prefills'
+    hold tables (releases). ``tidekv proxy`` takes ``TIDEKV_SECRET`` / ``TIDEKV_SECRET_FILE``. Default None."""
 
     def __post_init__(self) -> None:
         for name in ("prefill_urls", "decode_urls"):

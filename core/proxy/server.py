@@ -84,10 +84,10 @@ class ProxyServer:
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self._missing_kv_warning = WarnEvery()
-        self._locator = StoreLocator(config.master) if config.policy is RoutingPolicy.STORE else None
+        self._locator = StoreLocator(config.master, config.secret) if config.policy is RoutingPolicy.STORE else None
         self._tokenize_warning = WarnEvery()
         self._tokenize_turn = 0
-        self._releaser = Releaser()
+        self._releaser = Releaser(config.secret)
         self._pending_releases: set[asyncio.TimerHandle] = set()
 
     async def start(self) -> str:

@@ -118,10 +118,11 @@ class StoreLocator:
     master client locks), blocking: the proxy calls it from a worker thread. One attempt per
     lookup (routing must not wait out a failover), the leader followed on the next."""
 
-    def __init__(self, master: str) -> None:
+    def __init__(self, master: str, secret: str | None = None) -> None:
         from tidekv.store.master_client import MasterClient
 
-        self._client = MasterClient(master, f"tidekv-proxy-{uuid.uuid4().hex[:8]}", timeout_s=STORE_TIMEOUT_S)
+        self._client = MasterClient(master, f"tidekv-proxy-{uuid.uuid4().hex[:8]}", timeout_s=STORE_TIMEOUT_S,
+                                    secret=secret)
         self._down_until = 0.0
         self._warning = WarnEvery()
 

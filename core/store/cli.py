@@ -18,7 +18,13 @@ import signal
 import threading
 from typing import Any
 
-from tidekv.config import ENV_PREFIX, MasterConfig, StoreConfig, TransferConfig
+from tidekv.config import (
+    ENV_PREFIX,
+    MasterConfig,
+    StoreConfig,
+    TransferConfig,
+    secret_from_env,
+)
 from tidekv.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -124,6 +130,8 @@ def master_config_from_args(args: argparse.Namespace) -> MasterConfig:
             raise ConfigError(f"config file {args.config}: unknown setting(s) {sorted(unknown)}; allowed {sorted(names)}")
     env = MasterConfig.from_env()
     values.update({n: getattr(env, n) for n in names if f"{ENV_PREFIX}MASTER_{n.upper()}" in os.environ})
+    if env.secret is not None:  # TIDEKV_SECRET / TIDEKV_SECRET_FILE, the engines' setting
+        values["secret"] = env.secret
     values.update({n: getattr(args, n) for n in names if getattr(args, n, None) is not None})
     return MasterConfig(**values)
 
@@ -133,7 +141,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "master",
         help="run a store master (metadata, placement, leases, eviction)",
         description="Run the tidekv store master. Settings come from --config FILE, then $TIDEKV_MASTER_* "
-        "variables, then flags. Serves its RPC (framed msgpack over TCP) on --port and Prometheus /metrics + /health on --metrics-port.",
+        "variables, then flags. Serves its RPC (framed msgpack over TCP) on --port and Prometheus /metrics + /health on --metrics-port. "
+        "With TIDEKV_SECRET set (or TIDEKV_SECRET_FILE naming a file that holds it), every client and standby must "
+        "prove that shared secret, and the master proves it to them (challenge-response; it is never sent).",
     )
     _add_master_flags(master)
     master.set_defaults(func=_run_master)
@@ -147,7 +157,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         f"{_engine_help('HOST:PORT')}\n\n"
         "or set TIDEKV_MASTER=HOST:PORT in the engines' environment (both plugins read it when their\n"
         "config names no master; the config's \"master\" wins). The vLLM connector's other\n"
-        "kv_connector_extra_config keys are listed by `tidekv --help`.",
+        "kv_connector_extra_config keys are listed by `tidekv --help`.\n\n"
+        "With TIDEKV_SECRET set (or TIDEKV_SECRET_FILE naming a file that holds it), the master, this\n"
+        "segment's engine and every client must share it: peers that do not prove it are refused.",
     )
     _add_master_flags(up)
     up.add_argument("--segment-size", type=_size, default=_size("1GiB"),
@@ -160,16 +172,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 
 def exposure_warning(host: str, what: str, secret: str | None) -> str | None:
-    """The warning for a service bound to a non-loopback ``host``; None on loopback."""
-    if _is_loopback(host):
+    """The warning for a service bound to a non-loopback ``host`` without a secret; None on
+    loopback, or with a secret (then every peer must prove it)."""
+    if _is_loopback(host) or secret:
         return None
-    if secret:
-        return (f"{what} listens on {host}, beyond this host: the transfer engines authenticate each other "
-                "with TIDEKV_SECRET, but the master does not authenticate clients yet, so anyone who reaches "
-                "its port can remove objects or mount segments; keep it on a trusted network")
     return (f"{what} listens on {host}, beyond this host, and no TIDEKV_SECRET is set: anyone who reaches it "
-            "can read, overwrite and remove every object (the master does not authenticate clients yet, and "
-            "without a secret the transfer engines do not either); bind 127.0.0.1 or set TIDEKV_SECRET")
+            "can read, overwrite and remove every object; bind 127.0.0.1, or set TIDEKV_SECRET (or "
+            "TIDEKV_SECRET_FILE) on every master, engine and plugin")
 
 
 def _is_loopback(host: str) -> bool:
@@ -182,7 +191,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def _warn_if_exposed(host: str, what: str) -> None:
-    warning = exposure_warning(host, what, TransferConfig.from_env().secret)
+    warning = exposure_warning(host, what, secret_from_env())
     if warning:
         logger.warning(warning)
 

@@ -126,7 +126,7 @@ class Store:
         self._owns_engine = owns_engine
         self._rpc = MasterClient(master, self.client_id, timeout_s=config.rpc_timeout_s,
                                  failover_timeout_s=config.failover_timeout_s, busy_poll_us=config.rpc_busy_poll_us,
-                                 register=True)
+                                 register=True, secret=engine.config.secret)
         self._segment: Region | None = None
         self.segment_name = ""
         # Proves to the master that a re-mount comes from this very process (a new one, with the

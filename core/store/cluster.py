@@ -97,7 +97,8 @@ class ClusterRole:
             if leader is None or leader.master_id == service.master_id:
                 continue
             service.leader_hint = leader.address
-            session = FollowSession(leader.address, service.master_id, self.server.config.lease_ttl_s, service.clock)
+            session = FollowSession(leader.address, service.master_id, self.server.config.lease_ttl_s, service.clock,
+                                    self.server.config.secret)
             self._idle.clear()
             self._session = session
             if self.state is Role.STANDBY:

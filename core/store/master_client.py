@@ -23,7 +23,7 @@ PutStart                         only when it certainly never reached a      Mas
                                  a repeat would start a second put           nothing was acknowledged
 ==============================  ==========================================  ==============================
 
-Other errors (ConfigError, ProtocolVersionError, RpcError) are never retried. Thread-safe.
+Other errors (AuthenticationError, ConfigError, ProtocolVersionError, RpcError) are never retried. Thread-safe.
 Neighbours: ``rpc`` (one connection), ``election`` (where the leader is written), ``client``.
 """
 
@@ -68,16 +68,20 @@ class MasterClient:
         busy_poll_us: how long to poll for a reply before sleeping.
         register: say hello on every new connection (a Store does; lookup-only clients do not,
             so the master does not track them as clients that must heartbeat).
+        secret: the shared secret the master must prove and this client proves (``tidekv.auth``);
+            None: the master must have none either.
     """
 
     def __init__(self, master: str | MasterAddress, client_id: str, *, timeout_s: float,
-                 failover_timeout_s: float = 0.0, busy_poll_us: int = 0, register: bool = False) -> None:
+                 failover_timeout_s: float = 0.0, busy_poll_us: int = 0, register: bool = False,
+                 secret: str | None = None) -> None:
         self.master = master if isinstance(master, MasterAddress) else MasterAddress.parse(master)
         self.client_id = client_id
         self.timeout_s = timeout_s
         self.failover_timeout_s = failover_timeout_s
         self._busy_poll_us = busy_poll_us
         self._register = register
+        self._secret = secret
         self._etcd = EtcdClient(self.master.etcd_endpoints, timeout_s=min(timeout_s, 1.0)) \
             if self.master.is_cluster else None
         self._lock = threading.Lock()
@@ -153,7 +157,7 @@ class MasterClient:
                 address = self._find_leader()
                 if address is None:
                     return None
-                channel = MasterChannel(address, self.client_id, self.timeout_s, self._busy_poll_us)
+                channel = MasterChannel(address, self.client_id, self.timeout_s, self._busy_poll_us, self._secret)
                 if self._register:
                     try:
                         self._hello(channel)

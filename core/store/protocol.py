@@ -1,8 +1,8 @@
 """Wire messages between store clients and the master: msgspec structs, msgpack-encoded.
 
-On the wire: a client opens a TCP connection and sends ``MAGIC`` once; then every message in
-either direction is a frame, a 4-byte little-endian length followed by that many bytes of
-msgpack. Replies come back on the connection in the order of the requests. Every request travels in an ``Envelope`` carrying ``protocol_version``; the master answers a
+On the wire: a client opens a TCP connection, sends ``MAGIC`` once and authenticates
+(``tidekv.auth``); then every message in either direction is a frame, a 4-byte little-endian
+length followed by that many bytes of msgpack. Replies come back on the connection in the order of the requests. Every request travels in an ``Envelope`` carrying ``protocol_version``; the master answers a
 mismatch with an error naming both versions (and ``Hello`` checks it once at connect). Batch
 requests carry N keys and get N results in one round trip. Neighbours: ``master`` decodes and
 dispatches these, ``rpc`` sends them from clients.
@@ -15,15 +15,17 @@ from typing import Any, Generic, TypeVar, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """v2: the ``not_ready`` error kind (a recovering master, a standby), idempotent put_end, and the
 replication stream between masters (``journal``). v3: ``MountSegment`` carries the holder's
 incarnation and is answered with a ``MountResult``: a holder declared dead has its segment
 suspended, not dropped, and gets its objects back by re-mounting (the journal's suspend/resume
-ops)."""
+ops). v4: every connection opens with the ``tidekv.auth`` handshake (and the ``auth`` error kind)."""
 
-MAGIC = b"tkv\x01"
-"""First bytes a client sends on a new connection (anything else is not a tidekv store client)."""
+MAGIC = b"tkv\x04"
+"""First bytes a client sends on a new connection (anything else is not a tidekv store client).
+The handshake (``tidekv.auth``: Greeting, Challenge, Proof, each a frame) follows it, before
+any request."""
 FRAME_HEADER = 4
 """Bytes of the length prefix of every frame (unsigned, little-endian)."""
 
@@ -54,6 +56,7 @@ class ErrorKind(enum.StrEnum):
     MALFORMED = "malformed"  # not a request
     NOT_READY = "not_ready"  # recovering its index, or not the leader (``result`` names the leader if known)
     INTERNAL = "internal"  # the master failed on this request (a bug; logged there); it keeps serving others
+    AUTH = "auth"  # the connection failed authentication (request id 0); the master closes it
 
 
 class Pin(enum.IntEnum):

@@ -2,7 +2,8 @@
 every in-sync standby confirmed the changes it made.
 
 Wire (the store's framed convention, ``protocol``): a standby opens a TCP connection to the
-leader's RPC port, sends ``REPLICA_MAGIC`` and one ``Follow`` frame (protocol version checked);
+leader's RPC port, sends ``REPLICA_MAGIC``, authenticates (``tidekv.auth``, as store clients
+do) and sends one ``Follow`` frame (protocol version checked);
 the leader answers with a snapshot ``Batch`` (its whole index as ops) and then one ``Batch`` per
 group of changes, numbered by ``seq``; the standby applies each to its ``journal.Mirror`` and
 answers ``Ack(seq)``.
@@ -27,10 +28,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 import msgspec
 
-from tidekv.errors import ProtocolVersionError
+from tidekv.auth import ClientHandshake
+from tidekv.errors import AuthenticationError, ProtocolVersionError
 from tidekv.store import protocol as p
 from tidekv.store.journal import Mirror, Op
 
@@ -212,14 +215,26 @@ class Replicator:
         loop.run_in_executor(None, self._record, members).add_done_callback(done)
 
 
+def _read_frame(reader: BinaryIO) -> bytes | None:
+    """One whole frame's payload from a blocking reader; None when the connection ended."""
+    head = reader.read(p.FRAME_HEADER)
+    if len(head) < p.FRAME_HEADER:
+        return None
+    size = int.from_bytes(head, "little")
+    body = reader.read(size)
+    return body if len(body) == size else None
+
+
 class FollowSession:
     """The standby's side: one connection to the leader, applying batches to a Mirror (in the
     calling thread, blocking) until the connection ends or ``stop()``."""
 
-    def __init__(self, leader: str, master_id: str, lease_ttl_s: float, clock: Callable[[], float]) -> None:
+    def __init__(self, leader: str, master_id: str, lease_ttl_s: float, clock: Callable[[], float],
+                 secret: str | None = None) -> None:
         from tidekv.config import parse_host_port
 
         self.leader = leader
+        self._secret = secret
         self._address = parse_host_port(leader, "leader")
         self.master_id = master_id
         self.mirror: Mirror | None = None  # None until the snapshot arrived
@@ -243,16 +258,15 @@ class FollowSession:
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            sock.sendall(REPLICA_MAGIC + p.frame(_encoder.encode(Follow(p.PROTOCOL_VERSION, self.master_id))))
             reader = sock.makefile("rb")
-            while True:
-                head = reader.read(p.FRAME_HEADER)
-                if len(head) < p.FRAME_HEADER:
-                    break
-                size = int.from_bytes(head, "little")
-                body = reader.read(size)
-                if len(body) < size:
-                    break
+            auth = ClientHandshake(self._secret, "master", self.leader)
+            sock.sendall(REPLICA_MAGIC + p.frame(auth.greeting()))
+            challenge = _read_frame(reader)
+            if challenge is None:
+                return
+            proof = auth.challenged(challenge)
+            sock.sendall(p.frame(proof) + p.frame(_encoder.encode(Follow(p.PROTOCOL_VERSION, self.master_id))))
+            while (body := _read_frame(reader)) is not None:
                 batch = _batch.decode(body)
                 # Acked before it is applied: the leader waits one wake-up less, and a standby
                 # that dies before applying it is no candidate; one that lives applies it
@@ -268,6 +282,8 @@ class FollowSession:
                 elif self.mirror is not None:
                     self.mirror.apply(batch.ops, now)
                     self.mirror.forget_expired(now)
+        except AuthenticationError as exc:
+            logger.warning("standby %s: refusing leader %s: %s", self.master_id, self.leader, exc)
         except (OSError, ValueError, msgspec.DecodeError) as exc:
             logger.debug("standby %s: connection to leader %s ended: %s", self.master_id, self.leader, exc)
         finally:

@@ -1,7 +1,9 @@
 """MasterChannel: a client's request/reply channel to the master over one TCP connection.
 
 Thread-safe (one call at a time). Frames as ``protocol`` describes them. The connection is made on
-first use and again after any failure; a call that times out drops its connection, so a late reply
+first use and again after any failure, and authenticated both ways (``tidekv.auth``: with a
+secret, the master must prove it before anything is sent, and the client proves it in turn;
+AuthenticationError when either fails, never retried); a call that times out drops its connection, so a late reply
 can never be taken for the next call's (request ids are checked too). Errors come back typed, and
 this is the one place a master's error reply becomes an exception: MasterUnavailableError when
 the master cannot be reached or does not answer in time (saying whether the request may have
@@ -26,7 +28,9 @@ from typing import Any
 import msgspec
 
 from tidekv.config import DEFAULT_MAX_BATCH_KEYS, parse_host_port
-from tidekv.errors import ConfigError, MasterNotReadyError, MasterUnavailableError, ProtocolVersionError, RpcError
+from tidekv.auth import ClientHandshake
+from tidekv.errors import (AuthenticationError, ConfigError, MasterNotReadyError, MasterUnavailableError,
+                           ProtocolVersionError, RpcError)
 from tidekv.store import protocol as p
 
 logger = logging.getLogger(__name__)
@@ -35,9 +39,11 @@ _RECV_CHUNK = 1 << 16
 
 
 class MasterChannel:
-    def __init__(self, address: str, client_id: str, timeout_s: float, busy_poll_us: int = 0) -> None:
+    def __init__(self, address: str, client_id: str, timeout_s: float, busy_poll_us: int = 0,
+                 secret: str | None = None) -> None:
         self._host, self._port = parse_host_port(address, "master")
         self.address = address
+        self._secret = secret
         self.client_id = client_id
         self.timeout_s = timeout_s
         self._spin_s = busy_poll_us * 1e-6
@@ -96,6 +102,10 @@ class MasterChannel:
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 self._drop()
                 raise RpcError(f"master {self.address} sent an unreadable reply: {exc}") from None
+            if reply.error_kind == p.ErrorKind.AUTH:
+                self._drop()
+                raise AuthenticationError(f"master {self.address} refused this client: {reply.error}",
+                                          peer=self.address)
             if reply.request_id != request_id:
                 self._drop()
                 raise RpcError(f"master {self.address} answered request {reply.request_id}, expected {request_id}")
@@ -132,9 +142,26 @@ class MasterChannel:
                 is_request_sent=False) from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setblocking(False)
-        self._sock = sock
         self._poller.register(sock, select.POLLIN)
-        self._send(sock, p.MAGIC, deadline)
+        try:
+            auth = ClientHandshake(self._secret, "master", self.address)
+            self._send(sock, p.MAGIC + p.frame(auth.greeting()), deadline)
+            reply = self._receive(sock, deadline)
+            try:
+                proof = auth.challenged(reply)
+            except AuthenticationError:
+                refusal = _refusal(reply)  # an older master, or one refusing us outright
+                if refusal is not None:
+                    raise refusal from None
+                raise
+            # The proof goes out with the first request; a master that rejects it answers that
+            # request with an ``auth`` error and closes.
+            self._send(sock, p.frame(proof), deadline)
+        except BaseException:
+            self._poller.unregister(sock)
+            sock.close()
+            raise
+        self._sock = sock
         return sock
 
     def _drop(self) -> None:
@@ -183,3 +210,14 @@ class MasterChannel:
                 if have > need:
                     raise ConnectionError(f"the master sent {have - need} bytes beyond its reply")
                 return bytes(buf[p.FRAME_HEADER: need])
+
+
+def _refusal(data: bytes) -> Exception | None:
+    """The error a master sent instead of its Challenge, when ``data`` is such a reply."""
+    try:
+        reply = p.decode_reply(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if reply.error_kind == p.ErrorKind.VERSION:
+        return ProtocolVersionError(reply.error)
+    return AuthenticationError(reply.error) if reply.error_kind else None

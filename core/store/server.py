@@ -20,8 +20,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from tidekv.auth import ServerHandshake
 from tidekv.config import MasterConfig
-from tidekv.errors import ConfigError
+from tidekv.errors import AuthenticationError, ConfigError
+from tidekv.metrics import Counter
 from tidekv.store import protocol as p
 from tidekv.store.journal import JournalFile, Mirror, encode_ops
 from tidekv.store.master import MasterService, Session
@@ -42,6 +44,7 @@ class MasterServer:
     def __init__(self, config: MasterConfig) -> None:
         self.config = config
         self.service = MasterService(config)
+        self.auth_failures = self._count_auth_failures()
         self.rpc_port = 0
         self.metrics_port = 0
         self._rpc: asyncio.Server | None = None
@@ -228,6 +231,11 @@ class MasterServer:
             transport.close()
         self._waiting.clear()
         self.service = MasterService(self.config)
+        self.auth_failures = self._count_auth_failures()
+
+    def _count_auth_failures(self) -> Counter:
+        return self.service.metrics.counter("tidekv_master_auth_failures_total",
+                                            "connections closed for failing authentication (tidekv.auth)")
 
     # ---- RPC ----------------------------------------------------------------------------
 
@@ -327,6 +335,10 @@ def run_master(config: MasterConfig) -> None:
 
 _READ_BYTES = 64 << 10
 """What one read of a connection takes at most."""
+_TURN_AWAY_GRACE_S = 2.0
+"""A connection refused with a reply is closed at the latest this long after the reply."""
+_MAX_HANDSHAKE_FRAME = 4096
+"""A handshake message is ~100 bytes; a longer frame before the proof is not a tidekv peer."""
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -343,6 +355,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._session = Session()  # the client this connection said hello as
         self._read = memoryview(bytearray(_READ_BYTES))
         self._greeted = False
+        self._auth: ServerHandshake | None = None  # until the peer has proved the secret (connection_made)
+        self._is_turned_away = False  # refused: what it sends is discarded until it closes
         self._is_standby = False  # a standby following this leader (replication.REPLICA_MAGIC)
         self._follows = False  # the standby's Follow was accepted: what comes now are acks
         self._queue: collections.deque[tuple[int, bytes]] = collections.deque()  # replies waiting for replication
@@ -355,6 +369,9 @@ class _Connection(asyncio.BufferedProtocol):
             transport.abort()
             return
         self._server._connections.add(transport)
+        peer = transport.get_extra_info("peername")
+        self._auth = ServerHandshake(self._server.config.secret, "master",
+                                     f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._hold(0)
@@ -387,6 +404,8 @@ class _Connection(asyncio.BufferedProtocol):
         return self._read
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._is_turned_away:
+            return  # discarded until the connection closes (_turn_away)
         self._received(self._read[:nbytes])
         if self._transport is not None and not self._transport.is_closing():
             self._hold(len(self._buf))
@@ -407,7 +426,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def _received(self, data: memoryview) -> None:
         buf = self._buf
-        if self._is_standby:
+        if self._is_standby and self._auth is None:
             self._from_standby(data)
             return
         buf += data
@@ -415,17 +434,20 @@ class _Connection(asyncio.BufferedProtocol):
             if len(buf) < len(p.MAGIC):
                 return
             if buf[: len(REPLICA_MAGIC)] == REPLICA_MAGIC:
-                del buf[: len(REPLICA_MAGIC)]
-                self._is_standby = self._greeted = True
-                data, self._buf = bytes(buf), bytearray()
-                self._from_standby(data)
-                return
-            if buf[: len(p.MAGIC)] != p.MAGIC:
-                self._refuse(f"sent {bytes(buf[:8])!r}, not a tidekv store client's greeting (an older tidekv "
-                             "speaking ZeroMQ, or another service?)")
+                self._is_standby = True
+            elif buf[: len(p.MAGIC)] != p.MAGIC:
+                self._refuse(f"sent {bytes(buf[:8])!r}, not a tidekv store client's greeting (an older tidekv, "
+                             "or another service?)")
                 return
             del buf[: len(p.MAGIC)]
             self._greeted = True
+        if self._auth is not None:
+            if not self._authenticate():
+                return
+            if self._is_standby:
+                rest, self._buf = bytes(buf), bytearray()
+                self._from_standby(rest)
+                return
         assert self._transport is not None
         server = self._server
         if server.role is not None and not server.role.check_lease():
@@ -456,6 +478,50 @@ class _Connection(asyncio.BufferedProtocol):
             else:
                 self._send_when_committed(replies, replicator.commit_seq)
             server._handled()
+
+    def _authenticate(self) -> bool:
+        """Runs the handshake (``tidekv.auth``) on the frames buffered so far: Greeting, then
+        Proof. True once the peer has proved the secret (any peer, without one); a failed proof
+        gets an ``auth`` error reply and the connection is closed."""
+        assert self._transport is not None and self._auth is not None
+        buf = self._buf
+        while len(buf) >= p.FRAME_HEADER:
+            size = int.from_bytes(buf[: p.FRAME_HEADER], "little")
+            if size > _MAX_HANDSHAKE_FRAME:
+                self._refuse(f"sent a handshake frame of {size} bytes")
+                return False
+            if len(buf) < p.FRAME_HEADER + size:
+                return False
+            payload = bytes(buf[p.FRAME_HEADER: p.FRAME_HEADER + size])
+            del buf[: p.FRAME_HEADER + size]
+            try:
+                if not self._auth.client_nonce:
+                    self._transport.write(p.frame(self._auth.greeted(payload)))
+                    continue
+                self._auth.proved(payload)
+            except AuthenticationError as exc:
+                self._server.auth_failures.inc()
+                self._turn_away(p.frame(p.encode(p.Reply(0, error_kind=p.ErrorKind.AUTH, error=str(exc)))),
+                                f"failed authentication: {exc}")
+                return False
+            self._auth = None
+            return True
+        return False
+
+    def _turn_away(self, reply: bytes, why: str) -> None:
+        """Sends ``reply`` and ends the connection gracefully: what the peer sends meanwhile is
+        discarded (closing with it unread would reset the connection, and could destroy the reply
+        before the peer read it), and the connection is closed after a grace period at most."""
+        assert self._transport is not None
+        peer = self._transport.get_extra_info("peername")
+        logger.warning("closing the connection from %s: it %s", peer, why)
+        self._buf.clear()
+        self._hold(0)
+        self._is_turned_away = True
+        self._transport.write(reply)
+        if self._transport.can_write_eof():
+            self._transport.write_eof()
+        asyncio.get_running_loop().call_later(_TURN_AWAY_GRACE_S, self._transport.close)
 
     def _send_when_committed(self, replies: list[tuple[bytes, int]], committed: int) -> None:
         """Writes the replies whose changes (or what they read) are committed, in order; queues the rest."""

@@ -1,4 +1,5 @@
-"""Control messages between a weights publisher and its subscribers (msgspec over ZeroMQ).
+"""Control messages between a weights publisher and its subscribers (msgspec over ZeroMQ; with a
+secret, inside ``tidekv.auth`` sealed messages).
 
 A pull is two round trips: ``Describe`` (which version, what tensors, how big) so the receiver
 can size its staging buffer, then ``Join`` (here is my staging buffer) which returns the
@@ -72,7 +73,7 @@ class Ok(msgspec.Struct, tag="ok"):
 
 
 class Error(msgspec.Struct, tag="error"):
-    kind: str  #: "version_not_found" | "version_pending" | "protocol" | "bad_request"
+    kind: str  #: "version_not_found" | "version_pending" | "protocol" | "bad_request" | "auth" | "auth_session"
     message: str
 
 

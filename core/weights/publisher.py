@@ -3,7 +3,8 @@
 ``publish(version)`` copies the current tensors into a fresh buffer registered with the transfer
 engine (the snapshot; the trainer may change its tensors right after) and makes it pullable.
 Receivers learn the layout and their place in the fan-out tree over a small ZeroMQ control
-socket, then read the bytes one-sidedly -- the publisher's CPU does nothing per byte.
+socket (authenticated with the engine's secret, ``tidekv.auth``), then read the bytes
+one-sidedly -- the publisher's CPU does nothing per byte.
 
 A snapshot is immutable until freed. The newest ``keep_versions`` snapshots stay; older ones are
 freed once no pull holds a lease on them (leases run out after ``lease_s``).
@@ -13,6 +14,7 @@ Neighbours: ``subscriber.Subscriber`` is the other end; ``layout`` packs; ``prot
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import logging
@@ -24,13 +26,23 @@ from typing import Any
 
 import msgspec
 import zmq
+from tidekv import auth
+from tidekv.auth import Sealer, ServerHandshake
 from tidekv.config import WeightsConfig
-from tidekv.errors import ConfigError, EngineClosedError, VersionNotFoundError
+from tidekv.errors import (
+    AuthenticationError,
+    ConfigError,
+    EngineClosedError,
+    VersionNotFoundError,
+)
 from tidekv.transfer import Region, TransferEngine
 from tidekv.weights import layout
 from tidekv.weights import protocol as p
 
 logger = logging.getLogger(__name__)
+
+_MAX_SESSIONS = 4096
+"""Subscribers' authenticated sessions kept (the least recently used goes first; it greets again)."""
 
 
 @dataclass
@@ -93,6 +105,9 @@ class Publisher:
         self._in_place_regions: dict[int, Region] = {}  # storage address -> region, for in-place versions
         self._leases = itertools.count(1)
         self._closed = False
+        # The engine's secret guards the control socket too (``tidekv.auth``): one setting per process.
+        self._secret = self.engine.config.secret
+        self._sessions: collections.OrderedDict[bytes, Sealer] = collections.OrderedDict()
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -262,13 +277,47 @@ class Publisher:
                         break
                     except zmq.ZMQError:
                         return
-                    try:
-                        reply = self._handle(frames[-1])
-                    except Exception as exc:  # noqa: BLE001 - a bug must not stop the control loop
-                        logger.exception("weights publisher: request failed")
-                        reply = p.Error("bad_request", f"publisher failed on the request: {exc}")
-                    self._sock.send_multipart([*frames[:-1], p.encoder.encode(reply)])
+                    self._sock.send_multipart([*frames[:-1], self._answer(frames[-1])])
             self._collect()
+
+    def _answer(self, raw: bytes) -> bytes:
+        """The encoded reply to one message: a handshake's Challenge, or a request's reply (sealed
+        when the request came sealed by a session, ``tidekv.auth``)."""
+        message = auth.decode_any(raw)
+        if isinstance(message, auth.Greeting):
+            handshake = ServerHandshake(self._secret, "weights", f"weights publisher {self.address}'s peer")
+            try:
+                challenge = handshake.greeted(raw)
+            except AuthenticationError as exc:
+                return p.encoder.encode(p.Error("auth", str(exc)))
+            if self._secret is not None:
+                self._sessions[handshake.nonce] = Sealer(handshake.session_key(), handshake.nonce, "a subscriber")
+                while len(self._sessions) > _MAX_SESSIONS:
+                    self._sessions.popitem(last=False)
+            return challenge
+        sealer = None
+        if isinstance(message, auth.Sealed):
+            sealer = self._sessions.get(message.session)
+            if sealer is None:
+                return p.encoder.encode(p.Error("auth_session", "unknown session (this publisher restarted, or "
+                                                "forgot it among too many); greet again"))
+            try:
+                raw = sealer.open(message)
+            except AuthenticationError as exc:
+                logger.warning("weights publisher %s: refused a request: %s", self.address, exc)
+                return p.encoder.encode(p.Error("auth", str(exc)))
+            self._sessions.move_to_end(message.session)
+        elif self._secret is not None:
+            logger.warning("weights publisher %s: refused an unauthenticated request", self.address)
+            return p.encoder.encode(p.Error("auth", "this publisher requires a shared secret: set TIDEKV_SECRET (or "
+                                            "TIDEKV_SECRET_FILE) on the subscriber to the one it uses"))
+        try:
+            reply = self._handle(raw)
+        except Exception as exc:  # noqa: BLE001 - a bug must not stop the control loop
+            logger.exception("weights publisher: request failed")
+            reply = p.Error("bad_request", f"publisher failed on the request: {exc}")
+        encoded = p.encoder.encode(reply)
+        return sealer.seal(encoded, is_reply=True) if sealer is not None else encoded
 
     def _handle(self, raw: bytes) -> p.Reply:
         try:

@@ -25,8 +25,11 @@ from typing import Any
 
 import msgspec
 import zmq
+from tidekv import auth
+from tidekv.auth import ClientHandshake, Sealer
 from tidekv.config import WeightsConfig, parse_host_port
 from tidekv.errors import (
+    AuthenticationError,
     ConfigError,
     EngineClosedError,
     ProtocolVersionError,
@@ -66,26 +69,46 @@ class PulledWeights:
 
 
 class _Control:
-    """Request/reply to the publisher's control socket (one call at a time)."""
+    """Request/reply to the publisher's control socket (one call at a time).
 
-    def __init__(self, address: str, timeout_s: float) -> None:
+    With a secret the channel is authenticated (``tidekv.auth``, label "weights"): the first call
+    greets the publisher and checks its proof, then every request and reply is sealed with the
+    session's key (a publisher that restarted and forgot the session is greeted again)."""
+
+    def __init__(self, address: str, timeout_s: float, secret: str | None = None) -> None:
         parse_host_port(address, "publisher address")
         self.address = address
         self.timeout_s = timeout_s
+        self._secret = secret
+        self._sealer: Sealer | None = None
         self._sock = zmq.Context.instance().socket(zmq.REQ)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.REQ_RELAXED, 1)
         self._sock.setsockopt(zmq.REQ_CORRELATE, 1)
         self._sock.connect(f"tcp://{address}")
 
-    def call(self, request: p.Request, timeout_s: float | None = None) -> p.Reply:
-        self._sock.send(p.encoder.encode(request))
-        if not self._sock.poll(int(1000 * (timeout_s or self.timeout_s)), zmq.POLLIN):
-            raise PublisherUnavailableError(f"weights publisher {self.address} did not answer within {timeout_s or self.timeout_s} s")
-        try:
-            reply = p.reply_decoder.decode(self._sock.recv())
-        except msgspec.DecodeError as exc:
-            raise PublisherUnavailableError(f"weights publisher {self.address} sent an undecodable reply: {exc}") from None
+    def call(self, request: p.Request, timeout_s: float | None = None, *, may_greet_again: bool = True) -> p.Reply:
+        """Raises PublisherUnavailableError (no answer), AuthenticationError (the publisher did not
+        prove the secret, or refused ours), VersionPendingError, VersionNotFoundError,
+        ProtocolVersionError, ConfigError (the publisher refused the request)."""
+        limit = timeout_s or self.timeout_s
+        body = p.encoder.encode(request)
+        if self._secret is not None and self._sealer is None:
+            handshake = ClientHandshake(self._secret, "weights", f"weights publisher {self.address}")
+            handshake.challenged(self._exchange(handshake.greeting(), limit))
+            self._sealer = handshake.sealer
+        raw = self._exchange(self._sealer.seal(body) if self._sealer is not None else body, limit)
+        if self._sealer is not None:
+            sealed = auth.decode_any(raw)
+            if not isinstance(sealed, auth.Sealed):
+                reply = self._decode(raw)
+                if isinstance(reply, p.Error) and reply.kind == "auth_session" and may_greet_again:
+                    self._sealer = None  # the publisher restarted (or forgot us): greet it again, once
+                    return self.call(request, timeout_s, may_greet_again=False)
+                raise AuthenticationError(f"weights publisher {self.address} sent an unsealed reply: {reply}",
+                                          peer=self.address)
+            raw = self._sealer.open(sealed, is_reply=True)
+        reply = self._decode(raw)
         if isinstance(reply, p.Error):
             if reply.kind == "version_pending":
                 raise VersionPendingError(reply.message)
@@ -93,8 +116,23 @@ class _Control:
                 raise VersionNotFoundError(reply.message)
             if reply.kind == "protocol":
                 raise ProtocolVersionError(reply.message)
+            if reply.kind in ("auth", "auth_session"):
+                raise AuthenticationError(f"weights publisher {self.address} refused this subscriber: {reply.message}",
+                                          peer=self.address)
             raise ConfigError(f"weights publisher refused the request: {reply.message}")
         return reply
+
+    def _exchange(self, data: bytes, timeout_s: float) -> bytes:
+        self._sock.send(data)
+        if not self._sock.poll(int(1000 * timeout_s), zmq.POLLIN):
+            raise PublisherUnavailableError(f"weights publisher {self.address} did not answer within {timeout_s} s")
+        return self._sock.recv()
+
+    def _decode(self, raw: bytes) -> p.Reply:
+        try:
+            return p.reply_decoder.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise PublisherUnavailableError(f"weights publisher {self.address} sent an undecodable reply: {exc}") from None
 
     def close(self) -> None:
         self._sock.close()
@@ -127,9 +165,11 @@ class Subscriber:
         engine: TransferEngine | None = None,
     ) -> None:
         self.config = config if config is not None else WeightsConfig.from_env()
-        self._control = _Control(publisher, self.config.rpc_timeout_s)
+        parse_host_port(publisher, "publisher address")  # before an engine exists to leak
         self._own_engine = engine is None
         self.engine = engine if engine is not None else TransferEngine(host=host)
+        # The engine's secret guards the control channel too: one setting per process.
+        self._control = _Control(publisher, self.config.rpc_timeout_s, self.engine.config.secret)
         self._header = self.engine.register(bytearray(layout.HEADER_BYTES))
         self._staging: Region | None = None
         self._lock = threading.Lock()

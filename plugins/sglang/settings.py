@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tidekv.config import TransportKind
+from tidekv.config import TransportKind, secret_from_env
 from tidekv.errors import ConfigError
 from tidekv.kvcache.settings import MASTER_ENV, check_master_address, resolve_master
 
@@ -67,7 +67,8 @@ class HiCacheSettings:
     rpc_timeout_s: float = 5.0
     """A master that does not answer within this time fails the call (pages are then recomputed). Default 5 s."""
     secret: str | None = None
-    """Shared secret of the transfer engines; every pool member must use the same. Default None."""
+    """Shared secret of the transfer engines and the master; every pool member must use the same.
+    Default ``$TIDEKV_SECRET`` (or ``$TIDEKV_SECRET_FILE``'s contents), else None."""
     extra_backend_tag: str | None = None
     """Extra key prefix to separate tenants sharing one pool (as with SGLang's mooncake backend). Default None."""
 
@@ -104,6 +105,8 @@ class HiCacheSettings:
             raise ConfigError(f"unknown tidekv HiCache setting(s) {unknown} in --hicache-storage-backend-extra-config; "
                               f"allowed {sorted(names)} (plus SGLang's own {sorted(SGLANG_KEYS)})")
         master = resolve_master(values, environ=environ)
+        if "secret" not in values:  # like the master: the extra config's, else the environment's
+            values["secret"] = secret_from_env(environ)
         if master is None:
             raise ConfigError(f"no tidekv master: put \"master\": \"host:port\" in "
                               f"--hicache-storage-backend-extra-config or set ${MASTER_ENV} "

@@ -84,7 +84,7 @@ class TidekvScheduler:
         # staging. Lookups sit on the scheduling path: one attempt each (a master that does not
         # answer fast is skipped; the link retries in the background and follows a new leader).
         client = MasterClient(self.settings.master or "", f"vllm-scheduler-{self.engine_id}",
-                              timeout_s=self.settings.store_timeout_s)
+                              timeout_s=self.settings.store_timeout_s, secret=self.settings.secret)
         try:
             client.connect()
         except BaseException:
@@ -241,7 +241,7 @@ class TidekvScheduler:
         if handoff is None:
             return
         if self._releaser is None:
-            self._releaser = Releaser()
+            self._releaser = Releaser(self.settings.secret)
         logger.info("request %s ended before pulling its KV (%s); telling prefill %s to free its blocks",
                     request.request_id, request.status.name, handoff.engine_id)
         self._releaser.release_handoff(handoff, ReleaseReason.DECODE_ENDED,

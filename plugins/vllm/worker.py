@@ -56,8 +56,8 @@ class TidekvWorker:
                                           tp_rank, tp_size)
         config = TransferConfig.from_env(transport=TransportKind(settings.transport), secret=settings.secret)
         self.engine = TransferEngine(settings.engine_host, ranks.rank_port(settings.engine_port, tp_rank), config)
-        self.holds = HoldTable(settings.engine_host, settings.hold_timeout_s)
-        self.releaser = Releaser()
+        self.holds = HoldTable(settings.engine_host, settings.hold_timeout_s, settings.secret)
+        self.releaser = Releaser(settings.secret)
         self.layout: KVLayout | None = None
         self._kv_caches: dict[str, torch.Tensor] = {}
         self._pulls: dict[str, _Pull] = {}

@@ -169,7 +169,7 @@ def test_confirmation_while_nothing_is_held_is_kept_for_its_hold(
 def test_malformed_confirmations_are_dropped_and_stale_ones_pruned(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(handoff, "_MAX_UNPAIRED", 2)
     table = HoldTable("127.0.0.1", hold_timeout_s=0.05)
-    sender = zmq.Context.instance().socket(zmq.PUSH)
+    sender = zmq.Context.instance().socket(zmq.DEALER)
     sender.setsockopt(zmq.LINGER, 0)
     sender.connect(f"tcp://{table.address}")
     try:
@@ -246,7 +246,7 @@ def test_release_handoff_reaches_every_rank(hand_off: Callable[..., tuple[HoldTa
 
 def test_release_of_another_protocol_version_is_dropped_naming_both(caplog: pytest.LogCaptureFixture) -> None:
     table = HoldTable("127.0.0.1", hold_timeout_s=60.0)
-    sender = zmq.Context.instance().socket(zmq.PUSH)
+    sender = zmq.Context.instance().socket(zmq.DEALER)
     sender.setsockopt(zmq.LINGER, 0)
     sender.connect(f"tcp://{table.address}")
     try:

@@ -14,7 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.store import wire
 from tests.store.conftest import Connect, SpawnMaster
+from tidekv.auth import ServerHandshake
 from tidekv.config import MasterAddress
 from tidekv.errors import ConfigError, MasterUnavailableError
 from tidekv.store import protocol as p
@@ -23,7 +25,8 @@ from tidekv.store.master_client import MasterClient
 
 @pytest.fixture
 def silent_master() -> Iterator[str]:
-    """A TCP listener that accepts connections, reads everything, and never answers."""
+    """A TCP listener that accepts connections, completes the handshake (so a request sent
+    afterwards may have arrived), reads everything and never answers."""
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(0.1)
     stop = threading.Event()
@@ -36,6 +39,12 @@ def silent_master() -> Iterator[str]:
             except TimeoutError:
                 continue
             conns.append(conn)
+            conn.settimeout(5)
+            try:
+                wire.recv_exact(conn, len(p.MAGIC))
+                conn.sendall(p.frame(ServerHandshake(None, "master", "client").greeted(wire.recv_frame(conn))))
+            except OSError:
+                pass
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
+from tests.store import wire
 from tests.store.conftest import Connect, SpawnMaster
 from tests.store.procs import MasterProcess
 from tidekv.config import StoreConfig
@@ -33,9 +34,7 @@ def master(spawn_master: SpawnMaster) -> MasterProcess:
 
 @pytest.fixture
 def raw(master: MasterProcess) -> Iterator[socket.socket]:
-    host, port = master.address.rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=REPLY_TIMEOUT_S)
-    sock.sendall(p.MAGIC)
+    sock = wire.connect(master.address, timeout_s=REPLY_TIMEOUT_S)
     yield sock
     sock.close()
 
@@ -170,7 +169,8 @@ def test_a_client_that_vanishes_mid_frame_does_not_disturb_others(master: Master
     st = connect(master.address, segment_size=1 << 20)
     host, port = master.address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=REPLY_TIMEOUT_S) as sock:
-        sock.sendall(p.MAGIC + (1000).to_bytes(p.FRAME_HEADER, "little") + b"half")
+        wire.authenticate(sock)
+        sock.sendall((1000).to_bytes(p.FRAME_HEADER, "little") + b"half")
     _check_serving(st, "vanished")
 
 
@@ -184,7 +184,9 @@ def test_garbage_flood_does_not_disturb_a_working_client(master: MasterProcess, 
         sock = socket.create_connection((host, int(port)), timeout=0.2)
         rng = random.Random(9)
         try:
-            sock.sendall(p.MAGIC)
+            sock.settimeout(REPLY_TIMEOUT_S)
+            wire.authenticate(sock)
+            sock.settimeout(0.2)
             while not stop.is_set():
                 try:  # replies are never read: the master must stop reading us, not buffer without end
                     sock.sendall(p.frame(rng.randbytes(rng.randint(1, 3 * MAX_MESSAGE // 2))))
@@ -229,10 +231,9 @@ class _FutureMaster:
             with conn:
                 conn.settimeout(5)
                 assert _recv_exact(conn, len(p.MAGIC)) == p.MAGIC
-                size = int.from_bytes(_recv_exact(conn, p.FRAME_HEADER), "little")
-                version, request_id = p.probe_header(_recv_exact(conn, size)) or (0, 0)
-                message = f"client speaks tidekv store protocol v{version}, this master speaks v{theirs}"
-                conn.sendall(p.frame(p.encode(p.Reply(request_id, error_kind="version", error=message))))
+                wire.recv_frame(conn)  # the greeting: answered with a version error, not a challenge
+                message = f"client speaks tidekv store protocol v{p.PROTOCOL_VERSION}, this master speaks v{theirs}"
+                conn.sendall(p.frame(p.encode(p.Reply(0, error_kind="version", error=message))))
 
     def close(self) -> None:
         self._stop.set()
@@ -264,7 +265,8 @@ def _partial_request(master: MasterProcess, body_bytes: int) -> socket.socket:
     """A connection that greets and starts a request of body_bytes, sending all but its last byte."""
     host, port = master.address.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=REPLY_TIMEOUT_S)
-    sock.sendall(p.MAGIC + body_bytes.to_bytes(p.FRAME_HEADER, "little") + b"\x00" * (body_bytes - 1))
+    wire.authenticate(sock)
+    sock.sendall(body_bytes.to_bytes(p.FRAME_HEADER, "little") + b"\x00" * (body_bytes - 1))
     return sock
 
 

@@ -1,0 +1,241 @@
+"""Shared-secret authentication of tidekv's control planes: one challenge–response, both ways.
+
+Every control plane (the store master's RPC and its standbys' replication stream, the weights
+publisher, the PD release channel) authenticates its peers with this module, the same way the
+transfer engine's handshake does (``native/common/handshake.cpp``): each side sends a fresh
+32-byte nonce and proves the secret with an HMAC-SHA-256 over both; the secret itself never
+travels. Here the MACs also name the channel and the role, so a proof made for one channel or
+direction is worthless on another (and cannot collide with the engine's, whose messages are
+shorter).
+
+The exchange, for a secret ``S`` and a channel label ``L`` ("master", "weights", ...):
+
+1. client → ``Greeting(version, Nc)``
+2. server → ``Challenge(Ns, HMAC(S, "tidekv/L/server" || Nc || Ns))`` — the MAC is empty when
+   the server has no secret. The client checks it before it sends anything that matters: a
+   client with a secret refuses a server without one (or with another one), and a client
+   without one refuses a server that asks for one, each with an ``AuthenticationError``.
+3. client → ``Proof(HMAC(S, "tidekv/L/client" || Ns || Nc))`` on stream channels (the master's
+   TCP connection: one proof, then the connection is the client's). Message channels (ZeroMQ,
+   where a "connection" is not visible) instead seal every message with the session key
+   ``HMAC(S, "tidekv/L/session" || Nc || Ns)``: ``Sealer`` adds a sequence number (replays and
+   reordering are refused) and a MAC over it and the body; replies are sealed the same way in
+   the other direction.
+
+The handshake classes do no I/O: each channel sends and receives the bytes its own way.
+Neighbours: ``config`` (where the secret is read: ``TIDEKV_SECRET`` or ``TIDEKV_SECRET_FILE``),
+``store.rpc``/``store.server`` (master), ``weights`` and ``kvcache.handoff`` (message channels).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+
+import msgspec
+from tidekv.errors import AuthenticationError
+
+AUTH_VERSION = 1
+"""Version of this exchange, in every Greeting."""
+NONCE_BYTES = 32
+MAC_BYTES = 32
+
+
+class Greeting(msgspec.Struct, tag="auth_greeting", array_like=True):
+    version: int
+    nonce: bytes
+
+
+class Challenge(msgspec.Struct, tag="auth_challenge", array_like=True):
+    nonce: bytes
+    mac: bytes  #: the server's proof; b"" when it has no secret
+
+
+class Proof(msgspec.Struct, tag="auth_proof", array_like=True):
+    mac: bytes
+
+
+class Sealed(msgspec.Struct, tag="auth_sealed", array_like=True):
+    """A message of a message channel: ``body`` with its session, sequence number and MAC."""
+
+    session: bytes  #: the server's nonce of the session
+    seq: int
+    mac: bytes
+    body: bytes
+
+
+Message = Greeting | Challenge | Proof | Sealed
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(message: Message) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode(data: bytes | memoryview, expected: type[msgspec.Struct], peer: str) -> msgspec.Struct:
+    """Decodes one handshake message of the ``expected`` type.
+
+    Raises:
+        AuthenticationError: not that message (naming what arrived instead).
+    """
+    try:
+        message = _decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise AuthenticationError(f"{peer} sent no {expected.__name__} during the handshake ({exc})", peer=peer) from None
+    if not isinstance(message, expected):
+        raise AuthenticationError(f"{peer} sent {type(message).__name__} where {expected.__name__} belongs", peer=peer)
+    return message
+
+
+def decode_any(data: bytes | memoryview) -> Message | None:
+    """The handshake message ``data`` holds, or None when it is not one (a channel's own message)."""
+    try:
+        return _decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def new_nonce() -> bytes:
+    return os.urandom(NONCE_BYTES)
+
+
+def _mac(secret: str, label: str, role: str, first: bytes, second: bytes) -> bytes:
+    return hmac.digest(secret.encode(), b"tidekv/%s/%s" % (label.encode(), role.encode()) + first + second,
+                       hashlib.sha256)
+
+
+def _check_nonce(nonce: bytes, peer: str) -> None:
+    if len(nonce) != NONCE_BYTES:
+        raise AuthenticationError(f"{peer} sent a nonce of {len(nonce)} bytes, not {NONCE_BYTES}", peer=peer)
+
+
+class ClientHandshake:
+    """The connecting side. ``greeting()``, then ``challenged(reply)`` which checks the server
+    and returns the Proof to send (stream channels) and, through ``sealer``, the session's
+    sealer (message channels).
+
+    Args:
+        secret: the shared secret, or None.
+        label: the channel ("master", "weights", "pd").
+        peer: the server's address, for error messages.
+    """
+
+    def __init__(self, secret: str | None, label: str, peer: str) -> None:
+        self.secret = secret
+        self.label = label
+        self.peer = peer
+        self.nonce = new_nonce()
+        self.sealer: Sealer | None = None
+
+    def greeting(self) -> bytes:
+        return encode(Greeting(AUTH_VERSION, self.nonce))
+
+    def challenged(self, data: bytes | memoryview) -> bytes:
+        """Checks the server's Challenge; returns the encoded Proof to send.
+
+        Raises:
+            AuthenticationError: the server did not prove our secret, or wants one we lack.
+        """
+        challenge = decode(data, Challenge, self.peer)
+        assert isinstance(challenge, Challenge)
+        _check_nonce(challenge.nonce, self.peer)
+        what = f"{self.label} channel of {self.peer}"
+        if self.secret is None:
+            if challenge.mac:
+                raise AuthenticationError(f"the {what} requires a shared secret; set TIDEKV_SECRET (or "
+                                          "TIDEKV_SECRET_FILE) to the one it uses", peer=self.peer)
+            return encode(Proof(b""))
+        if not challenge.mac:
+            raise AuthenticationError(f"the {what} does not authenticate (it has no secret) while this side has "
+                                      "one; set the same TIDEKV_SECRET there, or unset it here", peer=self.peer)
+        expected = _mac(self.secret, self.label, "server", self.nonce, challenge.nonce)
+        if not hmac.compare_digest(expected, challenge.mac):
+            raise AuthenticationError(f"the {what} failed to prove the shared secret (another secret, or not the "
+                                      "server it claims to be)", peer=self.peer)
+        key = _mac(self.secret, self.label, "session", self.nonce, challenge.nonce)
+        self.sealer = Sealer(key, challenge.nonce, self.peer)
+        return encode(Proof(_mac(self.secret, self.label, "client", challenge.nonce, self.nonce)))
+
+
+class ServerHandshake:
+    """The accepting side. ``greeted(data)`` returns the Challenge to send; ``proved(data)``
+    checks a stream channel's Proof; ``session_key()`` is a message channel's key.
+
+    Args:
+        secret: the shared secret, or None (then any client passes).
+        label: the channel.
+        peer: the client's address, for error messages.
+    """
+
+    def __init__(self, secret: str | None, label: str, peer: str) -> None:
+        self.secret = secret
+        self.label = label
+        self.peer = peer
+        self.nonce = new_nonce()
+        self.client_nonce = b""
+
+    def greeted(self, data: bytes | memoryview) -> bytes:
+        """Raises AuthenticationError for anything but a Greeting of this version."""
+        greeting = decode(data, Greeting, self.peer)
+        assert isinstance(greeting, Greeting)
+        if greeting.version != AUTH_VERSION:
+            raise AuthenticationError(f"{self.peer} greets with authentication version {greeting.version}; this side "
+                                      f"speaks {AUTH_VERSION}", peer=self.peer)
+        _check_nonce(greeting.nonce, self.peer)
+        self.client_nonce = greeting.nonce
+        mac = _mac(self.secret, self.label, "server", greeting.nonce, self.nonce) if self.secret else b""
+        return encode(Challenge(self.nonce, mac))
+
+    def proved(self, data: bytes | memoryview) -> None:
+        """Raises AuthenticationError unless ``data`` is a Proof of our secret (any Proof passes
+        when we have none)."""
+        proof = decode(data, Proof, self.peer)
+        assert isinstance(proof, Proof)
+        if self.secret is None:
+            return
+        expected = _mac(self.secret, self.label, "client", self.nonce, self.client_nonce)
+        if not hmac.compare_digest(expected, proof.mac):
+            raise AuthenticationError(f"{self.peer} did not prove the shared secret on the {self.label} channel "
+                                      "(no secret, or another one)", peer=self.peer)
+
+    def session_key(self) -> bytes:
+        assert self.secret is not None and self.client_nonce
+        return _mac(self.secret, self.label, "session", self.client_nonce, self.nonce)
+
+
+class Sealer:
+    """Seals and opens the messages of one session of a message channel (one per direction of
+    sequence numbers: ``seal`` counts ours, ``open`` checks the peer's strictly increase).
+    Not thread-safe; each channel guards its own."""
+
+    def __init__(self, key: bytes, session: bytes, peer: str) -> None:
+        self._key = key
+        self.session = session
+        self.peer = peer
+        self._sent = 0
+        self._received = 0
+
+    def _mac(self, direction: bytes, seq: int, body: bytes) -> bytes:
+        return hmac.digest(self._key, direction + seq.to_bytes(8, "little") + body, hashlib.sha256)
+
+    def seal(self, body: bytes, *, is_reply: bool = False) -> bytes:
+        self._sent += 1
+        return encode(Sealed(self.session, self._sent, self._mac(b"R" if is_reply else b"Q", self._sent, body), body))
+
+    def open(self, sealed: Sealed, *, is_reply: bool = False) -> bytes:
+        """The body of a sealed message from the peer.
+
+        Raises:
+            AuthenticationError: a wrong MAC, or a sequence number already seen (a replay).
+        """
+        expected = self._mac(b"R" if is_reply else b"Q", sealed.seq, sealed.body)
+        if not hmac.compare_digest(expected, sealed.mac):
+            raise AuthenticationError(f"a message from {self.peer} failed its MAC (forged, or another secret)",
+                                      peer=self.peer)
+        if sealed.seq <= self._received:
+            raise AuthenticationError(f"{self.peer} repeated message {sealed.seq} (a replay?)", peer=self.peer)
+        self._received = sealed.seq
+        return sealed.body
