@@ -4,11 +4,12 @@ signatures and return conventions, so code written for Mooncake's store (SGLang'
 backend, vLLM's MooncakeStoreConnector, LMCache's ``mooncakestore://``) runs on tidekv unchanged.
 
 The ``tidekv-mooncake-shim`` distribution (``plugins/mooncake``) makes ``import mooncake.store``
-resolve to this module and ``tidekv.compat.mooncake_types`` (the value types and error codes). Like ``tidekv.compat.mooncake`` for the transfer engine, the shape is
-Mooncake's on purpose: integers at this boundary are Mooncake's contract (0 = success, negative =
-Mooncake's ``ErrorCode``; ``get`` of a missing key returns ``b""``). Every method is translation
-only: it calls one ``tidekv.Store`` method and turns the typed error it raises into Mooncake's
-code through ``mooncake_types.error_code`` (one table). A method never raises where Mooncake returns a code.
+resolve to this module and ``tidekv.compat.mooncake_types`` (the value types and error codes).
+Like ``tidekv.compat.mooncake`` for the transfer engine, the shape is Mooncake's on purpose:
+integers at this boundary are Mooncake's contract (0 = success, negative = Mooncake's
+``ErrorCode``; ``get`` of a missing key returns ``b""``). Every method is translation only: it
+calls one ``tidekv.Store`` method and turns the typed error it raises into Mooncake's code through
+``mooncake_types.error_code`` (one table). A method never raises where Mooncake returns a code.
 
 How Mooncake's semantics map onto tidekv's, where they differ (README, "Mooncake drop-in"):
 
