@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidekv.compat.mooncake_store import MOONCAKE_CLUSTER
-from tidekv.config import ENV_PREFIX, MasterConfig, TransferConfig, parse_etcd_endpoints
+from tidekv.config import ENV_PREFIX, MasterConfig, parse_etcd_endpoints
 from tidekv.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"{exc}" if str(exc).startswith(PROG) else f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    warning = exposure_warning(config.host, PROG, TransferConfig.from_env().secret)
+    warning = exposure_warning(config.host, PROG, config.secret)
     if warning:
         logger.warning(warning)
     logger.info("%s: tidekv master on %s:%d (lease %.3g s, watermark %.2f, client ttl %.3g s%s)", PROG,

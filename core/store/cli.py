@@ -23,6 +23,7 @@ from tidekv.config import (
     MasterConfig,
     StoreConfig,
     TransferConfig,
+    parse_size,
     secret_from_env,
 )
 from tidekv.errors import ConfigError
@@ -51,16 +52,11 @@ def _engine_help(master: str) -> str:
 
 
 def _size(text: str) -> int:
-    """Parses 1024, 64KiB, 16MiB, 4GiB, 1GB ..."""
-    units = {"": 1, "B": 1, "K": 1 << 10, "KB": 1000, "KIB": 1 << 10, "M": 1 << 20, "MB": 1000**2, "MIB": 1 << 20,
-             "G": 1 << 30, "GB": 1000**3, "GIB": 1 << 30, "T": 1 << 40, "TB": 1000**4, "TIB": 1 << 40}
-    t = text.strip().upper()
-    num = t.rstrip("KMGTIB")
-    unit = t[len(num):]
+    """--segment-size through tidekv's one size parser (1024, 64KiB, 16MiB, 4GiB; 1GB = 1GiB)."""
     try:
-        return int(float(num) * units[unit])
-    except (KeyError, ValueError):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 4096, 64MiB, 4GiB)") from None
+        return parse_size(text, "--segment-size")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_master_flags(parser: argparse.ArgumentParser) -> None:
