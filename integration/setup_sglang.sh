@@ -50,8 +50,11 @@ step "install tidekv (editable, --no-deps)" "tidekv_current tidekv_sglang" insta
 # The Mooncake drop-in (README: "Mooncake drop-in"), editable: SGLang's mooncake HiCache backend
 # and PD connector then run on tidekv. No Mooncake wheel goes into this venv (both own `mooncake`).
 has_shim() { "$PY" -c "import mooncake, mooncake.store, sys; sys.exit(not getattr(mooncake, 'IS_TIDEKV_SHIM', False))"; }
-step "install the Mooncake drop-in (plugins/mooncake, editable, --no-deps)" has_shim \
-  pip_quiet install -q --no-deps --no-build-isolation -e plugins/mooncake
+install_shim() {  # as install_tidekv_editable: an isolated build, else the venv's own setuptools
+  pip_quiet install -q --no-deps -e plugins/mooncake \
+    || { pip_quiet install -q "setuptools>=68" wheel && pip_quiet install -q --no-deps --no-build-isolation -e plugins/mooncake; }
+}
+step "install the Mooncake drop-in (plugins/mooncake, editable, --no-deps)" has_shim install_shim
 
 "$PY" -c "
 import sglang, torch, tidekv, tidekv._native, mooncake.store
