@@ -44,7 +44,7 @@ from tidekv.errors import (
 )
 
 MIB = 1 << 20
-LEASE_S = 0.5
+LEASE_S = 2.0  # long enough that a loaded machine does not outlive it between two calls
 NOT_FOUND, HAS_LEASE, LEASE_EXPIRED, NO_SPACE, INVALID, UNAVAILABLE = -704, -706, -707, -200, -600, -1011
 
 SpawnMaster = Callable[..., MasterProcess]
