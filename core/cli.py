@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tidekv import proxy as proxy_cli
 
     proxy_cli.add_parser(sub)
+    from tidekv.trace import cli as trace_cli
+
+    trace_cli.add_parser(sub)
     from tidekv.doctor import cli as doctor_cli
 
     doctor_cli.add_parser(sub)
