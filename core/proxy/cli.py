@@ -31,7 +31,7 @@ def _run(args: argparse.Namespace) -> int:
         prefill_urls=tuple(args.prefill), decode_urls=tuple(args.decode), host=args.host, port=args.port,
         policy=RoutingPolicy(args.policy), timeout_s=args.timeout_s, prefix_chunk_chars=args.prefix_chunk_chars,
         prefix_capacity=args.prefix_capacity, master=args.master or "", release_grace_s=args.release_grace_s,
-        secret=secret_from_env())
+        ttft_slo_ms=args.ttft_slo_ms, secret=secret_from_env())
     asyncio.run(_serve(config))
     return 0
 
@@ -71,11 +71,25 @@ answers; the proxy learns it from each instance's first answer, gets the prompt'
 from the instance's POST /tokenize (token-id prompts are used as given) and asks the master
 where each block's first chunk lives (one round trip, no lease). Instances not yet heard
 from, a master that does not answer, and prompts nobody holds go round robin.
+
+--policy conductor [--master HOST:PORT] [--ttft-slo-ms MS] estimates each prefill
+instance's time to first token: its queued work (prompt tokens sent to it and not yet
+answered) plus the prompt tokens it would compute (the prompt minus the longest prefix it
+holds: from the master as --policy store asks, and from the proxy's own prefix memory as
+--policy prefix keeps it), through a cost model per instance (fixed + per-token seconds)
+fitted online to its observed prefill times. The prompt's length comes from a prefill's
+POST /tokenize (token-id prompts are counted as given). The request goes to the smallest
+estimate; ties, an unknown prompt length, and a proxy that has seen no prefill answer yet
+choose as --policy store does. When even the smallest estimate exceeds --ttft-slo-ms the
+request is answered 429 at once, {"error": {"type": "ttft_slo_exceeded", ...}} saying why
+(load shedding), and counted in GET /metrics as tidekv_proxy_rejected_total{reason="ttft_slo"}.
 Decode instances always go round robin.""",
         epilog="examples:\n  tidekv proxy --prefill http://10.0.0.1:8100 --decode http://10.0.0.2:8200 "
                "http://10.0.0.3:8200 --port 8000 --policy prefix\n"
                "  tidekv proxy --prefill http://10.0.0.1:8100 http://10.0.0.4:8100 --decode http://10.0.0.2:8200 "
-               "--policy store --master 10.0.0.9:50051",
+               "--policy store --master 10.0.0.9:50051\n"
+               "  tidekv proxy --prefill http://10.0.0.1:8100 http://10.0.0.4:8100 --decode http://10.0.0.2:8200 "
+               "--policy conductor --ttft-slo-ms 2000",
     )
     parser.add_argument("--prefill", nargs="+", required=True, type=normalize_url, metavar="URL",
                         help="base URL(s) of the prefill instances, e.g. http://10.0.0.1:8100")
@@ -85,9 +99,14 @@ Decode instances always go round robin.""",
     parser.add_argument("--port", type=int, default=d.port,
                         help=f"port to listen on, 0 = any free; the address is printed (default {d.port})")
     parser.add_argument("--policy", choices=[p.value for p in RoutingPolicy], default=d.policy.value,
-                        help="prefill routing: round_robin, prefix or store (see above) (default round_robin)")
+                        help="prefill routing: round_robin, prefix, store or conductor (see above) "
+                             "(default round_robin)")
     parser.add_argument("--master", metavar="HOST:PORT",
-                        help="store policy: the tidekv master to ask where a prompt's KV blocks are")
+                        help="store policy (required) and conductor policy (optional): the tidekv master to ask "
+                             "where a prompt's KV blocks are")
+    parser.add_argument("--ttft-slo-ms", type=float, default=d.ttft_slo_ms,
+                        help="conductor policy: answer 429 when every prefill's estimated TTFT exceeds this "
+                             "(default 0: never shed)")
     parser.add_argument("--timeout-s", type=float, default=d.timeout_s,
                         help=f"a backend silent this long (connecting, or mid-answer) fails the request with "
                              f"504 (default {d.timeout_s:g})")

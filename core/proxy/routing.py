@@ -6,7 +6,9 @@ of it: per prefill instance, a bounded LRU set of chained hashes of the prompt t
 fixed-size character chunks. That is the proxy's own memory — the tidekv store is asked nothing
 and no tokenizer is needed, so one proxy fronts any model. With the ``store`` policy the master
 is asked instead which instance's store segment holds the longest run of the prompt's KV blocks
-(``store_policy``). Also: how a client request is turned into the prefill and the decode
+(``store_policy``). The ``conductor`` policy estimates each prefill instance's time to first token
+from its queued work and what it holds, and takes the smallest or sheds the request
+(``conductor``). Also: how a client request is turned into the prefill and the decode
 request. No I/O here. Neighbours: ``server`` (the HTTP side), ``store_policy``.
 """
 
@@ -24,6 +26,7 @@ from typing import Any
 from tidekv.config import MasterAddress
 from tidekv.errors import ConfigError, TidekvError
 from tidekv.kvcache.contract import remote_decode_params
+from tidekv.proxy.conductor import Decision
 from tidekv.proxy.store_policy import StoreCard
 
 logger = logging.getLogger(__name__)
@@ -34,6 +37,7 @@ class RoutingPolicy(enum.Enum):
     ROUND_ROBIN = "round_robin"  #: take turns
     PREFIX = "prefix"  #: the instance that already served the longest prefix of the prompt
     STORE = "store"  #: the instance whose store segment holds the most leading KV blocks (asks the master)
+    CONDUCTOR = "conductor"  #: the smallest estimated TTFT (queued work + uncached prompt); sheds over the SLO
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +62,8 @@ class ProxyConfig:
     prefix_capacity: int = 65536
     """prefix policy: chunk hashes remembered per prefill instance (LRU). Default 65536 (1..2**24)."""
     master: str = ""
-    """store policy: the tidekv master (``host:port``) asked where a prompt's KV blocks are.
-    Required by the store policy, refused by the others."""
+    """store and conductor policies: the tidekv master (``host:port``) asked where a prompt's KV
+    blocks are. Required by the store policy, optional for the conductor, refused by the others."""
     release_grace_s: float = 5.0
     """When a decode that had taken a request fails it silently (timeout, a stream cut before its
     first token, the client gone by then), the proxy hangs up (vLLM aborts the request and the
@@ -67,6 +71,9 @@ class ProxyConfig:
     much later, for a decode too stuck to. Default 5 s (0..600): late enough that a pull in flight
     when the proxy hung up has ended. A decode that is unreachable or answers an error gets no
     grace: the prefill is told at once."""
+    ttft_slo_ms: float = 0.0
+    """conductor policy: answer 429 at once when every prefill instance's estimated TTFT exceeds
+    this. Default 0: never shed (0..3600000). Refused by the other policies."""
     secret: str | None = field(default=None, repr=False)
     """Shared secret of the deployment: proved to the master (store policy) and to the prefills'
     hold tables (releases). ``tidekv proxy`` takes ``TIDEKV_SECRET`` / ``TIDEKV_SECRET_FILE``. Default None."""
@@ -88,11 +95,21 @@ class ProxyConfig:
             except ConfigError:
                 raise ConfigError(f"master={self.master!r} is invalid; the store policy needs the tidekv master "
                                   "as host:port (or etcd://HOST:PORT/CLUSTER)") from None
+        elif self.master and self.policy is RoutingPolicy.CONDUCTOR:
+            try:
+                MasterAddress.parse(self.master)
+            except ConfigError:
+                raise ConfigError(f"master={self.master!r} is invalid; give the tidekv master as host:port "
+                                  "(or etcd://HOST:PORT/CLUSTER), or none") from None
         elif self.master:
             raise ConfigError(f"master={self.master!r} is set but policy={self.policy.value!r} does not use it; "
-                              "use policy 'store'")
+                              "use policy 'store' or 'conductor'")
+        if self.ttft_slo_ms and self.policy is not RoutingPolicy.CONDUCTOR:
+            raise ConfigError(f"ttft_slo_ms={self.ttft_slo_ms!r} is set but policy={self.policy.value!r} does not "
+                              "use it; use policy 'conductor'")
         for name, low, high in (("port", 0, 65535), ("timeout_s", 0.1, 86400), ("release_grace_s", 0, 600),
-                                ("prefix_chunk_chars", 1, 65536), ("prefix_capacity", 1, 1 << 24)):
+                                ("prefix_chunk_chars", 1, 65536), ("prefix_capacity", 1, 1 << 24),
+                                ("ttft_slo_ms", 0, 3_600_000)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
                 raise ConfigError(f"{name}={value!r} is out of range; allowed {low}..{high}")
@@ -168,6 +185,16 @@ class PrefixIndex:
             hashes.append(prev)
         return hashes
 
+    def matched(self, chain: list[bytes]) -> list[int]:
+        """Per instance, how many leading chunks of ``chain`` it was sent."""
+        out = []
+        for s in self._sets:
+            n = 0
+            while n < len(chain) and chain[n] in s:
+                n += 1
+            out.append(n)
+        return out
+
     def longest_match(self, chain: list[bytes]) -> tuple[int, list[int]]:
         """Returns (matched chunks, instances holding that many); (0, []) without a match."""
         for k in range(len(chain), 0, -1):
@@ -194,7 +221,7 @@ class Router:
         self._next_prefill = 0
         self._next_decode = 0
         self.prefix_index = (PrefixIndex(len(config.prefill_urls), config.prefix_chunk_chars, config.prefix_capacity)
-                             if config.policy is RoutingPolicy.PREFIX else None)
+                             if config.policy in (RoutingPolicy.PREFIX, RoutingPolicy.CONDUCTOR) else None)
         self.cards: dict[int, StoreCard] = {}
         """store policy: what each prefill instance (by index) said about where it saves blocks."""
 
@@ -209,7 +236,7 @@ class Router:
             next request sharing this prompt's prefix goes there too.
         """
         urls = self.config.prefill_urls
-        if self.prefix_index is None:
+        if self.prefix_index is None or self.config.policy is not RoutingPolicy.PREFIX:
             return urls[self._take_prefill_turn(range(len(urls)))]
         chain = self.prefix_index.chain(prompt_text(body))
         matched, holders = self.prefix_index.longest_match(chain)
@@ -221,22 +248,40 @@ class Router:
 
     def learn(self, prefill_url: str, kv_params: dict[str, Any]) -> None:
         """store policy: notes the store card in a prefill instance's answer (the latest wins)."""
-        if self.config.policy is not RoutingPolicy.STORE:
+        if self.config.policy not in (RoutingPolicy.STORE, RoutingPolicy.CONDUCTOR):
             return
         card = StoreCard.from_params(kv_params)
         if card is not None:
             self.cards[self.config.prefill_urls.index(prefill_url)] = card
 
-    def pick_prefill_held(self, held: dict[int, int]) -> str:
+    def pick_prefill_held(self, held: dict[int, int], among: Sequence[int] | None = None) -> str:
         """store policy: the instance holding the most leading blocks (``held``: instance index ->
-        blocks); ties, and no instance holding any, take turns."""
+        blocks); ties, and no instance holding any, take turns. ``among`` limits the choice to
+        those instances (the conductor's tied ones)."""
         urls = self.config.prefill_urls
-        best = max(held.values(), default=0)
-        candidates = [i for i, n in sorted(held.items()) if n == best] if best > 0 else range(len(urls))
+        pool = list(among) if among is not None else list(range(len(urls)))
+        best = max((held.get(i, 0) for i in pool), default=0)
+        candidates = [i for i in pool if held.get(i, 0) == best] if best > 0 else pool
         choice = self._take_prefill_turn(candidates)
         logger.debug("store policy: leading blocks held %s; chose %s", {urls[i]: n for i, n in held.items()},
                      urls[choice])
         return urls[choice]
+
+    def pick_prefill_conducted(self, decision: Decision, held: dict[int, int], chain: list[bytes]) -> int:
+        """conductor policy: the instance of ``decision`` (the store policy's rule among its tied
+        candidates when it says ``by_store``); the prompt's ``chain`` is remembered there.
+
+        Returns:
+            The chosen instance's index.
+        """
+        if decision.by_store:
+            choice = self.config.prefill_urls.index(self.pick_prefill_held(held, decision.candidates))
+        else:
+            choice = decision.candidates[0]
+        logger.debug("conductor policy: %s; chose %s", decision.reason, self.config.prefill_urls[choice])
+        if self.prefix_index is not None:
+            self.prefix_index.record(choice, chain)
+        return choice
 
     def pick_decode(self) -> str:
         """The next decode instance's base URL (round robin)."""

@@ -14,7 +14,11 @@ LRU set of chained hashes of the prompt text in fixed-size character chunks. The
 is asked nothing, and the proxy needs no tokenizer, so one proxy fronts any model or engine.
 With ``--policy store --master HOST:PORT`` the master is asked instead: the prompt goes to the
 prefill instance whose store segment holds the longest run of its KV blocks (``store_policy``;
-token ids from the instance's ``/tokenize``).
+token ids from the instance's ``/tokenize``). ``--policy conductor`` estimates each prefill
+instance's time to first token (queued prompt tokens plus the prompt's uncached ones, through a
+cost model fitted to the instance's answers) and takes the smallest; with ``--ttft-slo-ms`` it
+answers 429 at once when even the smallest is over the SLO (``conductor``). ``GET /metrics``
+serves the proxy's counters in Prometheus text.
 
 Failures answer in OpenAI's error shape and name the backend: unreachable or 5xx backends give
 502, a backend silent for ``timeout_s`` gives 504, a backend's 4xx is passed on with its status.
@@ -34,6 +38,7 @@ import asyncio
 import json
 import logging
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -43,6 +48,8 @@ from tidekv.kvcache import contract
 from tidekv.kvcache.contract import KVHandoff
 from tidekv.kvcache.handoff import Releaser, ReleaseReason
 from tidekv.logs import WarnEvery
+from tidekv.metrics import Registry
+from tidekv.proxy.conductor import Conductor, cached_from_chars
 from tidekv.proxy.routing import (
     ProxyConfig,
     ProxyError,
@@ -50,6 +57,7 @@ from tidekv.proxy.routing import (
     RoutingPolicy,
     decode_request,
     prefill_request,
+    prompt_text,
 )
 from tidekv.proxy.store_policy import (
     STORE_TIMEOUT_S,
@@ -84,7 +92,16 @@ class ProxyServer:
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self._missing_kv_warning = WarnEvery()
-        self._locator = StoreLocator(config.master, config.secret) if config.policy is RoutingPolicy.STORE else None
+        self._locator = StoreLocator(config.master, config.secret) if config.master else None
+        self.conductor = (Conductor(len(config.prefill_urls), config.ttft_slo_ms / 1e3 if config.ttft_slo_ms else None)
+                          if config.policy is RoutingPolicy.CONDUCTOR else None)
+        self.metrics = Registry()
+        self._requests = self.metrics.counter("tidekv_proxy_requests_total",
+                                              "Generation requests received, by prefill instance chosen")
+        self._rejected = self.metrics.counter("tidekv_proxy_rejected_total",
+                                              "Requests answered 429 before any prefill, by reason")
+        if self.conductor is not None:
+            self._conductor_gauges(self.conductor)
         self._tokenize_warning = WarnEvery()
         self._tokenize_turn = 0
         self._releaser = Releaser(config.secret)
@@ -109,6 +126,7 @@ class ProxyServer:
         app.router.add_post(CHAT_PATH, self._generate)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
         family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
         try:
             sock = socket.create_server((self.config.host, self.config.port), family=family)
@@ -142,8 +160,16 @@ class ProxyServer:
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await _client_json(request)
         headers = _forwarded_headers(request)
-        prefill_url = await self._pick_prefill(body, headers)
-        prefill = await self._call("prefill", prefill_url, "POST", request.path, prefill_request(body), headers)
+        prefill_url, ticket = await self._pick_prefill(body, headers)
+        self._requests.inc(prefill=prefill_url)
+        started_s = time.monotonic()
+        elapsed_s: float | None = None
+        try:
+            prefill = await self._call("prefill", prefill_url, "POST", request.path, prefill_request(body), headers)
+            elapsed_s = time.monotonic() - started_s
+        finally:
+            if ticket is not None and self.conductor is not None:
+                self.conductor.answered(ticket, elapsed_s)
         kv_params = prefill.get("kv_transfer_params")
         if not isinstance(kv_params, dict):
             self._warn_missing_kv(prefill_url)
@@ -195,19 +221,59 @@ class ProxyServer:
         timers.append(asyncio.get_running_loop().call_later(delay_s, fire))
         self._pending_releases.update(timers)
 
-    async def _pick_prefill(self, body: dict[str, Any], headers: dict[str, str]) -> str:
+    async def _pick_prefill(self, body: dict[str, Any], headers: dict[str, str]) -> tuple[str, int | None]:
+        """The prefill instance for a request, and the conductor's ticket for it (None under other policies)."""
+        if self.conductor is not None:
+            return await self._pick_conducted(body, headers, self.conductor)
         if self._locator is None:
-            return self.router.pick_prefill(body)
+            return self.router.pick_prefill(body), None
+        _, held = await self._held(body, headers)
+        return self.router.pick_prefill_held(held), None
+
+    async def _pick_conducted(self, body: dict[str, Any], headers: dict[str, str],
+                              conductor: Conductor) -> tuple[str, int]:
+        """conductor policy: estimates each instance's TTFT, sheds over the SLO (ProxyError 429)."""
+        urls = self.config.prefill_urls
+        tokens, held = await self._held(body, headers)
+        text = prompt_text(body)
+        assert self.router.prefix_index is not None
+        chain = self.router.prefix_index.chain(text)
+        matched = self.router.prefix_index.matched(chain)
+        cards = self.router.cards
+        n_tokens = len(tokens) if tokens is not None else None
+        cached = [max(held.get(i, 0) * (cards[i].block_size if i in cards else 0),
+                      cached_from_chars(n_tokens or 0, matched[i] * self.router.prefix_index.chunk_chars, len(text)))
+                  for i in range(len(urls))]
+        decision = conductor.choose(n_tokens, cached)
+        if decision.reject:
+            self._rejected.inc(reason="ttft_slo")
+            raise ProxyError(f"request shed by the conductor policy: {decision.reason}; retry later or raise "
+                             "--ttft-slo-ms", status=429, error_type="ttft_slo_exceeded")
+        choice = self.router.pick_prefill_conducted(decision, held, chain)
+        uncached = (decision.estimates[choice].uncached_tokens if decision.estimates
+                    else max(0, (n_tokens or 0) - cached[choice]))
+        return urls[choice], conductor.sent(choice, uncached)
+
+    async def _held(self, body: dict[str, Any], headers: dict[str, str]) -> tuple[list[int] | None, dict[int, int]]:
+        """The prompt's token ids (None: unknown) and, from the store, how many leading blocks each
+        instance holds (empty without a master or cards)."""
         cards = dict(self.router.cards)
-        tokens = prompt_token_ids(body) if cards else None
+        tokens = prompt_token_ids(body)
         if cards and tokens is None:
             # Any instance that saves to the store tokenizes (same model); they take turns.
             self._tokenize_turn += 1
             tokenizer = sorted(cards)[self._tokenize_turn % len(cards)]
             tokens = await self._tokenize(self.config.prefill_urls[tokenizer], body, headers)
+        elif tokens is None and self.conductor is not None:
+            # The conductor needs the prompt's length even before any card is known: every
+            # prefill can tokenize (same model); they take turns.
+            self._tokenize_turn += 1
+            url = self.config.prefill_urls[self._tokenize_turn % len(self.config.prefill_urls)]
+            tokens = await self._tokenize(url, body, headers)
+        if self._locator is None or not cards or not tokens:
+            return tokens, {}
         # Hashing a long prompt's blocks and the master's round trip stay off the event loop.
-        held = await asyncio.to_thread(held_by_instance, cards, tokens, self._locator.locate) if tokens else {}
-        return self.router.pick_prefill_held(held)
+        return tokens, await asyncio.to_thread(held_by_instance, cards, tokens, self._locator.locate)
 
     async def _tokenize(self, url: str, body: dict[str, Any], headers: dict[str, str]) -> list[int] | None:
         """The prompt's token ids from a prefill instance's ``/tokenize``; None (and a warning at
@@ -292,6 +358,30 @@ class ProxyServer:
         except (TimeoutError, aiohttp.ClientError) as exc:
             result["error"] = str(_backend_error(role, url, exc, timeout_s))
         return result
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        from aiohttp import web
+
+        return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    def _conductor_gauges(self, conductor: Conductor) -> None:
+        urls = self.config.prefill_urls
+
+        def per_instance(value: Callable[[int], float]) -> Callable[[], dict[tuple[tuple[str, str], ...], float]]:
+            return lambda: {(("prefill", url),): value(i) for i, url in enumerate(urls)}
+
+        def coefficient(i: int, which: int) -> float:
+            model = conductor.model_of(i)
+            return model.coefficients()[which] if model is not None else 0.0
+
+        self.metrics.gauge("tidekv_proxy_prefill_queued_tokens", "conductor: prompt tokens sent to a prefill "
+                           "instance and not yet answered", per_instance(lambda i: conductor.queued_tokens[i]))
+        self.metrics.gauge("tidekv_proxy_prefill_cost_fixed_seconds", "conductor: the cost model's fixed time per "
+                           "prefill", per_instance(lambda i: coefficient(i, 0)))
+        self.metrics.gauge("tidekv_proxy_prefill_cost_per_token_seconds", "conductor: the cost model's time per "
+                           "queued or uncached token", per_instance(lambda i: coefficient(i, 1)))
+        self.metrics.gauge("tidekv_proxy_prefill_observations_total", "conductor: prefill answers the cost model "
+                           "learned from", per_instance(lambda i: conductor.models[i].samples), kind="counter")
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         url = self.router.pick_decode()

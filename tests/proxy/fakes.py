@@ -102,6 +102,8 @@ class FakeBackend:
     """prefill: the store card its answers' contract names (namespace, block size, rank 0's engine)."""
     hold_address: str = "127.0.0.1:1"
     """prefill: the hold table its answers' contract names (where the proxy releases a failed decode's blocks)."""
+    prefill_delay_s: float = 0.0
+    """prefill: how long it takes to answer a generation request (its "prefill time")."""
     url: str = ""
     _runner: web.AppRunner | None = None
 
@@ -141,6 +143,7 @@ class FakeBackend:
             return web.json_response({"error": {"message": f"{self.name} says no", "type": "x", "code": status}},
                                      status=status)
         if self.role == "prefill":
+            await asyncio.sleep(self.prefill_delay_s)
             answer: dict[str, Any] = {"id": f"{self.name}-{n}", "choices": [{"text": "p"}]}
             if self.mode is not Mode.NO_KV:
                 answer["kv_transfer_params"] = handoff_params(f"{self.name}-{n}", self.name, self.card,
