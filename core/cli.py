@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tidekv.doctor import cli as doctor_cli
 
     doctor_cli.add_parser(sub)
+    from tidekv_trtllm import cli as trtllm_cli
+
+    trtllm_cli.add_parser(sub)
     return parser
 
 

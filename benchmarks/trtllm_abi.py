@@ -1,0 +1,144 @@
+"""Does Mooncake's C API (tidekv's libtransfer_engine.so) cost anything over tidekv.TransferEngine?
+
+The same transfers both ways in one run: batches of 1,024 x 64 KiB (64 MiB) READ and WRITE from a
+registered host buffer of this machine to a TransferEngine target in another process, which
+registers a plain host buffer as TensorRT-LLM's KV cache would be. Leg "capi": the C program
+tests/trtllm/agent_harness.c (bench mode) drives libtransfer_engine.so as TensorRT-LLM's agent
+does (allocateBatchID, submitTransfer, getTransferStatus of every task, freeBatchID); it opens the
+target as a plain tidekv engine. Leg "python": tidekv.TransferEngine.transfer(...).wait() in this
+process. The legs alternate (python, capi, python, capi); each reports GB/s over its timed rounds
+after one warm-up. Bar: capi >= 0.9 x python for both directions.
+
+    .venv/bin/python benchmarks/trtllm_abi.py [--rounds 20] [--transport auto|tcp] [--json out.json]
+
+Exit status 0 when the bar holds, 1 when it does not, 2 when something needed is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HARNESS = ROOT / "tests" / "trtllm" / "agent_harness.c"
+BATCH = 1024
+REQUEST_BYTES = 64 << 10
+BAR = 0.9
+
+TARGET = """
+import sys
+import numpy as np
+from tidekv import TransferConfig, TransferEngine
+from tidekv.config import TransportKind
+engine = TransferEngine(config=TransferConfig.from_env(transport=TransportKind(sys.argv[1])))
+buf = np.zeros(int(sys.argv[2]), dtype=np.uint8)
+region = engine.register(buf)
+print(engine.name, region.addr(), region.length, flush=True)
+sys.stdin.read()
+engine.close()
+"""
+
+
+def build_harness(out_dir: Path) -> Path:
+    """Compiles the C harness against the built library; returns the executable."""
+    from tidekv_trtllm import header_dir, library_dir
+
+    lib = library_dir()
+    exe = out_dir / "agent_harness"
+    subprocess.run(["gcc", "-std=c11", "-O2", f"-I{header_dir()}", str(HARNESS), f"-L{lib}", "-ltransfer_engine",
+                    f"-Wl,-rpath,{lib}", "-o", str(exe)], check=True)
+    return exe
+
+
+def python_leg(target: str, remote: int, rounds: int, transport: str) -> dict[str, dict[str, float]]:
+    import numpy as np
+
+    from tidekv import TransferConfig, TransferEngine
+    from tidekv.config import TransportKind
+    from tidekv.transfer import TransferOp, TransferRequest
+
+    out: dict[str, dict[str, float]] = {}
+    with TransferEngine(config=TransferConfig.from_env(transport=TransportKind(transport))) as engine:
+        buf = np.ones(BATCH * REQUEST_BYTES, dtype=np.uint8)
+        local = engine.register(buf)
+        engine.connect(target)
+        for op, label in ((TransferOp.READ, "read"), (TransferOp.WRITE, "write")):
+            reqs = [TransferRequest(op, local.addr(i * REQUEST_BYTES), REQUEST_BYTES, target, remote + i * REQUEST_BYTES)
+                    for i in range(BATCH)]
+            times = []
+            for k in range(rounds + 1):
+                t0 = time.perf_counter()
+                engine.transfer(reqs).wait()
+                if k:
+                    times.append(time.perf_counter() - t0)
+            out[label] = {"rounds": rounds, "mean_s": sum(times) / rounds, "best_s": min(times),
+                          "gbps": BATCH * REQUEST_BYTES * rounds / sum(times) / 1e9}
+        engine.unregister(local)
+    return out
+
+
+def capi_leg(exe: Path, target: str, remote: int, size: int, rounds: int, transport: str) -> dict[str, dict[str, float]]:
+    env = dict(os.environ, TIDEKV_TRANSPORT=transport)
+    proc = subprocess.run([str(exe), "bench", target, str(remote), str(size), str(rounds)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"C harness failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    result: dict[str, dict[str, float]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=20, help="timed batches per leg and direction (default 20)")
+    parser.add_argument("--transport", choices=("auto", "tcp"), default="auto", help="transport of both legs")
+    parser.add_argument("--json", type=Path, help="also write the result here")
+    args = parser.parse_args(argv)
+    if shutil.which("gcc") is None:
+        print("gcc is needed to build the C harness", file=sys.stderr)
+        return 2
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            exe = build_harness(Path(tmp))
+            size = BATCH * REQUEST_BYTES
+            target = subprocess.Popen([sys.executable, "-c", TARGET, args.transport, str(size)], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True)
+            try:
+                assert target.stdout is not None and target.stdin is not None
+                name, remote_text, _ = target.stdout.readline().split()
+                remote = int(remote_text)
+                legs: dict[str, list[dict[str, dict[str, float]]]] = {"python": [], "capi": []}
+                for _ in range(2):
+                    legs["python"].append(python_leg(name, remote, args.rounds, args.transport))
+                    legs["capi"].append(capi_leg(exe, name, remote, size, args.rounds, args.transport))
+            finally:
+                if target.stdin is not None:
+                    target.stdin.close()
+                target.wait(timeout=30)
+    except FileNotFoundError as exc:
+        print(f"cannot run: {exc}", file=sys.stderr)
+        return 2
+    result: dict[str, object] = {"batch": BATCH, "request_bytes": REQUEST_BYTES, "transport": args.transport,
+                                 "rounds": args.rounds, "legs": legs}
+    ok = True
+    for op in ("read", "write"):
+        gbps = {leg: sum(r[op]["gbps"] for r in runs) / len(runs) for leg, runs in legs.items()}
+        ratio = gbps["capi"] / gbps["python"]
+        result[op] = {"python_gbps": round(gbps["python"], 3), "capi_gbps": round(gbps["capi"], 3),
+                      "ratio": round(ratio, 3), "bar": BAR, "passed": ratio >= BAR}
+        ok = ok and ratio >= BAR
+        print(f"{op:5s}  python {gbps['python']:7.2f} GB/s   C API {gbps['capi']:7.2f} GB/s   ratio {ratio:.3f} "
+              f"({'>=' if ratio >= BAR else '<'} {BAR})")
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

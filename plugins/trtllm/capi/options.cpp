@@ -1,0 +1,89 @@
+#include "options.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "boundary.h"
+
+namespace tidekv::capi {
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+long env_int(const char* name, long fallback, long low, long high) {
+  const char* v = env(name);
+  if (!v) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  long n = std::strtol(v, &end, 10);
+  if (errno || *end || n < low || n > high)
+    refuse(-1, std::string(name) + "='" + v + "' is invalid; allowed: an integer in " + std::to_string(low) + ".." +
+                   std::to_string(high));
+  return n;
+}
+
+std::string secret() {
+  if (const char* s = env("TIDEKV_SECRET")) return s;
+  const char* path = env("TIDEKV_SECRET_FILE");
+  if (!path) return {};
+  std::ifstream in(path);
+  if (!in) refuse(-1, std::string("TIDEKV_SECRET_FILE='") + path + "' cannot be read");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string s = text.str();
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+  if (s.empty()) refuse(-1, std::string("TIDEKV_SECRET_FILE='") + path + "' is empty");
+  return s;
+}
+
+}  // namespace
+
+EngineOptions engine_options_from_env(const std::string& host) {
+  EngineOptions o;
+  o.host = host;
+  o.port = 0;
+  if (const char* t = env("TIDEKV_TRANSPORT")) {
+    std::string s = t;
+    if (s != "auto" && s != "tcp" && s != "shm" && s != "cuda")
+      refuse(-1, "TIDEKV_TRANSPORT='" + s + "' is invalid; allowed: auto, tcp, shm, cuda");
+    o.transport = s;
+  }
+  if (const char* f = env("MC_FORCE_TCP")) {
+    std::string s = f;
+    if (s == "1" || s == "true" || s == "True" || s == "TRUE") {
+      o.transport = "tcp";
+    } else if (s != "0" && s != "false" && s != "False" && s != "FALSE") {
+      refuse(-1, "MC_FORCE_TCP='" + s + "' is invalid; allowed: 1/true or 0/false");
+    }
+  }
+  o.worker_threads = int(env_int("TIDEKV_WORKER_THREADS", o.worker_threads, 1, 256));
+  o.connections_per_peer = int(env_int("TIDEKV_CONNECTIONS_PER_PEER", o.connections_per_peer, 1, 64));
+  if (const char* v = env("TIDEKV_IO_TIMEOUT_S")) {
+    char* end = nullptr;
+    double s = std::strtod(v, &end);
+    if (*end || !(s >= 0.1 && s <= 3600))
+      refuse(-1, std::string("TIDEKV_IO_TIMEOUT_S='") + v + "' is invalid; allowed: seconds in 0.1..3600");
+    o.io_timeout_ms = int(s * 1000);
+  }
+  o.secret = secret();
+  return o;
+}
+
+LogLevel log_threshold() {
+  static const LogLevel level = [] {
+    const char* v = env("TIDEKV_LOG_LEVEL");
+    std::string s = v ? v : "WARNING";
+    if (s == "DEBUG") return LogLevel::kDebug;
+    if (s == "INFO") return LogLevel::kInfo;
+    if (s == "ERROR") return LogLevel::kError;
+    return LogLevel::kWarning;  // also for an unknown name: logging must not fail a call
+  }();
+  return level;
+}
+
+}  // namespace tidekv::capi

@@ -1,0 +1,20 @@
+// Settings of a C API engine, read from the environment in this one place: the variables of
+// tidekv.config.TransferConfig that a C caller may need (TIDEKV_TRANSPORT, TIDEKV_SECRET or
+// TIDEKV_SECRET_FILE, TIDEKV_WORKER_THREADS, TIDEKV_CONNECTIONS_PER_PEER, TIDEKV_IO_TIMEOUT_S,
+// TIDEKV_LOG_LEVEL) and Mooncake's MC_FORCE_TCP=1 (TensorRT-LLM's tests set it), which forces
+// tcp. An invalid value is an error naming the variable, never a silent default.
+#pragma once
+
+#include <string>
+
+#include "common/context.h"
+#include "common/log_sink.h"
+
+namespace tidekv::capi {
+
+// Engine options for an engine bound to `host` (throws ApiError naming a bad variable).
+EngineOptions engine_options_from_env(const std::string& host);
+// The lowest level logged on stderr (TIDEKV_LOG_LEVEL, default WARNING; read once).
+LogLevel log_threshold();
+
+}  // namespace tidekv::capi
