@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -377,6 +378,14 @@ class MasterConfig:
     """A leader acknowledges a change only once at least this many standbys hold it (and every
     in-sync one): with 1, losing the leader right after its promotion, before a standby caught
     up, loses nothing; changes wait meanwhile. 0 = a leader alone may acknowledge. Default 1 (0..8)."""
+    tls_cert_file: str | None = None
+    """PEM certificate chain the master presents: with ``tls_key_file``, its RPC (and the
+    replication stream) runs over TLS. Default None (plain TCP)."""
+    tls_key_file: str | None = None
+    """PEM private key of ``tls_cert_file``. Default None."""
+    tls_ca_file: str | None = None
+    """PEM CAs that sign the clients' (and standbys') certificates: when set, every peer must
+    present one (mutual TLS). A standby also checks its leader against them. Default None."""
     secret: str | None = field(default=None, repr=False)
     """Shared secret every client and standby must prove (``tidekv.auth``); the master proves it
     to them too. ``from_env`` takes the transfer engines' setting (``TIDEKV_SECRET`` or
@@ -415,6 +424,29 @@ class MasterConfig:
         _check_range("busy_poll_us", self.busy_poll_us, 0, 100_000)
         if self.secret is not None and not self.secret:
             raise ConfigError("secret='' is invalid; use None for no secret")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ConfigError("tls_cert_file and tls_key_file go together: give both (TLS) or neither (plain TCP)")
+        if self.tls_ca_file is not None and self.tls_cert_file is None:
+            raise ConfigError("tls_ca_file (mutual TLS) needs the master's own tls_cert_file and tls_key_file")
+        for name in ("tls_cert_file", "tls_key_file", "tls_ca_file"):
+            _check_readable(name, getattr(self, name))
+
+    def server_tls(self) -> ssl.SSLContext | None:
+        """The TLS context the master serves with, or None for plain TCP."""
+        if self.tls_cert_file is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        if self.tls_ca_file is not None:
+            context.load_verify_locations(self.tls_ca_file)
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    def standby_tls(self) -> ssl.SSLContext | None:
+        """The context a standby of this configuration connects to its leader with."""
+        if self.tls_cert_file is None:
+            return None
+        return TlsConfig(True, self.tls_ca_file, self.tls_cert_file, self.tls_key_file).client_context()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> MasterConfig:
@@ -427,6 +459,50 @@ class MasterConfig:
         if "secret" not in overrides:
             overrides = {**overrides, "secret": secret_from_env(env)}
         return _from_env(cls, env, overrides, prefix=ENV_PREFIX + "MASTER_")
+
+
+def _check_readable(name: str, path: str | None) -> None:
+    if path is not None and not os.access(path, os.R_OK):
+        raise ConfigError(f"{name}={path!r} cannot be read")
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """How a client reaches the store master over TLS (Store, the proxy, the vLLM scheduler, a
+    standby); env vars ``TIDEKV_TLS_<FIELD>``. The master's own side is in MasterConfig."""
+
+    enable: bool = False
+    """Connect to the master over TLS (it must serve with ``--tls-cert-file``). Default off."""
+    ca_file: str | None = None
+    """PEM CAs the master's certificate is checked against (its host name or IP must match the
+    address the client dials). Default None: the system's CAs."""
+    cert_file: str | None = None
+    """PEM certificate this client presents, for a master that requires one (mutual TLS). Default None."""
+    key_file: str | None = None
+    """PEM private key of ``cert_file``. Default None."""
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ConfigError("cert_file and key_file go together: give both (mutual TLS) or neither")
+        if not self.enable and (self.ca_file or self.cert_file):
+            raise ConfigError("TLS files are set but enable is false; set TIDEKV_TLS_ENABLE=1 (or drop the files)")
+        for name in ("ca_file", "cert_file", "key_file"):
+            _check_readable(name, getattr(self, name))
+
+    def client_context(self) -> ssl.SSLContext | None:
+        """The client's TLS context, or None when TLS is off."""
+        if not self.enable:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca_file)
+        if self.cert_file is not None:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        return context
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> TlsConfig:
+        """Builds a config from ``TIDEKV_TLS_*`` variables; keyword overrides win."""
+        return _from_env(cls, environ if environ is not None else os.environ, overrides, prefix=ENV_PREFIX + "TLS_")
 
 
 SEGMENT_MEMORY = ("auto", "shared", "huge")
@@ -531,6 +607,7 @@ ENV_PREFIXES: dict[type, str] = {
     MasterConfig: ENV_PREFIX + "MASTER_",
     StoreConfig: ENV_PREFIX + "STORE_",
     WeightsConfig: ENV_PREFIX + "WEIGHTS_",
+    TlsConfig: ENV_PREFIX + "TLS_",
 }
 """The variable prefix each component's ``from_env()`` reads."""
 

@@ -121,8 +121,10 @@ class StoreLocator:
     def __init__(self, master: str, secret: str | None = None) -> None:
         from tidekv.store.master_client import MasterClient
 
+        from tidekv.config import TlsConfig
+
         self._client = MasterClient(master, f"tidekv-proxy-{uuid.uuid4().hex[:8]}", timeout_s=STORE_TIMEOUT_S,
-                                    secret=secret)
+                                    secret=secret, tls=TlsConfig.from_env())
         self._down_until = 0.0
         self._warning = WarnEvery()
 

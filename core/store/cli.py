@@ -22,6 +22,7 @@ from tidekv.config import (
     ENV_PREFIX,
     MasterConfig,
     StoreConfig,
+    TlsConfig,
     TransferConfig,
     parse_size,
     secret_from_env,
@@ -98,6 +99,13 @@ def _add_master_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", default=None, metavar="DIR",
                         help="journal every index change here before acknowledging it; a master restarted on the "
                         "same DIR comes back with every object (default: none, a restart starts empty)")
+    parser.add_argument("--tls-cert-file", default=None, metavar="PEM",
+                        help="serve the RPC over TLS with this certificate chain (with --tls-key-file; clients set "
+                        "TIDEKV_TLS_ENABLE=1 and TIDEKV_TLS_CA_FILE)")
+    parser.add_argument("--tls-key-file", default=None, metavar="PEM", help="private key of --tls-cert-file")
+    parser.add_argument("--tls-ca-file", default=None, metavar="PEM",
+                        help="require client certificates signed by these CAs (mutual TLS; clients set "
+                        "TIDEKV_TLS_CERT_FILE and TIDEKV_TLS_KEY_FILE)")
     parser.add_argument("--etcd", default=None, metavar="URLS",
                         help="etcd client URLs http://H:P[,...]: campaign for leadership of --cluster, stand by "
                         "while another master leads (default: none, a lone master)")
@@ -211,8 +219,13 @@ def _run_up(args: argparse.Namespace) -> int:
     if args.engine_host:
         _warn_if_exposed(args.engine_host, "tidekv up's segment holder")
     server = MasterServer(config).start()
-    store = Store.connect(server.address, segment_size=args.segment_size,
-                          config=StoreConfig.from_env(), transfer_config=TransferConfig.from_env(), host=args.engine_host)
+    tls = TlsConfig.from_env()
+    if config.tls_cert_file and not tls.enable:  # its own segment reaches the master as a standby would
+        tls = TlsConfig(True, config.tls_ca_file or config.tls_cert_file,
+                        config.tls_cert_file if config.tls_ca_file else None,
+                        config.tls_key_file if config.tls_ca_file else None)
+    store = Store.connect(server.address, segment_size=args.segment_size, config=StoreConfig.from_env(),
+                          transfer_config=TransferConfig.from_env(), host=args.engine_host, tls=tls)
     try:
         info = {
             "master": server.address,

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 
-from tidekv.config import MasterAddress, StoreConfig, TransferConfig
+from tidekv.config import MasterAddress, StoreConfig, TlsConfig, TransferConfig
 from tidekv.errors import (
     ConfigError,
     LeaseExpiredError,
@@ -119,6 +119,7 @@ class Store:
         config: StoreConfig,
         engine: TransferEngine,
         owns_engine: bool,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.config = config
         self.client_id = uuid.uuid4().hex[:16]
@@ -126,7 +127,7 @@ class Store:
         self._owns_engine = owns_engine
         self._rpc = MasterClient(master, self.client_id, timeout_s=config.rpc_timeout_s,
                                  failover_timeout_s=config.failover_timeout_s, busy_poll_us=config.rpc_busy_poll_us,
-                                 register=True, secret=engine.config.secret)
+                                 register=True, secret=engine.config.secret, tls=tls)
         self._segment: Region | None = None
         self.segment_name = ""
         # Proves to the master that a re-mount comes from this very process (a new one, with the
@@ -164,6 +165,7 @@ class Store:
         engine: TransferEngine | None = None,
         transfer_config: TransferConfig | None = None,
         host: str = "127.0.0.1",
+        tls: TlsConfig | None = None,
     ) -> Store:
         """Connects to the master at ``master`` and mounts a segment.
 
@@ -176,17 +178,21 @@ class Store:
             engine: an existing TransferEngine to share (default: a new one on ``host``).
             transfer_config: settings for the new engine.
             host: address the new engine listens on (peers must reach it there).
+            tls: how to reach the master over TLS (default ``TlsConfig.from_env()``: plain TCP
+                unless ``TIDEKV_TLS_ENABLE`` is set).
 
         Raises:
-            MasterUnavailableError: the master does not answer.
+            MasterUnavailableError: the master does not answer (or TLS with it failed).
             ProtocolVersionError: the master speaks another protocol version.
+            AuthenticationError: the master and this store's engine do not share the secret.
         """
         cfg = config if config is not None else StoreConfig.from_env()
         if segment_size is not None:
             cfg = dataclasses.replace(cfg, segment_size_bytes=segment_size)
         owns = engine is None
+        tls_config = tls if tls is not None else TlsConfig.from_env()
         eng = engine if engine is not None else TransferEngine(host=host, config=transfer_config)
-        return cls(master, cfg, eng, owns)
+        return cls(master, cfg, eng, owns, tls_config)
 
     # ---- bytes API ----------------------------------------------------------------------
 

@@ -98,7 +98,7 @@ class ClusterRole:
                 continue
             service.leader_hint = leader.address
             session = FollowSession(leader.address, service.master_id, self.server.config.lease_ttl_s, service.clock,
-                                    self.server.config.secret)
+                                    self.server.config.secret, self.server.config.standby_tls())
             self._idle.clear()
             self._session = session
             if self.state is Role.STANDBY:

@@ -38,7 +38,7 @@ from typing import Any
 
 import msgspec
 
-from tidekv.config import MasterAddress
+from tidekv.config import MasterAddress, TlsConfig
 from tidekv.errors import MasterUnavailableError
 from tidekv.store import protocol as p
 from tidekv.store.etcd import EtcdClient, EtcdUnavailableError
@@ -70,11 +70,12 @@ class MasterClient:
             so the master does not track them as clients that must heartbeat).
         secret: the shared secret the master must prove and this client proves (``tidekv.auth``);
             None: the master must have none either.
+        tls: reach the master over TLS (default: plain TCP).
     """
 
     def __init__(self, master: str | MasterAddress, client_id: str, *, timeout_s: float,
                  failover_timeout_s: float = 0.0, busy_poll_us: int = 0, register: bool = False,
-                 secret: str | None = None) -> None:
+                 secret: str | None = None, tls: TlsConfig | None = None) -> None:
         self.master = master if isinstance(master, MasterAddress) else MasterAddress.parse(master)
         self.client_id = client_id
         self.timeout_s = timeout_s
@@ -82,6 +83,7 @@ class MasterClient:
         self._busy_poll_us = busy_poll_us
         self._register = register
         self._secret = secret
+        self._tls = (tls if tls is not None else TlsConfig()).client_context()
         self._etcd = EtcdClient(self.master.etcd_endpoints, timeout_s=min(timeout_s, 1.0)) \
             if self.master.is_cluster else None
         self._lock = threading.Lock()
@@ -157,7 +159,8 @@ class MasterClient:
                 address = self._find_leader()
                 if address is None:
                     return None
-                channel = MasterChannel(address, self.client_id, self.timeout_s, self._busy_poll_us, self._secret)
+                channel = MasterChannel(address, self.client_id, self.timeout_s, self._busy_poll_us, self._secret,
+                                        self._tls)
                 if self._register:
                     try:
                         self._hello(channel)

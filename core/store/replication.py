@@ -24,6 +24,7 @@ import asyncio
 import collections
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -230,11 +231,12 @@ class FollowSession:
     calling thread, blocking) until the connection ends or ``stop()``."""
 
     def __init__(self, leader: str, master_id: str, lease_ttl_s: float, clock: Callable[[], float],
-                 secret: str | None = None) -> None:
+                 secret: str | None = None, tls: ssl.SSLContext | None = None) -> None:
         from tidekv.config import parse_host_port
 
         self.leader = leader
         self._secret = secret
+        self._tls = tls
         self._address = parse_host_port(leader, "leader")
         self.master_id = master_id
         self.mirror: Mirror | None = None  # None until the snapshot arrived
@@ -250,6 +252,13 @@ class FollowSession:
         except OSError as exc:
             logger.debug("standby %s: cannot reach leader %s: %s", self.master_id, self.leader, exc)
             return
+        if self._tls is not None:
+            try:
+                sock = self._tls.wrap_socket(sock, server_hostname=self._address[0])
+            except (ssl.SSLError, OSError) as exc:
+                sock.close()
+                logger.warning("standby %s: TLS with leader %s failed: %s", self.master_id, self.leader, exc)
+                return
         with self._lock:
             if self._stopped:
                 sock.close()

@@ -21,6 +21,7 @@ import itertools
 import logging
 import select
 import socket
+import ssl
 import threading
 import time
 from typing import Any
@@ -40,10 +41,11 @@ _RECV_CHUNK = 1 << 16
 
 class MasterChannel:
     def __init__(self, address: str, client_id: str, timeout_s: float, busy_poll_us: int = 0,
-                 secret: str | None = None) -> None:
+                 secret: str | None = None, tls: ssl.SSLContext | None = None) -> None:
         self._host, self._port = parse_host_port(address, "master")
         self.address = address
         self._secret = secret
+        self._tls = tls
         self.client_id = client_id
         self.timeout_s = timeout_s
         self._spin_s = busy_poll_us * 1e-6
@@ -142,8 +144,12 @@ class MasterChannel:
                 is_request_sent=False) from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setblocking(False)
+        if self._tls is not None:
+            sock = self._tls.wrap_socket(sock, server_hostname=self._host, do_handshake_on_connect=False)
         self._poller.register(sock, select.POLLIN)
         try:
+            if isinstance(sock, ssl.SSLSocket):
+                self._tls_handshake(sock, deadline)
             auth = ClientHandshake(self._secret, "master", self.address)
             self._send(sock, p.MAGIC + p.frame(auth.greeting()), deadline)
             reply = self._receive(sock, deadline)
@@ -164,6 +170,21 @@ class MasterChannel:
         self._sock = sock
         return sock
 
+    def _tls_handshake(self, sock: ssl.SSLSocket, deadline: float) -> None:
+        while True:
+            try:
+                sock.do_handshake()
+                return
+            except ssl.SSLWantReadError:
+                self._wait(sock, select.POLLIN, deadline)
+            except ssl.SSLWantWriteError:
+                self._wait(sock, select.POLLOUT, deadline)
+            except ssl.SSLError as exc:
+                raise MasterUnavailableError(
+                    f"TLS with master {self.address} failed: {exc.reason or exc}; does it serve TLS "
+                    "(--tls-cert-file), and does TIDEKV_TLS_CA_FILE hold the CA that signed its certificate?",
+                    is_request_sent=False) from None
+
     def _drop(self) -> None:
         if self._sock is not None:
             self._poller.unregister(self._sock)
@@ -182,8 +203,10 @@ class MasterChannel:
         while view:
             try:
                 view = view[sock.send(view):]
-            except BlockingIOError:
+            except (BlockingIOError, ssl.SSLWantWriteError):
                 self._wait(sock, select.POLLOUT, deadline)
+            except ssl.SSLWantReadError:  # TLS: renegotiation wants a read first
+                self._wait(sock, select.POLLIN, deadline)
 
     def _receive(self, sock: socket.socket, deadline: float) -> bytes:
         """One whole frame's payload. Spins up to busy_poll_us for the first bytes, then sleeps."""
@@ -194,7 +217,7 @@ class MasterChannel:
         while True:
             try:
                 n = sock.recv_into(memoryview(buf)[have:])
-            except BlockingIOError:
+            except (BlockingIOError, ssl.SSLWantReadError):
                 if have == 0 and time.perf_counter() < spin_until:
                     continue
                 self._wait(sock, select.POLLIN, deadline)

@@ -116,7 +116,10 @@ class MasterServer:
         self._stopped = asyncio.Event()
         http = None
         try:
-            self._rpc = await self._loop.create_server(lambda: _Connection(self), self.config.host, self.config.port)
+            tls = self.config.server_tls()
+            self._rpc = await self._loop.create_server(
+                lambda: _Connection(self), self.config.host, self.config.port, ssl=tls,
+                ssl_handshake_timeout=min(self.config.frame_timeout_s, 10.0) if tls is not None else None)
             self.rpc_port = self._rpc.sockets[0].getsockname()[1]
             if self.config.metrics_port >= 0:
                 http = await asyncio.start_server(self._http, self.config.host, self.config.metrics_port)
@@ -136,9 +139,11 @@ class MasterServer:
         if self.role is not None:
             self.role.start()
         logger.info(
-            "tidekv master %s listening on %s (metrics http port %s)",
+            "tidekv master %s listening on %s%s (metrics http port %s)",
             self.service.master_id,
             self.address,
+            " over TLS" + (" (client certificates required)" if self.config.tls_ca_file else "")
+            if self.config.tls_cert_file else "",
             self.metrics_port if http else "off",
         )
         self._ready.set()

@@ -78,13 +78,15 @@ class TidekvScheduler:
         return self.keys.namespaces[0] if self.keys is not None else None
 
     def _connect_store(self) -> Any:
+        from tidekv.config import TlsConfig
         from tidekv.store.master_client import MasterClient
 
         # The scheduler only asks which blocks exist: a master client, no transfer engine or
         # staging. Lookups sit on the scheduling path: one attempt each (a master that does not
         # answer fast is skipped; the link retries in the background and follows a new leader).
         client = MasterClient(self.settings.master or "", f"vllm-scheduler-{self.engine_id}",
-                              timeout_s=self.settings.store_timeout_s, secret=self.settings.secret)
+                              timeout_s=self.settings.store_timeout_s, secret=self.settings.secret,
+                              tls=TlsConfig.from_env())
         try:
             client.connect()
         except BaseException:
