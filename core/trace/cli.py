@@ -54,6 +54,36 @@ def _run_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_replay(args: argparse.Namespace) -> int:
+    from tidekv.bench.report import require_matplotlib
+    from tidekv.proxy.routing import normalize_url
+    from tidekv.trace import replay_report
+    from tidekv.trace.prompts import PromptSettings
+    from tidekv.trace.replay import ReplaySettings, require_aiohttp, run
+
+    require_aiohttp()
+    if args.plot:
+        require_matplotlib()
+    settings = ReplaySettings(
+        target=normalize_url(args.target), model=args.model, speedup=args.speedup,
+        prompts=PromptSettings(scale_tokens=args.scale_tokens, block_tokens=args.block_tokens,
+                               vocab_size=args.vocab_size, first_token=args.first_token),
+        timeout_s=args.timeout_s, ttft_slo_ms=args.ttft_slo_ms, tbt_slo_ms=args.tbt_slo_ms,
+        metrics_urls=tuple(normalize_url(u) for u in args.metrics_url), ignore_eos=not args.no_ignore_eos,
+        max_in_flight=args.max_in_flight)
+    requests = load_trace(args.trace, max_requests=args.max_requests)
+    if not requests:
+        raise ConfigError(f"trace {args.trace!r} has no requests")
+    result = run(requests, settings, show_progress=not args.no_progress)
+    summary = replay_report.summarize(result)
+    print(replay_report.report_text(summary))
+    if args.json:
+        replay_report.write_json(args.json, result, summary)
+    if args.plot:
+        replay_report.plot(args.plot, result, summary)
+    return 0 if summary["succeeded"] else 1
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     trace = sub.add_parser("trace", help="FAST'25 traces: capacity planning (analyze) and live replay (replay)",
                            description="Tools for Mooncake's FAST'25 traces (JSON lines: timestamp ms, input_length, "
@@ -93,3 +123,46 @@ time, and the smallest global capacity reaching --fraction of the unbounded hit 
     a.add_argument("--plot", metavar="FILE.png", help="plot hit rate vs capacity, global vs local (needs matplotlib)")
     a.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     a.set_defaults(func=_run_analyze)
+    r = trace_sub.add_parser(
+        "replay", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="drive a live OpenAI-compatible deployment with a trace; TTFT, TBT, SLO attainment, goodput",
+        description="""\
+Sends each request of the trace at its time (timestamps / --speedup, from the first request)
+as a streaming POST /v1/completions to --target (the tidekv proxy, or one vLLM server). The
+prompt is token ids: each hash id becomes --block-tokens ids (equal ids give identical blocks,
+different ids differ; make it a multiple of the engine's KV block size), cut to input_length
+x --scale-tokens; max_tokens is output_length x --scale-tokens (with ignore_eos, so exactly
+that many are generated). Measured: time to first token, time between tokens, end to end;
+SLO attainment (a request meets the TTFT SLO when its first token came within --ttft-slo-ms,
+the TBT SLO when its mean gap between tokens is within --tbt-slo-ms; failures miss both) and
+goodput (requests meeting both per second). The deployment's prefix-cache hit rate is the
+change in *prefix_cache_hits_total / *prefix_cache_queries_total (vLLM's /metrics) over the
+run, read from the target and every --metrics-url. Every request has a deadline (--timeout-s);
+failures are counted by kind (http_STATUS, timeout, connect, stream, bad_response).
+Exit status 1 when no request succeeded.""",
+        epilog="example (a slice of the conversation trace, 1/32 of its tokens, 4x faster):\n"
+               "  tidekv trace replay conversation_trace.jsonl --target http://127.0.0.1:8000 --max-requests 200 "
+               "--speedup 4 --scale-tokens 0.03125 --block-tokens 16 --metrics-url http://127.0.0.1:8100 "
+               "--json replay.json --plot replay.png")
+    r.add_argument("trace", help="the trace, JSON lines")
+    r.add_argument("--target", required=True, metavar="URL", help="base URL of the deployment, e.g. http://127.0.0.1:8000")
+    r.add_argument("--model", help="the model field (default: the first of the target's /v1/models)")
+    r.add_argument("--speedup", type=float, default=1.0, help="trace time runs this many times faster (default 1)")
+    r.add_argument("--max-requests", type=int, default=None, help="only the first N requests")
+    r.add_argument("--scale-tokens", type=float, default=1.0,
+                   help="multiply input and output lengths by this, 0 < s <= 1 (default 1)")
+    r.add_argument("--block-tokens", type=int, default=None,
+                   help="prompt tokens per hash id (default 512 x --scale-tokens)")
+    r.add_argument("--vocab-size", type=int, default=1000, help="token ids are drawn from this many (default 1000)")
+    r.add_argument("--first-token", type=int, default=100, help="the smallest token id used (default 100)")
+    r.add_argument("--ttft-slo-ms", type=float, default=2000.0, help="TTFT SLO (default 2000)")
+    r.add_argument("--tbt-slo-ms", type=float, default=200.0, help="TBT SLO, on a request's mean gap (default 200)")
+    r.add_argument("--timeout-s", type=float, default=120.0, help="deadline of one request (default 120)")
+    r.add_argument("--metrics-url", nargs="*", default=[], metavar="URL",
+                   help="more base URLs whose /metrics count prefix-cache hits (e.g. the vLLM servers)")
+    r.add_argument("--no-ignore-eos", action="store_true", help="do not send ignore_eos (for non-vLLM servers)")
+    r.add_argument("--max-in-flight", type=int, default=1024, help="open requests at most (default 1024)")
+    r.add_argument("--json", metavar="FILE", help="write the summary and every request as JSON ('-': stdout)")
+    r.add_argument("--plot", metavar="FILE.png", help="plot TTFT over time and SLO attainment (needs matplotlib)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    r.set_defaults(func=_run_replay)
