@@ -67,7 +67,8 @@ def _run_replay(args: argparse.Namespace) -> int:
     settings = ReplaySettings(
         target=normalize_url(args.target), model=args.model, speedup=args.speedup,
         prompts=PromptSettings(scale_tokens=args.scale_tokens, block_tokens=args.block_tokens,
-                               vocab_size=args.vocab_size, first_token=args.first_token),
+                               vocab_size=args.vocab_size, first_token=args.first_token,
+                               max_input_tokens=args.max_input_tokens),
         timeout_s=args.timeout_s, ttft_slo_ms=args.ttft_slo_ms, tbt_slo_ms=args.tbt_slo_ms,
         metrics_urls=tuple(normalize_url(u) for u in args.metrics_url), ignore_eos=not args.no_ignore_eos,
         max_in_flight=args.max_in_flight)
@@ -153,6 +154,8 @@ Exit status 1 when no request succeeded.""",
                    help="multiply input and output lengths by this, 0 < s <= 1 (default 1)")
     r.add_argument("--block-tokens", type=int, default=None,
                    help="prompt tokens per hash id (default 512 x --scale-tokens)")
+    r.add_argument("--max-input-tokens", type=int, default=None,
+                   help="cut prompts to this many tokens (the model's context; default: not cut)")
     r.add_argument("--vocab-size", type=int, default=1000, help="token ids are drawn from this many (default 1000)")
     r.add_argument("--first-token", type=int, default=100, help="the smallest token id used (default 100)")
     r.add_argument("--ttft-slo-ms", type=float, default=2000.0, help="TTFT SLO (default 2000)")

@@ -29,12 +29,16 @@ class PromptSettings:
     """Token ids are drawn from ``first_token .. first_token + vocab_size - 1``. Default 1000."""
     first_token: int = 100
     """The smallest token id used (clear of most special tokens). Default 100."""
+    max_input_tokens: int | None = None
+    """Prompts are cut to this many tokens (the model's context); None: not cut. Default None."""
 
     def __post_init__(self) -> None:
         if not 0 < self.scale_tokens <= 1:
             raise ConfigError(f"scale_tokens={self.scale_tokens!r} is out of range; allowed (0, 1]")
         if self.block_tokens is not None and not 4 <= self.block_tokens <= 65536:
             raise ConfigError(f"block_tokens={self.block_tokens!r} is out of range; allowed 4..65536")
+        if self.max_input_tokens is not None and self.max_input_tokens < 1:
+            raise ConfigError(f"max_input_tokens={self.max_input_tokens!r} is out of range; allowed >= 1 or None")
         if self.vocab_size < 16 or self.first_token < 0:
             raise ConfigError(f"vocab_size={self.vocab_size!r} / first_token={self.first_token!r} are out of range; "
                               "allowed vocab_size >= 16, first_token >= 0")
@@ -70,9 +74,12 @@ class PromptSynthesizer:
         return self._block(hash_id)
 
     def input_tokens(self, request: TraceRequest) -> int:
-        """The scaled prompt length: at least 1, at most the request's blocks."""
+        """The scaled prompt length: at least 1, at most the request's blocks and max_input_tokens."""
         length = max(1, round(request.input_length * self.settings.scale_tokens))
-        return min(length, len(request.hash_ids) * self.settings.tokens_per_block) if request.hash_ids else length
+        if request.hash_ids:
+            length = min(length, len(request.hash_ids) * self.settings.tokens_per_block)
+        cap = self.settings.max_input_tokens
+        return min(length, cap) if cap is not None else length
 
     def output_tokens(self, request: TraceRequest) -> int:
         """The scaled ``output_length`` (at least 1): the request's ``max_tokens``."""

@@ -41,6 +41,8 @@ def test_equal_hash_ids_give_identical_blocks_and_different_ones_differ() -> Non
     assert len({synth.block(i) for i in range(3000)}) == 3000
     assert synth.output_tokens(request([1], 10, output_length=320)) == 10
     assert synth.output_tokens(request([1], 10, output_length=3)) == 1
+    capped = PromptSynthesizer(PromptSettings(scale_tokens=1 / 32, max_input_tokens=20))
+    assert capped.prompt(request([1, 2, 3], 1536)) == a[:20]
     assert PromptSynthesizer(PromptSettings(block_tokens=64)).prompt(request([7, 8], 900))[:64] == list(
         PromptSynthesizer(PromptSettings(block_tokens=64)).block(7))
 
