@@ -1,0 +1,190 @@
+"""The FAST'25 conversation trace replayed against real vLLM (CPU) under each of the proxy's
+routing policies, and against one server with no connector, all in one run (issue 20, item 4).
+
+Workload (the same for every column): the first ``--requests`` requests of the trace, at their
+timestamps divided by ``--speedup``, replayed by ``tidekv trace replay`` with ``--scale-tokens``
+(1/16: a trace block of 512 tokens becomes 32 tokens, vLLM's block size here), prompts cut to
+``--max-input-tokens``, token ids from 100..249 (the tiny model's byte vocabulary), max_tokens =
+output_length x scale, EOS ignored. The model is the tiny random Llama of
+``integration/tiny_model.py`` (float32, ``--max-num-seqs 4``, block size 32), each engine
+in-process (the README's advice for engines sharing a CPU host).
+
+Columns:
+- ``one``: one vLLM server, no connector (pinned to no core).
+- ``round_robin``, ``prefix``, ``store``, ``conductor``: a fresh ``tidekv up`` (master and
+  pool), two prefill servers (TidekvConnector ``kv_both`` saving to the store, each with a
+  segment; pinned to core 0 and core 1) and a decode server (``kv_both``, unpinned), behind
+  ``tidekv proxy --policy P`` (``--master`` for store and conductor; the conductor sheds at
+  ``--ttft-slo-ms``). Everything is restarted for every column, so each starts cold.
+
+Each column gets two untimed warm-up requests per server (token ids no trace prompt uses) before
+the replay. Reported per column: goodput (requests/s meeting both SLOs), SLO attainment (TTFT,
+TBT, both), TTFT p50/p90, errors by kind, and the prefill servers' prefix-cache hit rates as
+vLLM counts them (``vllm:prefix_cache_*``: their own GPU-cache hits; ``vllm:external_prefix_cache_*``:
+tokens loaded from the store), over the replay. ``--repeats N`` runs the columns N times in
+turn, to see the noise.
+
+Usage: .venv-vllm/bin/python benchmarks/trace_replay.py [--requests 200] [--speedup 4]
+           [--columns one,round_robin,prefix,store,conductor] [--repeats 1] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "integration"))
+sys.path.insert(0, str(HERE.parent))
+
+from harness import free_port  # noqa: E402
+from vllm_serve import server, spawn  # noqa: E402
+
+TRACE = ROOT.parent / "shared" / "data" / "fast25" / "conversation_trace.jsonl"
+COLUMNS = ("one", "round_robin", "prefix", "store", "conductor")
+TIDEKV = {"kv_connector": "TidekvConnector", "kv_role": "kv_both"}
+VOCAB = ["--vocab-size", "150", "--first-token", "100"]
+SEGMENT_BYTES = 512 << 20
+
+
+def warm(url: str, n: int = 2) -> None:
+    """Untimed requests whose token ids (20..99) no replayed prompt uses."""
+    for i in range(n):
+        body = {"model": "tiny", "prompt": [20 + (i + k) % 80 for k in range(600)], "max_tokens": 4,
+                "ignore_eos": True}
+        req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            resp.read()
+
+
+def replay(args: argparse.Namespace, target: str, metrics_urls: list[str], out: Path) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "tidekv", "trace", "replay", str(args.trace), "--target", target, "--model", "tiny",
+            "--max-requests", str(args.requests), "--speedup", str(args.speedup), "--scale-tokens",
+            str(args.scale_tokens), "--block-tokens", "32", "--max-input-tokens", str(args.max_input_tokens), *VOCAB,
+            "--ttft-slo-ms", str(args.ttft_slo_ms), "--tbt-slo-ms", str(args.tbt_slo_ms), "--timeout-s", "60",
+            "--json", str(out), "--no-progress"]
+    if metrics_urls:
+        argv += ["--metrics-url", *metrics_urls]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=args.requests / args.speedup * 10 + 300)
+    print(done.stdout, flush=True)
+    if not out.exists():
+        raise RuntimeError(f"tidekv trace replay failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    summary: dict[str, Any] = json.loads(out.read_text())["summary"]
+    return summary
+
+
+def one_column(args: argparse.Namespace, name: str, model: str, logs: Path, out: Path) -> dict[str, Any]:
+    if name == "one":
+        with server(model, logs, name, mode="in-process") as one:
+            warm(one.url)
+            return replay(args, one.url, [], out)
+    with spawn([sys.executable, "-m", "tidekv", "up", "--port", "0", "--metrics-port", "-1", "--segment-size", "1GiB"],
+               r'"master": "([^"]+)"', "tidekv up") as (_, m):
+        master = m.group(1)
+        kv_p = {**TIDEKV, "kv_connector_extra_config": {"master": master, "store_segment_size": SEGMENT_BYTES}}
+        kv_d = {**TIDEKV, "kv_connector_extra_config": {"master": None}}
+        with server(model, logs, f"{name}-p0", kv=kv_p, mode="in-process", cpus={0}) as p0, \
+                server(model, logs, f"{name}-p1", kv=kv_p, mode="in-process", cpus={1}) as p1, \
+                server(model, logs, f"{name}-d", kv=kv_d, mode="in-process") as d:
+            for s in (p0, p1, d):
+                warm(s.url)
+            port = free_port()
+            argv = [sys.executable, "-m", "tidekv", "proxy", "--prefill", p0.url, p1.url, "--decode", d.url,
+                    "--port", str(port), "--policy", name]
+            if name in ("store", "conductor"):
+                argv += ["--master", master]
+            if name == "conductor":
+                argv += ["--ttft-slo-ms", str(args.ttft_slo_ms)]
+            with spawn(argv, "listening", "tidekv proxy"):
+                return replay(args, f"http://127.0.0.1:{port}", [p0.url, p1.url], out)
+
+
+def row(name: str, s: dict[str, Any]) -> dict[str, Any]:
+    rates = {h["source"]: h["hit_rate"] for h in s["deployment_hit_rates"]}
+    return {"column": name, "goodput_rps": s["goodput_rps"], "slo_attainment": s["slo_attainment"],
+            "ttft_attainment": s["ttft_attainment"], "tbt_attainment": s["tbt_attainment"],
+            "ttft_p50_ms": s["ttft_ms"]["p50"], "ttft_p90_ms": s["ttft_ms"]["p90"], "errors": s["errors"],
+            "local_hit_rate": rates.get("vllm:prefix_cache"), "store_hit_rate": rates.get("vllm:external_prefix_cache"),
+            "duration_s": s["duration_s"]}
+
+
+def report(rows: list[dict[str, Any]]) -> None:
+    def f(v: Any, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    print("| column | goodput (req/s) | SLO attainment (both / TTFT / TBT) | TTFT p50 / p90 (ms) | prefill hit rate: "
+          "own cache / from store | errors |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        errors = ", ".join(f"{k} {v}" for k, v in sorted(r["errors"].items())) or "none"
+        print(f"| {r['column']} | {f(r['goodput_rps'], '.2f')} | {f(r['slo_attainment'], '.1%')} / "
+              f"{f(r['ttft_attainment'], '.1%')} / {f(r['tbt_attainment'], '.1%')} | {f(r['ttft_p50_ms'], '.0f')} / "
+              f"{f(r['ttft_p90_ms'], '.0f')} | {f(r['local_hit_rate'], '.3f')} / {f(r['store_hit_rate'], '.3f')} | "
+              f"{errors} |")
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        by.setdefault(r["column"], []).append(r["goodput_rps"] or 0.0)
+    if any(len(v) > 1 for v in by.values()):
+        print("\ngoodput spread over repeats (max - min, req/s): " + ", ".join(
+            f"{k} {max(v) - min(v):.2f} (mean {statistics.mean(v):.2f})" for k, v in by.items()))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", type=Path, default=TRACE)
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--speedup", type=float, default=4.0)
+    ap.add_argument("--scale-tokens", type=float, default=1 / 16)
+    ap.add_argument("--max-input-tokens", type=int, default=2048)
+    ap.add_argument("--ttft-slo-ms", type=float, default=250.0)
+    ap.add_argument("--tbt-slo-ms", type=float, default=50.0)
+    ap.add_argument("--columns", default=",".join(COLUMNS), help=f"any of {', '.join(COLUMNS)}")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--keep-logs", help="copy every server's log into this directory")
+    ap.add_argument("--json", help="write every column's summary here")
+    args = ap.parse_args()
+    columns = args.columns.split(",")
+    if set(columns) - set(COLUMNS):
+        ap.error(f"unknown column(s) {sorted(set(columns) - set(COLUMNS))}; choose from {', '.join(COLUMNS)}")
+    if not args.trace.exists():
+        ap.error(f"the trace is not at {args.trace}; pass --trace")
+    from tiny_model import build
+
+    rows: list[dict[str, Any]] = []
+    summaries: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="tidekv-trace-replay-") as tmp_name:
+        tmp = Path(tmp_name)
+        model = str(build(tmp / "model", seed=0))
+        logs = tmp / "logs"
+        logs.mkdir()
+        try:
+            for repeat in range(args.repeats):
+                for name in columns:
+                    print(f"== {name} (repeat {repeat + 1}/{args.repeats}) at {time.strftime('%H:%M:%S')}", flush=True)
+                    s = one_column(args, name, model, logs, tmp / f"{name}-{repeat}.json")
+                    summaries.append({"column": name, "repeat": repeat, **s})
+                    rows.append(row(name, s))
+        finally:
+            if args.keep_logs:
+                Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
+                for log in logs.iterdir():
+                    (Path(args.keep_logs) / log.name).write_bytes(log.read_bytes())
+    report(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"config": {k: str(v) for k, v in vars(args).items()},
+                                               "columns": summaries}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
