@@ -54,6 +54,9 @@ COLUMNS = ("one", "round_robin", "prefix", "store", "conductor")
 TIDEKV = {"kv_connector": "TidekvConnector", "kv_role": "kv_both"}
 VOCAB = ["--vocab-size", "150", "--first-token", "100"]
 SEGMENT_BYTES = 512 << 20
+# tidekv's own processes (pool, proxy, replay client) run from the main venv when there is one:
+# they need no vLLM, and the vLLM venv's editable install may predate a package the CLI imports.
+CLI_PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
 
 
 def warm(url: str, n: int = 2) -> None:
@@ -68,7 +71,7 @@ def warm(url: str, n: int = 2) -> None:
 
 
 def replay(args: argparse.Namespace, target: str, metrics_urls: list[str], out: Path) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "tidekv", "trace", "replay", str(args.trace), "--target", target, "--model", "tiny",
+    argv = [CLI_PYTHON, "-m", "tidekv", "trace", "replay", str(args.trace), "--target", target, "--model", "tiny",
             "--max-requests", str(args.requests), "--speedup", str(args.speedup), "--scale-tokens",
             str(args.scale_tokens), "--block-tokens", "32", "--max-input-tokens", str(args.max_input_tokens), *VOCAB,
             "--ttft-slo-ms", str(args.ttft_slo_ms), "--tbt-slo-ms", str(args.tbt_slo_ms), "--timeout-s", "60",
@@ -88,7 +91,7 @@ def one_column(args: argparse.Namespace, name: str, model: str, logs: Path, out:
         with server(model, logs, name, mode="in-process") as one:
             warm(one.url)
             return replay(args, one.url, [], out)
-    with spawn([sys.executable, "-m", "tidekv", "up", "--port", "0", "--metrics-port", "-1", "--segment-size", "1GiB"],
+    with spawn([CLI_PYTHON, "-m", "tidekv", "up", "--port", "0", "--metrics-port", "-1", "--segment-size", "1GiB"],
                r'"master": "([^"]+)"', "tidekv up") as (_, m):
         master = m.group(1)
         kv_p = {**TIDEKV, "kv_connector_extra_config": {"master": master, "store_segment_size": SEGMENT_BYTES}}
@@ -99,7 +102,7 @@ def one_column(args: argparse.Namespace, name: str, model: str, logs: Path, out:
             for s in (p0, p1, d):
                 warm(s.url)
             port = free_port()
-            argv = [sys.executable, "-m", "tidekv", "proxy", "--prefill", p0.url, p1.url, "--decode", d.url,
+            argv = [CLI_PYTHON, "-m", "tidekv", "proxy", "--prefill", p0.url, p1.url, "--decode", d.url,
                     "--port", str(port), "--policy", name]
             if name in ("store", "conductor"):
                 argv += ["--master", master]
