@@ -36,7 +36,7 @@ def _finish(worker: Any, rid: str, *, held: bool, saving: bool) -> Future[None] 
     save: Future[None] | None = None
     if saving:
         save = Future()
-        worker._saves[rid] = [save]  # what save() records for a save still running
+        worker._saves.submit(rid, save.result, 30)  # a save still running until the test ends it
     assert worker.get_finished({rid})[0] == set()  # held, or saving: not yet
     return save
 
@@ -95,9 +95,9 @@ def test_held_only_and_saving_only_requests_are_reported_once(worker: Any) -> No
 def test_saving_request_is_reported_even_without_a_store_client(worker: Any) -> None:
     """A rank whose store client failed to connect still hands back a request the scheduler
     planned saves for (vLLM waits for every rank's report before freeing its blocks)."""
-    from tidekv_vllm.metadata import StoreJob
+    from tidekv.kvcache.prefix_reuse import BlockJob
 
-    meta = worker.test_metadata(saves=[StoreJob("s", [1, 2], [["kv/a", "kv/b"]])])
+    meta = worker.test_metadata(saves=[BlockJob("s", [1, 2], [["kv/a", "kv/b"]])])
     worker.save(meta)
     assert worker.get_finished({"s"})[0] == {"s"}
     assert worker.get_finished(set())[0] == set()

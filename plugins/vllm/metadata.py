@@ -9,6 +9,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorHandshakeMetadata, KVConnectorMetadata
 
 from tidekv.kvcache.contract import RankEndpoint
+from tidekv.kvcache.prefix_reuse import BlockJob
 
 
 @dataclass
@@ -33,19 +34,10 @@ class PullJob:
 
 
 @dataclass
-class StoreJob:
-    """Load (before the forward) or save (after it) blocks under their store keys."""
-
-    request_id: str
-    blocks: list[int]
-    keys: list[list[str]]  # per tensor-parallel rank: one block key per block
-
-
-@dataclass
 class TidekvMetadata(KVConnectorMetadata):
     pulls: list[PullJob] = field(default_factory=list)
-    loads: list[StoreJob] = field(default_factory=list)
-    saves: list[StoreJob] = field(default_factory=list)
+    loads: list[BlockJob] = field(default_factory=list)  # store -> blocks, before the forward
+    saves: list[BlockJob] = field(default_factory=list)  # blocks -> store, after it
     holds: list[str] = field(default_factory=list)  # prefill: finished requests whose blocks we hold
     preempted: list[str] = field(default_factory=list)
     idle: bool = False  # the step schedules no tokens (vLLM steps anyway while blocks are held)

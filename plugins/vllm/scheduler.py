@@ -13,16 +13,17 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from tidekv.errors import MasterUnavailableError, TidekvError
+from tidekv.errors import TidekvError
 from tidekv.kvcache import contract, ranks
 from tidekv.kvcache.contract import KVHandoff, RankEndpoint
 from tidekv.kvcache.handoff import Releaser, ReleaseReason, pull_end, pulled_blocks
 from tidekv.kvcache.layout import KVLayout
+from tidekv.kvcache.prefix_reuse import PrefixReuse
 from tidekv.kvcache.ranks import RankedKeys
 from tidekv.kvcache.settings import KVConnectorConfig
 from tidekv.kvcache.store_link import StoreLink
 from tidekv.logs import WarnEvery
-from tidekv_vllm.metadata import PullJob, StoreJob, TidekvHandshake, TidekvMetadata
+from tidekv_vllm.metadata import PullJob, TidekvHandshake, TidekvMetadata
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -46,17 +47,13 @@ class TidekvScheduler:
         self.keys: RankedKeys | None = None  # every rank's store keys
         self._link: StoreLink | None = None
         self._releaser: Releaser | None = None  # made on first use: most engines never need it
-        self._store_warning = WarnEvery(_WARN_EVERY_S)
         self._refusal_warnings: dict[type, WarnEvery] = {}  # one throttle per kind of refusal
         self._pulls: dict[str, PullJob] = {}
-        self._loads: dict[str, int] = {}  # request -> external tokens to load from the store
-        self._tokens: dict[str, list[int]] = {}  # prompt tokens of running requests (store mode)
-        self._blocks: dict[str, list[int]] = {}  # block ids of running requests
-        self._saved: dict[str, int] = {}  # full blocks already in the store (saved or loaded)
-        self._had_saves: set[str] = set()
         self._holds: list[str] = []
         if settings.master and (settings.save or settings.load):
             self._link = StoreLink(settings.master, self._connect_store, owner="scheduler")
+        # Store lookups, loads and saves of blocks: the same rules as every engine's connector.
+        self._reuse = PrefixReuse(self.block_size, self._link, load=settings.load, save=settings.save)
 
     # ---- start-up -----------------------------------------------------------------------
 
@@ -69,6 +66,7 @@ class TidekvScheduler:
         ordered = ranks.by_rank(shakes, self.tp_size)
         self.endpoints = [RankEndpoint(s.engine, s.layout, s.confirm_address) for s in ordered]
         self.keys = RankedKeys.of(self.model_tag, [KVLayout.from_wire(s.layout) for s in ordered], self.block_size)
+        self._reuse.keys = self.keys
         logger.info("tidekv: engine %s has %d tensor-parallel rank(s) on transfer engines %s", self.engine_id,
                     self.tp_size, [e.engine for e in self.endpoints])
 
@@ -107,10 +105,7 @@ class TidekvScheduler:
         if contract.is_handoff(params):
             count = self._pull_end(len(prompt), self._read_handoff(request)[0]) - num_computed_tokens
             return (count, not self.settings.is_sync_load) if count > 0 else (0, False)
-        hit_blocks = self._stored_prefix_blocks(prompt, num_computed_tokens)
-        # vLLM samples from a forward, so the prompt's last token is always computed: a prompt
-        # whose every block is stored loads them all and reports all but that token.
-        tokens = min(hit_blocks * self.block_size, len(prompt) - 1) - num_computed_tokens
+        tokens = self._reuse.matched_tokens(prompt, num_computed_tokens)
         return (tokens, False) if tokens > 0 else (0, False)
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
@@ -141,8 +136,8 @@ class TidekvScheduler:
                 is_sync=self.settings.is_sync_load or not local,
                 error=None if error is None else str(error),
             )
-        elif num_external_tokens > 0:
-            self._loads[request.request_id] = num_external_tokens
+        else:
+            self._reuse.expect_load(request.request_id, num_external_tokens)
 
     def _read_handoff(self, request: Request) -> tuple[KVHandoff | None, TidekvError | None]:
         """The prefill's contract in the request's params, or why this engine cannot pull it."""
@@ -179,39 +174,30 @@ class TidekvScheduler:
         meta.idle = out.total_num_scheduled_tokens == 0
         for req in out.scheduled_new_reqs:
             rid = req.req_id
-            tokens = list(req.prompt_token_ids or [])
-            self._tokens[rid] = tokens
-            self._blocks[rid] = list(req.block_ids[0])
-            self._saved[rid] = req.num_computed_tokens // self.block_size
-            ext = self._loads.pop(rid, 0)
-            if ext and self.keys is not None:
-                # Whole blocks: a load that ends one token short of a block-aligned prompt (see
-                # get_num_new_matched_tokens) brings that last block too, and it is not saved again.
-                first = (req.num_computed_tokens - ext) // self.block_size
-                last = -(-req.num_computed_tokens // self.block_size)
-                keys = [k[first:last] for k in self.keys.block_keys(tokens)]
-                meta.loads.append(StoreJob(rid, self._blocks[rid][first:last], keys))
-                self._saved[rid] = last
-            self._plan_save(meta, rid, req.num_computed_tokens + out.num_scheduled_tokens.get(rid, 0))
+            # vLLM counts the store's tokens among the computed ones: the engine's own are the rest.
+            local = req.num_computed_tokens - self._reuse.external_tokens(rid)
+            load = self._reuse.start(rid, list(req.prompt_token_ids or []), list(req.block_ids[0]), local)
+            if load is not None:
+                meta.loads.append(load)
+            self._add_save(meta, rid, req.num_computed_tokens + out.num_scheduled_tokens.get(rid, 0))
         cached = out.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
-            if rid not in self._blocks:
-                continue
             new_ids = cached.new_block_ids[i]
-            if rid in getattr(cached, "resumed_req_ids", set()):
-                self._blocks[rid] = list(new_ids[0]) if new_ids else []
-                self._saved[rid] = 0
-            elif new_ids:
-                self._blocks[rid].extend(new_ids[0])
-            self._plan_save(meta, rid, cached.num_computed_tokens[i] + out.num_scheduled_tokens.get(rid, 0))
+            self._reuse.extend(rid, list(new_ids[0]) if new_ids else [],
+                               is_resumed=rid in getattr(cached, "resumed_req_ids", set()))
+            self._add_save(meta, rid, cached.num_computed_tokens[i] + out.num_scheduled_tokens.get(rid, 0))
         for rid in out.finished_req_ids:
-            self._forget(rid)
+            self._reuse.forget(rid)
         return meta
+
+    def _add_save(self, meta: TidekvMetadata, rid: str, computed_after_step: int) -> None:
+        job = self._reuse.plan_save(rid, computed_after_step)
+        if job is not None:
+            meta.saves.append(job)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
-        delay = rid in self._had_saves
-        self._had_saves.discard(rid)
+        delay = self._reuse.finish(rid)  # its saves must end before vLLM frees its blocks
         result: dict[str, Any] | None = None
         if contract.is_handoff(request.kv_transfer_params):
             # A decode request that ends with its pull never planned (update_state_after_alloc
@@ -255,50 +241,3 @@ class TidekvScheduler:
             self._link.close()
         if self._releaser is not None:
             self._releaser.close()
-
-    # ---- store --------------------------------------------------------------------------
-
-    def _stored_prefix_blocks(self, prompt: list[int], num_computed_tokens: int) -> int:
-        """Full blocks of the prompt (beyond those computed locally) found in the store, on every rank."""
-        store = self._store
-        if store is None or not self.settings.load or self.keys is None:
-            return 0
-        limit = len(prompt) // self.block_size
-        first = num_computed_tokens // self.block_size
-        try:
-            hits = self.keys.stored_blocks(prompt, first, limit, store.exists_many)
-        except MasterUnavailableError as exc:
-            if self._link is not None:
-                self._link.lost(exc)  # reuse is off until the master answers again (the link says so)
-            return 0
-        except TidekvError as exc:
-            self._warn("tidekv store lookup failed (%s): this prompt is recomputed", exc)
-            return 0
-        return first + hits if hits else 0
-
-    def _plan_save(self, meta: TidekvMetadata, rid: str, computed_after_step: int) -> None:
-        if self._store is None or not self.settings.save or self.keys is None:
-            return
-        tokens = self._tokens.get(rid)
-        blocks = self._blocks.get(rid)
-        if tokens is None or blocks is None:
-            return
-        full = min(computed_after_step, len(tokens)) // self.block_size
-        full = min(full, len(blocks))
-        start = self._saved.get(rid, 0)
-        if full <= start:
-            return
-        keys = [k[start:full] for k in self.keys.block_keys(tokens)]
-        meta.saves.append(StoreJob(rid, blocks[start:full], keys))
-        self._saved[rid] = full
-        self._had_saves.add(rid)
-
-    def _forget(self, rid: str) -> None:
-        self._tokens.pop(rid, None)
-        self._blocks.pop(rid, None)
-        self._saved.pop(rid, None)
-        self._loads.pop(rid, None)
-
-    def _warn(self, fmt: str, *args: Any) -> None:
-        if self._store_warning.due() is not None:
-            logger.warning(fmt, *args)

@@ -11,19 +11,20 @@ finished requests keep their blocks until their saves are done.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tidekv.config import TransferConfig, TransportKind
 from tidekv.errors import TidekvError
 from tidekv.kvcache import ranks
+from tidekv.kvcache.block_store import SaveQueue, load_blocks, save_blocks
 from tidekv.kvcache.handoff import HoldTable, Releaser, ReleaseReason
-from tidekv.kvcache.layout import KVLayout, chunk_keys
+from tidekv.kvcache.layout import KVLayout
+from tidekv.kvcache.prefix_reuse import BlockJob
 from tidekv.kvcache.settings import KVConnectorConfig
 from tidekv.kvcache.store_link import StoreLink
 from tidekv.transfer import TransferEngine, TransferHandle, TransferOp
-from tidekv_vllm.metadata import PullJob, StoreJob, TidekvHandshake, TidekvMetadata
+from tidekv_vllm.metadata import PullJob, TidekvHandshake, TidekvMetadata
 
 if TYPE_CHECKING:
     import torch
@@ -62,9 +63,7 @@ class TidekvWorker:
         self._kv_caches: dict[str, torch.Tensor] = {}
         self._pulls: dict[str, _Pull] = {}
         self._load_errors: set[int] = set()
-        self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidekv-save")
-        self._saves: dict[str, list[Future[None]]] = {}
-        self._finished_waiting: set[str] = set()  # finished requests whose saves are still running
+        self._saves = SaveQueue()
         self._link: StoreLink | None = None
         if settings.master and (settings.save or settings.load):
             self._link = StoreLink(settings.master, self._connect_store, owner=f"rank {tp_rank}")
@@ -109,8 +108,7 @@ class TidekvWorker:
     def handle_preemptions(self, meta: TidekvMetadata) -> None:
         # A preempted request's blocks are reused right away: its saves must finish first.
         for rid in meta.preempted:
-            for fut in self._saves.pop(rid, []):
-                fut.result()
+            self._saves.wait(rid)
 
     def start_load(self, meta: TidekvMetadata) -> None:
         now: list[_Pull] = []
@@ -133,11 +131,9 @@ class TidekvWorker:
             if self._link is None or self.layout is None:
                 # Nothing to save to, but the scheduler delays freeing the request until every
                 # rank reports its saves done: report it.
-                fut: Future[None] = Future()
-                fut.set_result(None)
+                self._saves.mark_saved(job.request_id)
             else:
-                fut = self._saver.submit(self._save_job, job, self._forward_done())
-            self._saves.setdefault(job.request_id, []).append(fut)
+                self._saves.submit(job.request_id, self._save_job, job, self._forward_done())
 
     def get_finished(self, finished_req_ids: set[str], idle: bool = False) -> tuple[set[str], set[str]]:
         if idle and self.holds.pending and not self._pulls:
@@ -149,18 +145,9 @@ class TidekvWorker:
         # nothing needs them any more: neither its decode (a hold, until released or expired)
         # nor its store saves (until done). A request with both waits for both.
         released = self.holds.released()
-        self._finished_waiting |= {r for r in finished_req_ids if r in self._saves}
-        sending = set()
-        for rid in list(self._finished_waiting):
-            if all(f.done() for f in self._saves.get(rid, [])):
-                self._saves.pop(rid, None)
-                self._finished_waiting.discard(rid)
-                if not self.holds.is_held(rid):  # else: reported when its hold is released
-                    sending.add(rid)
-        sending |= {r for r in released if r not in self._finished_waiting}  # else: when its saves end
-        for rid in finished_req_ids:
-            if rid not in self._finished_waiting:
-                self._saves.pop(rid, None)
+        saved = self._saves.finished(finished_req_ids)
+        sending = {r for r in saved if not self.holds.is_held(r)}  # else: reported when its hold is released
+        sending |= {r for r in released if not self._saves.is_waiting(r)}  # else: when its saves end
         recving = set()
         for rid, pull in list(self._pulls.items()):
             if pull.handle is not None and not pull.handle.done():
@@ -197,7 +184,7 @@ class TidekvWorker:
         return out
 
     def shutdown(self) -> None:
-        self._saver.shutdown(wait=True)
+        self._saves.shutdown()
         if self._link is not None:
             self._link.close()
         self.holds.close()
@@ -222,7 +209,7 @@ class TidekvWorker:
         except TidekvError as exc:
             return _Pull(job, None, str(exc))
 
-    def _load_from_store(self, jobs: list[StoreJob]) -> None:
+    def _load_from_store(self, jobs: list[BlockJob]) -> None:
         assert self.layout is not None
         # The scheduler found these blocks on the master a moment ago: a link still waiting out
         # its backoff tries at once (a load without a client fails its requests).
@@ -231,27 +218,20 @@ class TidekvWorker:
             for job in jobs:
                 self._load_errors.update(job.blocks)
             return
-        keys, spans, owners = [], [], []
-        for job in jobs:
-            for block, key in zip(job.blocks, job.keys[self.tp_rank]):
-                for ck, span in zip(chunk_keys(key, self.layout), self.layout.block_spans(block)):
-                    keys.append(ck)
-                    spans.append(span)
-                    owners.append(block)
         try:
-            sizes = store.get_many_into(keys, spans)
+            missing = load_blocks(store, self.layout, self.tp_rank, jobs)
         except TidekvError as exc:
+            owners = {block for job in jobs for block in job.blocks}
             logger.warning("tidekv: loading %d blocks from the store failed (%s); vLLM recomputes them",
-                           len(set(owners)), exc)
+                           len(owners), exc)
             self._load_errors.update(owners)
             self._link_lost(exc)
             return
-        missing = {block for block, size, (_, length) in zip(owners, sizes, spans) if size != length}
         if missing:
             # The scheduler saw every rank's chunks a moment ago: they were evicted since, or
             # this rank's store client sees another pool.
             logger.warning("tidekv: rank %d: %d of %d blocks to load were not in the store; vLLM recomputes them",
-                           self.tp_rank, len(missing), len(set(owners)))
+                           self.tp_rank, len(missing), len({block for job in jobs for block in job.blocks}))
             self._load_errors |= missing
 
     def _forward_done(self) -> Any:
@@ -265,7 +245,7 @@ class TidekvWorker:
         event.record()
         return event
 
-    def _save_job(self, job: StoreJob, forward_done: Any = None) -> None:
+    def _save_job(self, job: BlockJob, forward_done: Any = None) -> None:
         assert self.layout is not None and self._link is not None
         if forward_done is not None:
             forward_done.synchronize()  # on this saver thread: the blocks hold the forward's output now
@@ -273,12 +253,8 @@ class TidekvWorker:
         store = self._link.try_now()
         if store is None:
             return  # this rank's master does not answer: the blocks are recomputed some day
-        keys, spans = [], []
-        for block, key in zip(job.blocks, job.keys[self.tp_rank]):
-            keys.extend(chunk_keys(key, self.layout))
-            spans.extend(self.layout.block_spans(block))
         try:
-            store.put_many_from(keys, spans)
+            save_blocks(store, self.layout, self.tp_rank, job)
         except TidekvError as exc:
             # A failed save only costs a future recompute; never the request.
             logger.warning("tidekv: saving %d blocks of request %s failed: %s", len(job.blocks), job.request_id, exc)
