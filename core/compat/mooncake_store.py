@@ -18,8 +18,9 @@ How Mooncake's semantics map onto tidekv's, where they differ (README, "Mooncake
   leased key is -706 unless ``force``.
 - ``put`` of an existing key is 0 and leaves the old bytes (immutable objects); ``upsert*``
   replaces them.
-- ``remove_all`` and ``remove_by_regex`` need a key listing the tidekv master does not offer:
-  they return -1011 (UNAVAILABLE_IN_CURRENT_MODE) and log why.
+- ``remove_all`` and ``remove_by_regex`` list the keys (``Store.keys``) and remove them in
+  batches; objects a reader holds a lease on stay unless ``force`` (Mooncake's leave them
+  silently too; here the count is logged).
 - ``setup``: ``metadata_server``, ``protocol`` (except ``MC_FORCE_TCP=1``) and ``rdma_devices``
   select nothing (tidekv handshakes directly and picks shared memory or tcp per peer);
   ``enable_ssd_offload``, an ``ssd_offload_path``, a ``tenant_id`` other than "default" and
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -68,6 +70,8 @@ from tidekv.transfer.engine import TransferEngine as _TidekvEngine
 logger = logging.getLogger(__name__)
 
 _STATUS_ERRORS = {Status.NOT_FOUND: ObjectNotFoundError, Status.LEASED: ObjectLeasedError}
+_REMOVE_BATCH = 1024
+"""Keys per remove request of ``remove_all`` / ``remove_by_regex``."""
 """Per-key outcomes of a batch remove, as the errors a single remove raises (then ``error_code``)."""
 
 _warn_failures = WarnEvery(10.0)
@@ -308,12 +312,44 @@ class MooncakeDistributedStore:
         return [out] * len(keys) if isinstance(out, int) else out
 
     def remove_all(self, force: bool = False) -> int:
-        """-1011: the tidekv master lists no keys, so this client cannot name them all."""
-        return self._unavailable("remove_all", "the master offers no request to list or remove every key")
+        """Removes every object; returns how many (or a negative code). Objects a reader holds a
+        lease on stay unless ``force`` (Mooncake leaves them silently; this logs how many)."""
+        return self._remove_matching("remove_all", None, force)
 
     def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
-        """-1011: the tidekv master lists no keys, so none can be matched against a pattern."""
-        return self._unavailable("remove_by_regex", "the master offers no request to list or match keys")
+        """Removes every object whose key matches ``regex_pattern`` (``re.search``, as Mooncake's
+        std::regex_search); returns how many, -600 for a pattern that does not compile."""
+        try:
+            pattern = re.compile(regex_pattern)
+        except (re.error, TypeError) as exc:
+            logger.error("mooncake store compat: remove_by_regex(%r): not a regular expression: %s", regex_pattern, exc)
+            return int(ErrorCode.INVALID_PARAMS)
+        return self._remove_matching("remove_by_regex", pattern, force)
+
+    def _remove_matching(self, op: str, pattern: re.Pattern[str] | None, force: bool) -> int:
+        def run(store: Store) -> int:
+            removed = leased = 0
+            batch: list[bytes] = []
+
+            def flush() -> None:
+                nonlocal removed, leased
+                statuses = store.remove_many(batch, force=force)
+                removed += sum(1 for st in statuses if st is Status.OK)
+                leased += sum(1 for st in statuses if st is Status.LEASED)
+                batch.clear()
+
+            for key in store.keys():
+                if pattern is None or pattern.search(key.decode("utf-8", "surrogateescape")):
+                    batch.append(key)
+                    if len(batch) >= _REMOVE_BATCH:
+                        flush()
+            if batch:
+                flush()
+            if leased:
+                logger.warning("mooncake store compat: %s() left %d object(s) a reader holds a lease on (force=True "
+                               "removes them too); removed %d", op, leased, removed)
+            return removed
+        return int(self._call(op, run))
 
     # ---- zero-copy ---------------------------------------------------------------------------
 
@@ -472,11 +508,6 @@ class MooncakeDistributedStore:
     def _code(self, op: str, run: Callable[[Store], Any]) -> int:
         out = self._call(op, run)
         return out if isinstance(out, int) else int(ErrorCode.OK)
-
-    def _unavailable(self, op: str, why: str) -> int:
-        logger.warning("mooncake store compat: %s() is not supported: %s (returning %d)", op, why,
-                       ErrorCode.UNAVAILABLE_IN_CURRENT_MODE)
-        return int(ErrorCode.UNAVAILABLE_IN_CURRENT_MODE)
 
     def _put_many(self, keys: list[str], buffers: Sequence[Any] | None, config: ReplicateConfig | None,
                   upsert: bool) -> list[int]:

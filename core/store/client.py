@@ -27,7 +27,7 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 
@@ -415,6 +415,25 @@ class Store:
     def remove_many(self, keys: Sequence[Key], *, force: bool = False) -> list[Status]:
         """Deletes objects; returns per key Status.OK, NOT_FOUND or LEASED."""
         return [Status(s) for s in self._rpc.call(p.Remove([key_bytes(k) for k in keys], force))]
+
+    def keys(self, page_keys: int = 1024) -> Iterator[bytes]:
+        """Every key of a complete object, as the master held them when the listing began (a key
+        removed meanwhile is skipped, one put meanwhile is not listed), in pages of
+        ``page_keys`` (at most the master's max_batch_keys). One listing at a time per Store:
+        a second ``keys()`` started before the first is exhausted ends the first.
+
+        Raises:
+            MasterUnavailableError: the master did not answer.
+            ConfigError: the listing was lost (the connection to the master changed, e.g. after a
+                failover, or another listing of this Store started): list again.
+        """
+        start = True
+        while True:
+            page, is_last = self._rpc.call(p.ListKeys(start, page_keys))
+            start = False
+            yield from page
+            if is_last:
+                return
 
     def stats(self) -> dict[str, Any]:
         """The master's view of the pool (keys, segments, usage, evictions) and this engine's counters."""

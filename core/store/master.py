@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -33,12 +34,15 @@ logger = logging.getLogger(__name__)
 
 
 class Session:
-    """One client connection as the master sees it: the client it said hello as."""
+    """One client connection as the master sees it: the client it said hello as, and the key
+    listing it is paging through (``ListKeys``)."""
 
-    __slots__ = ("client_id",)
+    __slots__ = ("__weakref__", "client_id", "listing", "listed")
 
     def __init__(self) -> None:
         self.client_id: str | None = None
+        self.listing: list[bytes] | None = None  # the keys present when the listing started
+        self.listed = 0  # how many of them earlier pages covered
 
     def refusal(self, body: object, client_id: str) -> str:
         """Why a request naming ``client_id`` may not come on this connection ("" when it may)."""
@@ -54,6 +58,9 @@ class Session:
                     "a connection acts for its own client only")
         return ""
 
+
+MAX_LISTINGS = 64
+"""Connections that may hold a key listing (``ListKeys``) at once: each holds a copy of the key set."""
 
 MAX_INCARNATION_CHARS = 128
 """Longest incarnation a MountSegment may carry."""
@@ -74,6 +81,7 @@ class MasterService:
         self._requests = self.metrics.counter("tidekv_master_requests_total", "RPC requests by type")
         self._items = self.metrics.counter("tidekv_master_request_items_total", "keys carried by RPC requests, by type")
         self._failures = self.metrics.counter("tidekv_master_request_failures_total", "RPC requests refused, by reason")
+        self._listings: weakref.WeakSet[Session] = weakref.WeakSet()  # sessions holding a key listing
         self._latency = self.metrics.histogram("tidekv_master_request_seconds", "time to handle one RPC, by type")
         self._lease_expired = self.metrics.counter(
             "tidekv_lease_expiries_total", "reads that outlived their lease (reported by clients)"
@@ -178,7 +186,10 @@ class MasterService:
             keys = getattr(body, "keys", None)
             self.reply_seq = log.depends(keys) if keys else 0
         try:
-            result = self._handlers[type(body)](body, self.clock())
+            if type(body) is p.ListKeys:
+                result = self._list_keys(body, session if session is not None else Session())
+            else:
+                result = self._handlers[type(body)](body, self.clock())
         except ProtocolVersionError as exc:
             self._failures.inc(reason="version")
             return self._error(envelope.request_id, p.ErrorKind.VERSION, str(exc))
@@ -333,6 +344,40 @@ class MasterService:
 
     def _stats(self, m: p.StatsRequest, now: float) -> dict[str, Any]:
         return self.stats()
+
+    def _list_keys(self, m: p.ListKeys, session: Session) -> tuple[list[bytes], bool]:
+        """A page of ``session``'s listing. The listing is a copy of the key set taken when it
+        starts (~10 ms per million keys), so no page costs more than ``limit`` lookups; at most
+        ``MAX_LISTINGS`` connections hold one at a time."""
+        if not 1 <= m.limit <= self.config.max_batch_keys:
+            raise ConfigError(f"ListKeys limit={m.limit} is out of range; allowed 1..{self.config.max_batch_keys} "
+                              "(max_batch_keys)")
+        if m.start:
+            session.listing = None
+            self._listings.discard(session)
+            if len(self._listings) >= MAX_LISTINGS:
+                raise ConfigError(f"{len(self._listings)} connections are listing keys already (at most "
+                                  f"{MAX_LISTINGS}); retry once one has finished")
+            session.listing, session.listed = list(self.objects.objects), 0
+            self._listings.add(session)
+        elif session.listing is None:
+            raise ConfigError("ListKeys(start=False) without a listing on this connection; start one (start=True)")
+        listing, objects = session.listing, self.objects.objects
+        page: list[bytes] = []
+        i = session.listed
+        end = min(len(listing), i + 8 * m.limit)  # keys removed since the start are skipped, within bounds
+        while i < end and len(page) < m.limit:
+            meta = objects.get(listing[i])
+            if meta is not None and meta.put is None:  # complete (pending upserts keep the old version listed)
+                page.append(listing[i])
+            i += 1
+        session.listed = i
+        is_last = i >= len(listing)
+        if is_last:
+            session.listing = None
+            self._listings.discard(session)
+        self._items.inc(len(page), type="ListKeys")
+        return page, is_last
 
     # ---- helpers ------------------------------------------------------------------------
 

@@ -18,6 +18,9 @@ PutEnd, PutRevoke                always (idempotent: an ended put's token
                                  ends it again with OK)
 Remove                           always; a remove applied before the
                                  failover answers NOT_FOUND on the retry
+ListKeys                         a first page always; a later page fails     ConfigError: the listing
+                                 on a new connection (the listing lived      lived on the connection
+                                 on the old one)                             that was lost; list again
 PutStart                         only when it certainly never reached a      MasterUnavailableError with
                                  master (connect failed, or not_ready):      ``is_request_sent`` True:
                                  a repeat would start a second put           nothing was acknowledged

@@ -15,14 +15,15 @@ from typing import Any, Generic, TypeVar, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """v2: the ``not_ready`` error kind (a recovering master, a standby), idempotent put_end, and the
 replication stream between masters (``journal``). v3: ``MountSegment`` carries the holder's
 incarnation and is answered with a ``MountResult``: a holder declared dead has its segment
 suspended, not dropped, and gets its objects back by re-mounting (the journal's suspend/resume
-ops). v4: every connection opens with the ``tidekv.auth`` handshake (and the ``auth`` error kind)."""
+ops). v4: every connection opens with the ``tidekv.auth`` handshake (and the ``auth`` error kind).
+v5: ``ListKeys``."""
 
-MAGIC = b"tkv\x04"
+MAGIC = b"tkv\x05"
 """First bytes a client sends on a new connection (anything else is not a tidekv store client).
 The handshake (``tidekv.auth``: Greeting, Challenge, Proof, each a frame) follows it, before
 any request."""
@@ -152,6 +153,17 @@ class StatsRequest(msgspec.Struct, tag="stats", array_like=True):
     pass
 
 
+class ListKeys(msgspec.Struct, tag="list_keys", array_like=True):
+    """One page of the keys of complete objects, as a listing on this connection sees them.
+
+    ``start``: begin a listing of the keys present now (ending this connection's previous one);
+    else the next page of this connection's listing. A key removed meanwhile is skipped; one
+    put meanwhile is not listed. Result: (keys, is_last)."""
+
+    start: bool
+    limit: int = 1024
+
+
 Body = Union[
     Hello,
     MountSegment,
@@ -166,6 +178,7 @@ Body = Union[
     Locate,
     Remove,
     StatsRequest,
+    ListKeys,
 ]
 
 
@@ -243,6 +256,7 @@ RESULT_TYPES: dict[type, object] = {
     Exists: list[bool],
     Locate: list[list[str]],  # engines holding each key's replicas
     Heartbeat: bool,  # need_remount
+    ListKeys: tuple[list[bytes], bool],  # a page of keys, whether it is the last
     MountSegment: MountResult,
 }
 """The result type of each request's reply (others: any msgpack value)."""

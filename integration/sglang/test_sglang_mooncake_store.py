@@ -128,16 +128,13 @@ def test_two_processes_read_each_others_pages(master: str, backends: list[Any], 
         peer.stop()
 
 
-def test_clear_is_refused_and_leaves_the_pages(master: str, backends: list[Any],
-                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_clear_removes_the_pages(master: str, backends: list[Any]) -> None:
     backend, pool = attach(backends, master, PoolShape())
     hashes = page_hashes(2, seed=30)
     sglang_rig.fill_pages(pool, [0, 1], seed=1)
     assert all(backend.batch_set_v1(hashes, host_indices(pool, [0, 1])))
-    with caplog.at_level(logging.WARNING, logger="tidekv.compat.mooncake_store"):
-        backend.clear()  # remove_all: -1011, the master lists no keys
-    assert "remove_all() is not supported" in caplog.text
-    assert backend.batch_exists(hashes) == 2
+    backend.clear()  # remove_all(): lists the keys and removes them
+    assert backend.batch_exists(hashes) == 0
 
 
 def test_a_master_that_goes_away_fails_gets_and_sets_without_raising(spawn_pool: Any, backends: list[Any]) -> None:

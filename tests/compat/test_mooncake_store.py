@@ -5,12 +5,13 @@ real tidekv master process on 127.0.0.1.
 
 Codes are Mooncake's (mooncake-store/include/types.h): 0 ok, -200 no space, -600 invalid
 parameters (a buffer too small), -704 not found, -706 has lease, -707 lease expired, -1011
-unavailable in this mode. Where tidekv cannot do what Mooncake does (``remove_all``,
-``remove_by_regex``) the test asserts the documented refusal instead. ``test_mooncake_shim``
+unavailable in this mode. ``test_mooncake_shim``
 checks that the installed ``mooncake.store`` is this module.
 """
 
 from __future__ import annotations
+
+import logging
 
 import ctypes
 import itertools
@@ -328,17 +329,24 @@ def test_remove_is_zero_not_found_or_has_lease(store: MooncakeDistributedStore) 
     assert store.batch_remove(["c", "d", "e"]) == [0, HAS_LEASE, NOT_FOUND]
 
 
-def test_remove_all_is_refused_as_unavailable_and_removes_nothing(store: MooncakeDistributedStore) -> None:
-    assert store.put("k", b"v") == 0
-    assert store.remove_all() == UNAVAILABLE
-    assert store.remove_all(force=True) == UNAVAILABLE  # vLLM's call
-    assert store.get("k") == b"v"
+def test_remove_all_removes_what_is_not_leased_and_force_the_rest(store: MooncakeDistributedStore,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    assert store.put_batch([f"k{i}" for i in range(2500)], [b"v"] * 2500) == 0  # more than one page
+    assert store.put("leased", b"l") == 0 and store.get("leased") == b"l"  # a get leases it
+    with caplog.at_level(logging.WARNING, logger="tidekv.compat.mooncake_store"):
+        assert store.remove_all() == 2500
+    assert "left 1 object(s) a reader holds a lease on" in caplog.text
+    assert store.is_exist("k7") == 0 and store.get("leased") == b"l"
+    assert store.remove_all(force=True) == 1  # vLLM's call: leases do not stop it
+    assert store.remove_all() == 0
 
 
-def test_remove_by_regex_is_refused_as_unavailable(store: MooncakeDistributedStore) -> None:
-    assert store.put("k", b"v") == 0
-    assert store.remove_by_regex("^k$") == UNAVAILABLE
-    assert store.get("k") == b"v"
+def test_remove_by_regex_removes_the_matching_keys(store: MooncakeDistributedStore) -> None:
+    assert store.put_batch(["layer0/a", "layer0/b", "layer1/a", "other"], [b"1", b"2", b"3", b"4"]) == 0
+    assert store.remove_by_regex(r"^layer0/") == 2
+    assert store.remove_by_regex(r"/a$") == 1  # layer1/a; search, not a whole-key match
+    assert [store.is_exist(k) for k in ("layer0/a", "layer0/b", "layer1/a", "other")] == [0, 0, 0, 1]
+    assert store.remove_by_regex("(unclosed") == INVALID
 
 
 def test_batch_get_replica_desc_describes_memory_replicas(master: MasterProcess, open_store: Open) -> None:

@@ -47,6 +47,7 @@ def _example(kind: type) -> msgspec.Struct:
         p.Locate: p.Locate([b"k"]),
         p.Remove: p.Remove([b"k"], force=True),
         p.StatsRequest: p.StatsRequest(),
+        p.ListKeys: p.ListKeys(True),
     }
     return examples[kind]
 
