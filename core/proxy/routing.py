@@ -159,7 +159,8 @@ def prompt_text(body: dict[str, Any]) -> str:
 
 def _content_text(content: Any) -> str:
     if isinstance(content, list):  # OpenAI content parts; only text parts carry prompt text
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        texts = (p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        return "".join(t for t in texts if isinstance(t, str))  # a client may send anything as "text"
     return content if isinstance(content, str) else ""
 
 

@@ -487,7 +487,7 @@ async def _errors_middleware(request: web.Request,
 async def _client_json(request: web.Request) -> dict[str, Any]:
     try:
         body = json.loads(await request.read())
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: arrays or objects nested ~1000 deep
         raise ProxyError(f"request body is not valid JSON: {exc}", status=400,
                          error_type="invalid_request_error") from None
     if not isinstance(body, dict):
@@ -524,6 +524,6 @@ def _error_detail(raw: bytes) -> str:
         message = answer.get("error", {}).get("message") or answer.get("message")
         if isinstance(message, str):
             return message
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         pass
     return raw[:500].decode(errors="replace")
