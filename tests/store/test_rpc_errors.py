@@ -39,19 +39,10 @@ def raw(master: MasterProcess) -> Iterator[socket.socket]:
     sock.close()
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        assert chunk, "the master closed the connection"
-        data += chunk
-    return data
-
-
 def _ask(sock: socket.socket, payload: bytes) -> p.Reply:
     sock.sendall(p.frame(payload))
-    size = int.from_bytes(_recv_exact(sock, p.FRAME_HEADER), "little")
-    return p.decode_reply(_recv_exact(sock, size))
+    size = int.from_bytes(wire.recv_exact(sock, p.FRAME_HEADER), "little")
+    return p.decode_reply(wire.recv_exact(sock, size))
 
 
 def _closed_by_peer(sock: socket.socket, timeout_s: float | None = None) -> bool:
@@ -230,7 +221,7 @@ class _FutureMaster:
                 continue
             with conn:
                 conn.settimeout(5)
-                assert _recv_exact(conn, len(p.MAGIC)) == p.MAGIC
+                assert wire.recv_exact(conn, len(p.MAGIC)) == p.MAGIC
                 wire.recv_frame(conn)  # the greeting: answered with a version error, not a challenge
                 message = f"client speaks tidekv store protocol v{p.PROTOCOL_VERSION}, this master speaks v{theirs}"
                 conn.sendall(p.frame(p.encode(p.Reply(0, error_kind="version", error=message))))
