@@ -170,7 +170,7 @@ def test_benchmark_runs_small(library: Path, tmp_path: Path) -> None:
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed: the C harness cannot be compiled")
     out = tmp_path / "bench.json"
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trtllm_abi.py"), "--rounds", "2", "--json",
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trtllm_abi.py"), "--rounds", "2", "--reps", "2", "--json",
                           str(out)], capture_output=True, text=True, timeout=300)
     assert run.returncode in (0, 1), run.stderr
     result = json.loads(out.read_text())
