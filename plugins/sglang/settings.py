@@ -10,12 +10,11 @@ from these settings; ``tidekv.config`` holds the transfer and store settings und
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tidekv.config import TransportKind, secret_from_env
+from tidekv.config import TransportKind, parse_size, secret_from_env
 from tidekv.errors import ConfigError
 from tidekv.kvcache.settings import MASTER_ENV, check_master_address, resolve_master
 
@@ -28,27 +27,6 @@ SGLANG_KEYS = frozenset({
 })
 """Extra-config keys that belong to SGLang, not to tidekv."""
 
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 1000, "kib": 1 << 10, "mb": 1000**2, "mib": 1 << 20, "gb": 1000**3,
-               "gib": 1 << 30, "tb": 1000**4, "tib": 1 << 40}
-
-
-def parse_size(name: str, value: Any) -> int:
-    """Bytes from an int or a string such as "4GiB", "512mb", "1048576".
-
-    Raises:
-        ConfigError: not a non-negative size.
-    """
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value < 0:
-            raise ConfigError(f"{name}={value!r} must be >= 0 bytes")
-        return value
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
-        if m and m.group(2).lower() in _SIZE_UNITS:
-            return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
-    raise ConfigError(f"{name}={value!r} is not a size; use bytes (int) or a string like '4GiB' or '512MB'")
-
-
 @dataclass(frozen=True, slots=True)
 class HiCacheSettings:
     """tidekv's keys in ``--hicache-storage-backend-extra-config``."""
@@ -56,7 +34,8 @@ class HiCacheSettings:
     master: str
     """Store master "host:port" (``tidekv up`` prints it). Default: $TIDEKV_MASTER; required."""
     segment_size: int = 0
-    """Bytes of host memory each SGLang rank contributes to the pool (int or "4GiB"). Default 0:
+    """Bytes of host memory each SGLang rank contributes to the pool (int or "4GiB"; units are
+    binary however written, "4GB" = 4 GiB, as ``tidekv.config.parse_size`` reads them). Default 0:
     the rank only uses memory others contribute (e.g. the ``tidekv up`` process)."""
     engine_host: str = "127.0.0.1"
     """Address the rank's transfer engine listens on; other pool members must reach it. Default 127.0.0.1."""
@@ -113,5 +92,5 @@ class HiCacheSettings:
                               "(start one with `tidekv up`)")
         values["master"] = master
         if "segment_size" in values:
-            values["segment_size"] = parse_size("segment_size", values["segment_size"])
+            values["segment_size"] = parse_size(values["segment_size"], "segment_size")
         return cls(**values)
