@@ -182,7 +182,9 @@ class PrefixIndex:
         hashes: list[bytes] = []
         prev = b""
         for start in range(0, len(text) - self.chunk_chars + 1, self.chunk_chars):
-            prev = hashlib.blake2b(prev + text[start:start + self.chunk_chars].encode(), digest_size=16).digest()
+            # surrogatepass: JSON may carry lone surrogates ("\ud800"), which plain UTF-8 refuses
+            chunk = text[start:start + self.chunk_chars].encode("utf-8", "surrogatepass")
+            prev = hashlib.blake2b(prev + chunk, digest_size=16).digest()
             hashes.append(prev)
         return hashes
 

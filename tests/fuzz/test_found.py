@@ -7,6 +7,7 @@ fixed ones are plain regression tests.
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -103,7 +104,32 @@ def test_hold_table_keeps_receiving_after_a_negative_seq() -> None:
         table.close()
 
 
+@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["UnicodeEncodeError@contract.py:from_params"])
+def test_contract_refuses_a_key_with_a_lone_surrogate_by_name() -> None:
+    """Found by proxy_request (the prefill's kv_transfer_params, as JSON may carry them)."""
+    from tidekv.errors import ConfigError
+    from tidekv.kvcache import contract
+
+    from tests.fuzz.harnesses import _handoff_params
+
+    params = json.loads(json.dumps(_handoff_params())[:-1] + ', "\\ud800": 1}')
+    with pytest.raises(ConfigError):
+        contract.from_params(params)
+
+
 # ---- fixed ----------------------------------------------------------------------------------
+
+
+def test_proxy_prefix_policy_takes_a_prompt_with_lone_surrogates() -> None:
+    """Found by proxy_request: json.loads turns "\\ud800" into a lone surrogate, which plain
+    UTF-8 encoding refuses: the prefix policy raised UnicodeEncodeError (an HTTP 500)."""
+    from tidekv.proxy.routing import ProxyConfig, Router, RoutingPolicy
+
+    router = Router(ProxyConfig(prefill_urls=("http://127.0.0.1:1", "http://127.0.0.1:2"),
+                                decode_urls=("http://127.0.0.1:3",), policy=RoutingPolicy.PREFIX, prefix_chunk_chars=4))
+    body = json.loads('{"prompt": "ab\\ud800cdefgh"}')
+    first = router.pick_prefill(body)
+    assert router.pick_prefill(body) == first  # the same prefix goes where it went
 
 
 def test_proxy_prefix_policy_takes_any_content_part_text() -> None:
