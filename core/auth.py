@@ -229,8 +229,12 @@ class Sealer:
         """The body of a sealed message from the peer.
 
         Raises:
-            AuthenticationError: a wrong MAC, or a sequence number already seen (a replay).
+            AuthenticationError: a wrong MAC, a sequence number out of range, or one already
+                seen (a replay).
         """
+        if not 0 < sealed.seq < 1 << 64:  # also keeps to_bytes from raising on hostile numbers
+            raise AuthenticationError(f"a message from {self.peer} carries sequence number {sealed.seq}, out of range",
+                                      peer=self.peer)
         expected = self._mac(b"R" if is_reply else b"Q", sealed.seq, sealed.body)
         if not hmac.compare_digest(expected, sealed.mac):
             raise AuthenticationError(f"a message from {self.peer} failed its MAC (forged, or another secret)",

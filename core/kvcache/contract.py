@@ -122,7 +122,7 @@ def from_params(params: Mapping[str, Any]) -> KVHandoff:
             "and decode instances")
     try:
         return msgspec.convert(dict(params), KVHandoff)
-    except msgspec.ValidationError as exc:
+    except (msgspec.ValidationError, UnicodeEncodeError) as exc:  # e.g. a key with a lone surrogate
         raise ConfigError(f"malformed tidekv kv_transfer_params (protocol version {PROTOCOL_VERSION}): {exc}; "
                           "pass the prefill's kv_transfer_params to the decode unchanged") from None
 

@@ -204,10 +204,15 @@ class HoldTable:
                         frames = sock.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    if len(frames) == 2:
+                    if len(frames) != 2:
+                        continue
+                    try:
                         reply = self._receive(frames[1])
-                        if reply is not None:
-                            sock.send_multipart([frames[0], reply], zmq.NOBLOCK)
+                    except Exception:  # noqa: BLE001 - one peer's message must not stop the receiver
+                        logger.exception("hold table %s: a message failed; receiving on", self.address)
+                        continue
+                    if reply is not None:
+                        sock.send_multipart([frames[0], reply], zmq.NOBLOCK)
         except zmq.ContextTerminated:
             pass  # the process is shutting down
         except Exception:

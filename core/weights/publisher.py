@@ -277,7 +277,12 @@ class Publisher:
                         break
                     except zmq.ZMQError:
                         return
-                    self._sock.send_multipart([*frames[:-1], self._answer(frames[-1])])
+                    try:
+                        answer = self._answer(frames[-1])
+                    except Exception as exc:  # noqa: BLE001 - one peer's message must not stop the control loop
+                        logger.exception("weights publisher %s: a message failed", self.address)
+                        answer = p.encoder.encode(p.Error("bad_request", f"publisher failed on the message: {exc}"))
+                    self._sock.send_multipart([*frames[:-1], answer])
             self._collect()
 
     def _answer(self, raw: bytes) -> bytes:

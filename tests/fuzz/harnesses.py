@@ -42,16 +42,10 @@ from tests.transfer import rawwire
 
 SECRET = "fuzz-secret"
 
-KNOWN_BUGS: dict[str, str] = {
-    "OverflowError@auth.py:_mac": (
-        "tidekv.auth.Sealer.open computes the MAC of seq.to_bytes(8) before checking seq: a Sealed message with a "
-        "negative seq (any peer learns a live session id by greeting) raises OverflowError out of the weights "
-        "publisher's _answer and the hold table's _receive, which stops their serving threads"),
-    "UnicodeEncodeError@contract.py:from_params": (
-        "tidekv.kvcache.contract.from_params lets msgspec's UnicodeEncodeError out (not ConfigError) for "
-        "kv_transfer_params with a key holding a lone surrogate (JSON '{\"\\ud800\": 1}'): the proxy's _held_blocks "
-        "and StoreCard.from_params, and a decode worker reading a request's params, see an unexpected exception"),
-}
+KNOWN_BUGS: dict[str, str] = {}
+"""Crash signatures of bugs found and not fixed yet (none now: the negative-seq OverflowError in
+tidekv.auth and the lone-surrogate UnicodeEncodeError in contract.from_params are fixed, with
+regression tests in test_found)."""
 
 
 class Hang(Exception):

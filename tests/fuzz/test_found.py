@@ -1,8 +1,8 @@
 """Bugs the fuzz harnesses (``harnesses``) found, each as a test through the real entry point.
 
-Unfixed ones (in code this work does not own) are strict xfails naming the bug, and their crash
-signatures are in ``harnesses.KNOWN_BUGS`` so that fuzz runs report them apart from new ones;
-fixed ones are plain regression tests.
+Each is a plain regression test now that it is fixed; a bug found and not fixed yet would be a
+strict xfail naming it, with its crash signature in ``harnesses.KNOWN_BUGS`` so that fuzz runs
+report it apart from new ones.
 """
 
 from __future__ import annotations
@@ -17,11 +17,9 @@ from tidekv import auth
 from tidekv.auth import ClientHandshake, ServerHandshake
 from tidekv.errors import AuthenticationError
 
-from tests.fuzz.harnesses import KNOWN_BUGS, SECRET
+from tests.fuzz.harnesses import SECRET
 
 pytestmark = pytest.mark.timeout(60)
-
-NEGATIVE_SEQ = KNOWN_BUGS["OverflowError@auth.py:_mac"]
 
 
 def _dealer(address: str) -> zmq.Socket:
@@ -42,7 +40,6 @@ def _greet(sock: zmq.Socket, label: str, peer: str) -> bytes:
     return challenge.nonce
 
 
-@pytest.mark.xfail(strict=True, reason=NEGATIVE_SEQ)
 def test_a_sealed_message_with_a_negative_seq_is_refused_by_name() -> None:
     client, server = ClientHandshake(SECRET, "pd", "fuzz"), ServerHandshake(SECRET, "pd", "fuzz")
     client.challenged(server.greeted(client.greeting()))
@@ -51,7 +48,6 @@ def test_a_sealed_message_with_a_negative_seq_is_refused_by_name() -> None:
         opener.open(auth.Sealed(server.nonce, -1, bytes(32), b"x"))
 
 
-@pytest.mark.xfail(strict=True, reason=NEGATIVE_SEQ)
 def test_weights_publisher_keeps_serving_after_a_negative_seq() -> None:
     """An attacker without the secret greets (allowed), then sends one made-up sealed message
     with seq -1: the publisher's serving thread must answer it with an error and live on."""
@@ -79,7 +75,6 @@ def test_weights_publisher_keeps_serving_after_a_negative_seq() -> None:
         engine.close()
 
 
-@pytest.mark.xfail(strict=True, reason=NEGATIVE_SEQ)
 def test_hold_table_keeps_receiving_after_a_negative_seq() -> None:
     """Same attack on a prefill's hold table: afterwards a real, sealed release must still free
     its request's blocks before their deadline."""
@@ -104,7 +99,6 @@ def test_hold_table_keeps_receiving_after_a_negative_seq() -> None:
         table.close()
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN_BUGS["UnicodeEncodeError@contract.py:from_params"])
 def test_contract_refuses_a_key_with_a_lone_surrogate_by_name() -> None:
     """Found by proxy_request (the prefill's kv_transfer_params, as JSON may carry them)."""
     from tidekv.errors import ConfigError
