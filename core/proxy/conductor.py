@@ -7,8 +7,12 @@ and not yet answered) plus the tokens this prompt would make it compute (the pro
 longest prefix it holds), through a per-instance cost model ``time = fixed + per_token * tokens``
 fitted online by least squares, with forgetting, to the instance's observed (tokens, seconds)
 pairs: for each answered prefill, the work ahead of it and its own uncached tokens at the time
-it was sent, and how long its answer took. An instance not yet observed borrows the fit of all
-instances together (same model, same kind of machine). What each instance holds comes from the
+it was sent, and how long its answer took. Every answer, whichever instance gave it, ages every
+instance's observations by ``FORGET``, and each instance's coefficients are blended with those
+of the fit of all instances together (same model, same kind of machine), the fleet's counting as
+``PRIOR_WEIGHT`` observations against the weight of the instance's own: an
+instance not yet observed takes the fleet's fit, and one that looked slow once and was then
+starved of requests drifts back to the fleet's instead of staying unchosen on stale evidence. What each instance holds comes from the
 store (``store_policy``: leading blocks in its segment, when the proxy has a master) and from the
 proxy's own memory of where prompts went (``routing.PrefixIndex``), whichever is longer.
 
@@ -31,7 +35,9 @@ logger = logging.getLogger(__name__)
 TIE_S = 1e-3
 """Estimates this close to the best count as tied (then the store policy's rule picks)."""
 FORGET = 0.98
-"""Weight kept by past observations at each new one: the fit follows the last ~50 answers."""
+"""Weight kept by past observations at each new answer of any instance: fits follow the last ~50."""
+PRIOR_WEIGHT = 1.0
+"""How many observations' worth of the fleet's fit is blended into each instance's own."""
 
 
 @dataclass
@@ -79,6 +85,15 @@ class CostModel:
     def predict(self, tokens: float) -> float:
         fixed, per_token = self.coefficients()
         return fixed + per_token * tokens
+
+    def age(self, factor: float) -> None:
+        """Scales the weight of every observation so far by ``factor``."""
+        self._w, self._x, self._y, self._xx, self._xy = (v * factor for v in (self._w, self._x, self._y, self._xx,
+                                                                               self._xy))
+
+    @property
+    def weight(self) -> float:
+        return self._w
 
     def merged(self, other: CostModel) -> CostModel:
         """A model fitted to both models' observations."""
@@ -142,26 +157,32 @@ class Conductor:
         self.queued_tokens = [0] * self.num_instances
         self.models = [CostModel() for _ in range(self.num_instances)]
 
-    def model_of(self, instance: int) -> CostModel | None:
-        """The instance's own model, or the pooled one while it has none; None before any observation."""
-        own = self.models[instance]
-        if own.is_calibrated:
-            return own
+    def coefficients_of(self, instance: int) -> tuple[float, float] | None:
+        """(fixed_s, per_token_s) of the instance: its own fit and the fleet's, weighted by the
+        instance's observation weight and ``PRIOR_WEIGHT``; None before any observation."""
         pooled = CostModel()
         for m in self.models:
             pooled = pooled.merged(m)
-        return pooled if pooled.is_calibrated else None
+        if not pooled.is_calibrated or pooled.weight <= 0:
+            return None
+        own = self.models[instance]
+        w = own.weight
+        (f_own, k_own), (f_all, k_all) = own.coefficients(), pooled.coefficients()
+        return ((w * f_own + PRIOR_WEIGHT * f_all) / (w + PRIOR_WEIGHT),
+                (w * k_own + PRIOR_WEIGHT * k_all) / (w + PRIOR_WEIGHT))
 
     def estimates(self, prompt_tokens: int, cached_tokens: Sequence[int]) -> list[Estimate] | None:
         """Each instance's TTFT for a prompt of ``prompt_tokens`` of which instance ``i`` holds
         ``cached_tokens[i]``; None when no instance has been observed yet."""
         out = []
         for i in range(self.num_instances):
-            model = self.model_of(i)
-            if model is None:
+            coefficients = self.coefficients_of(i)
+            if coefficients is None:
                 return None
+            fixed_s, per_token_s = coefficients
             uncached = max(0, prompt_tokens - min(cached_tokens[i], prompt_tokens))
-            out.append(Estimate(i, self.queued_tokens[i], uncached, model.predict(self.queued_tokens[i] + uncached)))
+            out.append(Estimate(i, self.queued_tokens[i], uncached,
+                                fixed_s + per_token_s * (self.queued_tokens[i] + uncached)))
         return out
 
     def choose(self, prompt_tokens: int | None, cached_tokens: Sequence[int]) -> Decision:
@@ -200,6 +221,9 @@ class Conductor:
         t = self._tickets.pop(ticket)
         self.queued_tokens[t.instance] -= t.uncached_tokens
         if elapsed_s is not None and math.isfinite(elapsed_s) and elapsed_s >= 0:
+            for i, model in enumerate(self.models):
+                if i != t.instance:
+                    model.age(FORGET)  # (observe ages the answering instance's own)
             self.models[t.instance].observe(t.work_tokens, elapsed_s)
 
 

@@ -371,8 +371,8 @@ class ProxyServer:
             return lambda: {(("prefill", url),): value(i) for i, url in enumerate(urls)}
 
         def coefficient(i: int, which: int) -> float:
-            model = conductor.model_of(i)
-            return model.coefficients()[which] if model is not None else 0.0
+            coefficients = conductor.coefficients_of(i)
+            return coefficients[which] if coefficients is not None else 0.0
 
         self.metrics.gauge("tidekv_proxy_prefill_queued_tokens", "conductor: prompt tokens sent to a prefill "
                            "instance and not yet answered", per_instance(lambda i: conductor.queued_tokens[i]))

@@ -88,6 +88,22 @@ def test_a_faster_instance_wins_and_a_failed_prefill_teaches_nothing() -> None:
     assert conductor.models[1].samples == 2
 
 
+def test_a_starved_instance_drifts_back_to_the_fleet_fit() -> None:
+    conductor = Conductor(2)
+    ticket = conductor.sent(1, 1000)
+    conductor.answered(ticket, 10.0)  # instance 1 once looked very slow (10 ms per token)
+    for _ in range(3):
+        conductor.answered(conductor.sent(0, 1000), 1.0)  # instance 0: 1 ms per token
+    blocker = conductor.sent(0, 3000)  # 3000 tokens queued on 0: 4 s for a 1000-token prompt there
+    assert conductor.choose(1000, [0, 0]).candidates == (0,)  # 1 is still judged on its one slow answer
+    for _ in range(150):
+        conductor.answered(conductor.sent(0, 1000), 4.0)  # 3000 queued + its own 1000: 1 ms per token
+    decision = conductor.choose(1000, [0, 0])
+    assert decision.candidates == (1,)  # its old answer has aged away: the fleet's 1 ms per token
+    assert conductor.models[1].weight < 0.1  # 0.98 ** 153
+    conductor.answered(blocker, None)
+
+
 def test_over_the_slo_the_request_is_shed() -> None:
     conductor = calibrated([1e-3, 1e-3])
     conductor.ttft_slo_s = 0.5
