@@ -34,8 +34,8 @@ def _capacity(text: str) -> int:
 
 
 def _run_analyze(args: argparse.Namespace) -> int:
-    from tidekv.trace.analyze import AnalyzeSettings, analyze, plot, report_text, write_json
     from tidekv.bench.report import require_matplotlib
+    from tidekv.trace.analyze import AnalyzeSettings, analyze, plot, report_text, write_json
 
     if args.plot:
         require_matplotlib()
