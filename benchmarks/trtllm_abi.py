@@ -11,7 +11,7 @@ reporting GB/s over its timed rounds after one warm-up; the ratio capi/python is
 repetition (the load of a shared machine drifts less within one) and the median is judged.
 Bar: capi >= 0.9 x python for both directions.
 
-    .venv/bin/python benchmarks/trtllm_abi.py [--rounds 20] [--reps 5] [--transport auto|tcp] [--json out.json]
+    .venv/bin/python benchmarks/trtllm_abi.py [--rounds 100] [--reps 7] [--transport auto|tcp] [--json out.json]
 
 Exit status 0 when the bar holds, 1 when it does not, 2 when something needed is missing.
 """
@@ -98,8 +98,8 @@ def capi_leg(exe: Path, target: str, remote: int, size: int, rounds: int, transp
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=20, help="timed batches per leg and direction (default 20)")
-    parser.add_argument("--reps", type=int, default=5, help="repetitions of both legs (default 5)")
+    parser.add_argument("--rounds", type=int, default=100, help="timed batches per leg and direction (default 100)")
+    parser.add_argument("--reps", type=int, default=7, help="repetitions of both legs (default 7)")
     parser.add_argument("--transport", choices=("auto", "tcp"), default="auto", help="transport of both legs")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
