@@ -76,7 +76,7 @@ def test_matched_tokens_counts_whole_stored_blocks_and_leaves_the_last_token(lay
     prompt = list(range(100, 122))  # 5 full blocks and 2 tokens
     assert reuse.keys is not None
     keys = reuse.keys.block_keys(prompt)[0]
-    chunk = lambda k: f"{k}/0"  # noqa: E731 (the pool layout has one run per block)
+    chunk = lambda k: f"{k}/0"
     presence = reuse.link.store  # type: ignore[union-attr]
     assert reuse.matched_tokens(prompt, 0) == 0
     presence.keys = {chunk(k) for k in keys[:3]}
