@@ -89,19 +89,19 @@ class _ClientState:
     books: churn.Books = field(default_factory=churn.Books)
     written: dict[str, _Written] = field(default_factory=dict)
     failed_since: set[str] = field(default_factory=set)  # keys whose last write attempt failed
-    attempts: dict[tuple[str, int], _Written] = field(default_factory=dict)  # failed writes: when they ran
+    attempts: dict[str, dict[int, _Written]] = field(default_factory=dict)  # failed writes since the last success
     losses: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     transfers: Counter[str] = field(default_factory=Counter)
     versions: dict[str, int] = field(default_factory=dict)
     errors: Counter[str] = field(default_factory=Counter)  # "op ErrorType"
     error_examples: dict[str, str] = field(default_factory=dict)
-    error_times: list[float] = field(default_factory=list)
+    error_seconds: Counter[int] = field(default_factory=Counter)  # errors per whole second (monotonic)
 
     def error(self, op: str, exc: BaseException) -> None:
         what = f"{op} {type(exc).__name__}"
         self.errors[what] += 1
         self.error_examples.setdefault(what, str(exc)[:300])
-        self.error_times.append(time.monotonic())
+        self.error_seconds[int(time.monotonic())] += 1
 
 
 def _client_main(conn: Connection, master: str, index: int, replicas: int) -> None:
@@ -183,6 +183,7 @@ def _load(store: Any, state: _ClientState, prefix: str, duration_s: float, keys:
                     pass
                 books.wrote(key, churn.ABSENT)
                 state.written.pop(key, None)
+                state.attempts.pop(key, None)
                 state.failed_since.discard(key)
             else:
                 version = state.versions[key] = state.versions.get(key, 0) + 1
@@ -194,9 +195,10 @@ def _load(store: Any, state: _ClientState, prefix: str, duration_s: float, keys:
                     books.failed(key, version, exc)
                     state.error("upsert" if not is_new else "put", exc)
                     state.failed_since.add(key)
-                    state.attempts[(key, version)] = _Written(version, started, time.monotonic())
+                    state.attempts.setdefault(key, {})[version] = _Written(version, started, time.monotonic())
                     continue
                 books.wrote(key, version)
+                state.attempts.pop(key, None)
                 state.written[key] = _Written(version, started, time.monotonic())
                 state.failed_since.discard(key)
         except TidekvError as exc:
@@ -226,12 +228,11 @@ def _read(store: Any, state: _ClientState, key: str, size: int, *, is_final: boo
     if seen in allowed:
         if books.uncertain.get(key):
             books.wrote(key, seen)  # the read settles it: a failed write (or remove) did land
+            landed = state.attempts.pop(key, {}).get(seen)
             if seen == churn.ABSENT:
                 state.written.pop(key, None)
-            elif (key, seen) in state.attempts:
-                state.written[key] = state.attempts[(key, seen)]
-            for v in [v for k, v in state.attempts if k == key]:
-                del state.attempts[(key, v)]
+            elif landed is not None:
+                state.written[key] = landed
         return "absent" if seen == churn.ABSENT else "intact"
     acked = books.acked.get(key, churn.ABSENT)
     if seen == churn.ABSENT and acked != churn.ABSENT:
@@ -267,7 +268,7 @@ def _verify(store: Any, state: _ClientState, size: int) -> dict[str, Any]:
 def _summary(state: _ClientState) -> dict[str, Any]:
     b = state.books
     return {"ops": b.ops, "errors": dict(state.errors), "error_examples": state.error_examples,
-            "error_times": state.error_times, "stale_reads": b.stale_reads, "stale_examples": b.stale_examples,
+            "error_seconds": dict(state.error_seconds), "stale_reads": b.stale_reads, "stale_examples": b.stale_examples,
             "transfers": dict(state.transfers),
             "acknowledged": sum(1 for v in b.acked.values() if v != churn.ABSENT)}
 
@@ -431,9 +432,10 @@ def run(duration_s: float, *, clients: int = 8, kill_every_s: float = 60.0, repl
     kill_times = [k["at_s"] + t0 for k in kills]
     since_kill: Counter[str] = Counter()
     for s in summaries:
-        for t in s["error_times"]:
+        for second, n in s["error_seconds"].items():
+            t = int(second) + 0.5  # a whole second of errors, placed at its middle
             last = max((k for k in kill_times if k <= t), default=None)
-            since_kill[_bucket(None if last is None else t - last)] += 1
+            since_kill[_bucket(None if last is None else t - last)] += n
     memory = _memory(procs, t0 + window)
     memory.update(_memory(all_holders, t0 + window))
     checked = sum(found.values())
