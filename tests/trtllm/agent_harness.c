@@ -322,6 +322,10 @@ static void refusals(struct ctx* c) {
   /* Calls without a meaning here answer by code, never by a crash. */
   CHECK(createTransferEngine("etcd://127.0.0.1:2379", "127.0.0.1", "", 0, 1) == NULL, "etcd metadata accepted");
   CHECK(strstr(tidekv_last_error(), "P2PHANDSHAKE") != NULL, "last error: %s", tidekv_last_error());
+  setenv("TIDEKV_IO_TIMEOUT_S", "forever", 1); /* an invalid setting: refused by name, never defaulted */
+  CHECK(createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 1) == NULL, "TIDEKV_IO_TIMEOUT_S=forever accepted");
+  CHECK(strstr(tidekv_last_error(), "TIDEKV_IO_TIMEOUT_S") != NULL, "last error: %s", tidekv_last_error());
+  setenv("TIDEKV_IO_TIMEOUT_S", "5", 1);
   char tiny[4];
   CHECK(getLocalIpAndPort(c->e, tiny, sizeof(tiny)) != 0, "name truncated silently");
   CHECK(removeLocalSegment(c->e, c->name) == TE_ERR_NOT_IMPLEMENTED, "removeLocalSegment");

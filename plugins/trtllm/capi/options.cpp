@@ -70,6 +70,11 @@ EngineOptions engine_options_from_env(const std::string& host) {
       refuse(-1, std::string("TIDEKV_IO_TIMEOUT_S='") + v + "' is invalid; allowed: seconds in 0.1..3600");
     o.io_timeout_ms = int(s * 1000);
   }
+  if (const char* v = env("TIDEKV_LOG_LEVEL")) {
+    std::string s = v;
+    if (s != "DEBUG" && s != "INFO" && s != "WARNING" && s != "ERROR")
+      refuse(-1, "TIDEKV_LOG_LEVEL='" + s + "' is invalid; allowed: DEBUG, INFO, WARNING, ERROR");
+  }
   o.secret = secret();
   return o;
 }
@@ -81,7 +86,7 @@ LogLevel log_threshold() {
     if (s == "DEBUG") return LogLevel::kDebug;
     if (s == "INFO") return LogLevel::kInfo;
     if (s == "ERROR") return LogLevel::kError;
-    return LogLevel::kWarning;  // also for an unknown name: logging must not fail a call
+    return LogLevel::kWarning;  // an unknown name fails createTransferEngine (engine_options_from_env)
   }();
   return level;
 }
