@@ -12,7 +12,6 @@ import time
 
 import pytest
 import zmq
-
 from tidekv import auth
 from tidekv.auth import ClientHandshake, ServerHandshake
 from tidekv.errors import AuthenticationError
@@ -52,7 +51,6 @@ def test_weights_publisher_keeps_serving_after_a_negative_seq() -> None:
     """An attacker without the secret greets (allowed), then sends one made-up sealed message
     with seq -1: the publisher's serving thread must answer it with an error and live on."""
     import torch
-
     from tidekv.config import TransferConfig
     from tidekv.transfer import TransferEngine
     from tidekv.weights import protocol as p

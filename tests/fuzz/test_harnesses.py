@@ -2,7 +2,7 @@
 
 CI-sized by default (``TIDEKV_FUZZ_EXAMPLES``, 300 inputs per harness); the long, coverage-guided
 runs are ``benchmarks/fuzz.py``'s. A crash signature listed in ``KNOWN_BUGS`` is a bug found and
-not fixed yet (each has its strict xfail in ``test_known_bugs``); any other fails the test, with
+not fixed yet (each has its strict xfail in ``test_found``); any other fails the test, with
 the input that made it.
 """
 
