@@ -2,7 +2,9 @@
 
 The same transfers both ways in one run: batches of 1,024 x 64 KiB (64 MiB) READ and WRITE from a
 registered host buffer of this machine to a TransferEngine target in another process, which
-registers a plain host buffer as TensorRT-LLM's KV cache would be. Leg "capi": the C program
+registers a plain host buffer as TensorRT-LLM's KV cache would be. Both legs' local buffers are
+host memory on transparent huge pages (numpy advises them for large arrays; the C program does
+the same), since cross-memory attach is slower over 4 KiB pages. Leg "capi": the C program
 tests/trtllm/agent_harness.c (bench mode) drives libtransfer_engine.so as TensorRT-LLM's agent
 does (allocateBatchID, submitTransfer, getTransferStatus of every task, freeBatchID); it opens the
 target as a plain tidekv engine. Leg "python": tidekv.TransferEngine.transfer(...).wait() in this
