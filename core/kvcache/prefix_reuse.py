@@ -173,7 +173,9 @@ class PrefixReuse:
         limit = len(prompt) // self.block_size
         first = num_computed_tokens // self.block_size
         try:
-            hits = self.keys.stored_blocks(prompt, first, limit, store.exists_many)
+            # Leased: for the master's lease_ttl_s nothing evicts or removes the blocks the
+            # loads planned on this answer will read (a load that still misses one is reported).
+            hits = self.keys.stored_blocks(prompt, first, limit, store.exists_leased)
         except MasterUnavailableError as exc:
             if self.link is not None:
                 self.link.lost(exc)  # reuse is off until the master answers again (the link says so)

@@ -387,6 +387,11 @@ class Store:
         """Whether each key holds a complete object (one round trip; grants no lease)."""
         return self._rpc.exists_many(keys)
 
+    def exists_leased(self, keys: Sequence[Key]) -> list[bool]:
+        """Whether each key holds a complete object, taking a read lease on each that does (see
+        ``lookup_many``): what a load planned on the answer needs."""
+        return self._rpc.exists_leased(keys)
+
     def lookup_many(self, keys: Sequence[Key]) -> list[ObjectInfo | None]:
         """Each key's size and replicas (None: no complete object), in one round trip. Unlike
         exists_many this takes a read lease on every object found, as get does: for the master's

@@ -138,6 +138,13 @@ class MasterClient:
         """Whether each key holds a complete object (one round trip, no lease)."""
         return list(self.call(p.Exists([key_bytes(k) for k in keys])))
 
+    def exists_leased(self, keys: Sequence[Key]) -> list[bool]:
+        """Whether each key holds a complete object, taking a read lease on each that does (one
+        round trip, as a get): for the master's lease_ttl_s eviction and remove() without force
+        leave them alone, so a load planned on this answer finds its objects."""
+        _, results = self.call(p.Get([key_bytes(k) for k in keys]))
+        return [r.status == p.Status.OK for r in results]
+
     def locate_many(self, keys: Sequence[Key]) -> list[list[str]]:
         """Transfer engines holding each key's replicas (one round trip, no lease)."""
         return [[str(e) for e in engines] for engines in self.call(p.Locate([key_bytes(k) for k in keys]))]

@@ -22,7 +22,8 @@ on rank 0 with ``build_connector_meta``, ``get_num_new_matched_tokens``,
 the machines this was written on, so it has not run inside it. Limits: tensor parallelism 1 (the
 scheduler learns the KV layout from the worker of its own process), loads are synchronous, and a
 load that finds blocks gone is logged as an error (this API has no channel to report failed
-blocks: those tokens are then wrong, as with any connector of this API).
+blocks: those tokens are then wrong, as with any connector of this API). The lookup leases what
+it finds (``PrefixReuse``), so that happens only past the master's lease_ttl_s or when a holder dies.
 """
 
 from __future__ import annotations

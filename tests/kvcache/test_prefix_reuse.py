@@ -48,7 +48,7 @@ class _Presence:
         self.keys = keys
         self.error: Exception | None = None
 
-    def exists_many(self, keys: list[str]) -> list[bool]:
+    def exists_leased(self, keys: list[str]) -> list[bool]:
         if self.error is not None:
             raise self.error
         return [k in self.keys for k in keys]

@@ -18,7 +18,7 @@ from tests.store import wire
 from tests.store.conftest import Connect, SpawnMaster
 from tidekv.auth import ServerHandshake
 from tidekv.config import MasterAddress
-from tidekv.errors import ConfigError, MasterUnavailableError
+from tidekv.errors import ConfigError, MasterUnavailableError, ObjectLeasedError
 from tidekv.store import protocol as p
 from tidekv.store.master_client import MasterClient
 
@@ -137,3 +137,18 @@ def test_reads_and_put_end_wait_out_a_master_restart(spawn_master: SpawnMaster, 
         assert client.call(p.PutEnd("twice-writer", [b"twice"], [token + 1000])) == [p.Status.STALE]
     finally:
         client.close()
+
+
+def test_exists_leased_takes_a_read_lease_on_what_it_finds(spawn_master: SpawnMaster, connect: Connect) -> None:
+    """The connectors' lookup (``PrefixReuse``): a block found is leased, so nothing removes or
+    evicts it before the load planned on the answer reads it."""
+    master = spawn_master(lease_ttl_s=30.0)
+    st = connect(master.address, segment_size=1 << 20)
+    st.put("block", b"kv")
+    client = MasterClient(master.address, "lookup", timeout_s=5.0)
+    try:
+        assert client.exists_leased(["block", "missing"]) == [True, False]
+    finally:
+        client.close()
+    with pytest.raises(ObjectLeasedError):
+        st.remove("block")
