@@ -149,6 +149,8 @@ def _line(name: str, r: dict[str, Any]) -> str:
     if "writes_outside_regions" in report:
         text += (f"; {report['writes_outside_regions']} writes outside registered regions (checked with guard "
                  f"regions around them: {report['guard_bytes']} bytes each side, {report['frames_sent']:,} frames)")
+    if report.get("inputs_by_kind"):
+        text += "\n    inputs by kind: " + ", ".join(f"{k} {n:,}" for k, n in report["inputs_by_kind"].items())
     return text
 
 

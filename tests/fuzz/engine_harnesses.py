@@ -43,7 +43,6 @@ class EngineHandshake(Harness):
     def setup(self) -> None:
         self._engines = {s: _engine(s) for s in (None, SECRET)}
         self._count = 0
-        self.by_mode = [0, 0, 0, 0]
 
     def close(self) -> None:
         for e in self._engines.values():
@@ -58,7 +57,8 @@ class EngineHandshake(Harness):
         secret = SECRET if flags & 1 else None
         mode = (flags >> 1) % 4
         engine = self._engines[secret]
-        self.by_mode[mode] += 1
+        self.note(("raw connection", "after a Hello", "add_peer garbage", "add_peer mutated descriptor")[mode]
+                  + (", secured" if secret else ""))
         if mode >= 2:
             native = engine._native
             blob = src.rest() if mode == 2 else self._mutated(native.descriptor(), src)
@@ -97,8 +97,7 @@ class EngineHandshake(Harness):
 
     def report(self) -> dict[str, Any]:
         self._check_alive()
-        return {"inputs_by_kind": dict(zip(("raw connection", "after a Hello", "add_peer garbage", "add_peer mutated"),
-                                           self.by_mode)),
+        return {**super().report(),
                 "engine_stats": {"secret" if s else "open": e.stats() for s, e in self._engines.items()}}
 
     def seeds(self) -> list[bytes]:
@@ -224,7 +223,9 @@ class EngineFrames(Harness):
         region = self._bytes[GUARD_BYTES: GUARD_BYTES + REGION_BYTES]
         if is_intact and not is_malformed:
             assert region == self._reference, "the region differs from what acknowledged writes wrote"
+            self.note("the connection stood")
             return
+        self.note("the connection ended (a malformed frame, or a payload we cut short)")
         # The connection is done for (a malformed frame, or we cut a payload short): a write may
         # have landed in part, inside the region. Once the engine has let go of the connection
         # (it may still be copying what it had read), start again from what the region holds.
@@ -278,7 +279,7 @@ class EngineFrames(Harness):
 
     def report(self) -> dict[str, Any]:
         self._check_guards()
-        return {"writes_outside_regions": self.stray_writes, "frames_sent": self.frames_sent,
+        return {**super().report(), "writes_outside_regions": self.stray_writes, "frames_sent": self.frames_sent,
                 "connections": self.reconnects, "guard_bytes": GUARD_BYTES, "engine_stats": self._engine.stats()}
 
     def seeds(self) -> list[bytes]:

@@ -12,6 +12,7 @@ from new ones. Neighbours: ``harnesses`` and ``engine_harnesses`` (the harnesses
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import traceback
@@ -146,9 +147,15 @@ class Harness:
         """Starting inputs (real messages) for the random mutator and atheris's corpus."""
         return [b""]
 
+    def note(self, kind: str) -> None:
+        """Counts one input as of ``kind`` (the report says what the inputs exercised)."""
+        kinds = self.__dict__.setdefault("kinds", collections.Counter())
+        kinds[kind] += 1
+
     def report(self) -> dict[str, Any]:
-        """Harness-specific results (the native ones: stray writes)."""
-        return {}
+        """Harness-specific results: the inputs by kind (the native ones add stray writes)."""
+        kinds = self.__dict__.get("kinds")
+        return {"inputs_by_kind": dict(sorted(kinds.items()))} if kinds else {}
 
     def close(self) -> None:
         pass

@@ -127,6 +127,7 @@ class MasterFrames(Harness):
         flags = src.byte()
         secret = SECRET if flags & 1 else None
         mode = (flags >> 1) % 4
+        self.note(("raw", "after the magic", "after a greeting", "after a whole handshake")[mode] + (", secured" if secret else ""))
         server = self._servers[secret]
         transport = _FakeTransport()
         conn = _Connection(server)
@@ -185,6 +186,8 @@ class AuthMessages(Harness):
         flags = src.byte()
         secret = SECRET if flags & 1 else None
         mode = (flags >> 1) % 6
+        self.note(("greeted", "proved", "challenged", "decoded", "made-up sealed", "altered sealed")[mode]
+                  + (", secured" if secret and mode < 4 else ""))
         try:
             if mode == 0:
                 challenge = ServerHandshake(secret, "master", "fuzz").greeted(src.rest())
@@ -277,6 +280,8 @@ class WeightsControl(Harness):
         flags = src.byte()
         secret = SECRET if flags & 1 else None
         mode = (flags >> 1) % 3
+        self.note(("raw", "sealed by a live session", "made up, with a live session id")[mode] + ", secured" if secret
+                  else "raw" if mode == 0 else "plain, after a greeting")
         pub = self._pubs[secret][0]
         if mode == 0:
             answer = pub._answer(src.rest())
@@ -333,6 +338,8 @@ class PdRelease(Harness):
         flags = src.byte()
         secret = SECRET if flags & 1 else None
         mode = (flags >> 1) % 3
+        self.note(("raw", "sealed by a live session", "made up, with a live session id")[mode] + ", secured" if secret
+                  else "raw" if mode == 0 else "plain, after a greeting")
         table = self._tables[secret]
         body: bytes | None = None  # the body whose release may be recorded
         try:
@@ -401,6 +408,7 @@ class PdContract(Harness):
 
         src = Source(data)
         mode, which = src.byte() % 3, src.byte()
+        self.note(("any JSON", "real params, one field replaced", "real params, protocol_version replaced")[mode])
         try:
             value = json.loads(src.rest(), parse_constant=_no_constant)
         except (ValueError, RecursionError):  # the engine's JSON parser, not the contract, refuses those
@@ -472,6 +480,7 @@ class ProxyRequest(Harness):
         from tidekv.proxy.routing import ProxyError, decode_request, prefill_request
         from tidekv.proxy.store_policy import prompt_token_ids, tokenize_request
 
+        self.note("raw body" if data[:1] == b"{" else "real request, one value replaced")
         if data[:1] == b"{":
             server._error_detail(data)
         else:  # a real request with one of its values (any node of the JSON tree) replaced
