@@ -9,6 +9,8 @@ benchmark of the bar (``benchmarks/trtllm_abi.py``) is run small.
 
 from __future__ import annotations
 
+import ctypes
+
 import os
 import select
 import shutil
@@ -177,3 +179,33 @@ def test_benchmark_runs_small(library: Path, tmp_path: Path) -> None:
     for op in ("read", "write"):
         assert result[op]["python_gbps"] > 0 and result[op]["capi_gbps"] > 0
         assert result[op]["passed"] == (result[op]["ratio"] >= 0.9)
+
+
+def test_the_secret_follows_tidekvs_one_setting(library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """createTransferEngine reads TIDEKV_SECRET / TIDEKV_SECRET_FILE as tidekv.config.secret_from_env
+    does: both set, an empty secret or an empty file is refused with a named reason."""
+    lib = ctypes.CDLL(str(library))
+    lib.createTransferEngine.restype = ctypes.c_void_p
+    lib.createTransferEngine.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint64,
+                                         ctypes.c_int]
+    lib.destroyTransferEngine.argtypes = [ctypes.c_void_p]
+    lib.tidekv_last_error.restype = ctypes.c_char_p
+    empty = tmp_path / "empty"
+    empty.write_text(" \n")
+    good = tmp_path / "secret"
+    good.write_text("s3cret\t\n")
+    for env, expected in (({"TIDEKV_SECRET": "a", "TIDEKV_SECRET_FILE": str(good)}, "both set"),
+                          ({"TIDEKV_SECRET": ""}, "set but empty"),
+                          ({"TIDEKV_SECRET_FILE": str(empty)}, "is empty"),
+                          ({"TIDEKV_SECRET_FILE": str(good)}, None)):
+        for name in ("TIDEKV_SECRET", "TIDEKV_SECRET_FILE"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        engine = lib.createTransferEngine(b"P2PHANDSHAKE", b"127.0.0.1", b"127.0.0.1", 0, 0)
+        if expected is None:
+            assert engine, lib.tidekv_last_error()
+            lib.destroyTransferEngine(engine)
+        else:
+            assert not engine, env
+            assert expected in lib.tidekv_last_error().decode(), (env, lib.tidekv_last_error())

@@ -1,5 +1,6 @@
 #include "options.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
@@ -27,16 +28,23 @@ long env_int(const char* name, long fallback, long low, long high) {
   return n;
 }
 
+// The same rules as tidekv.config.secret_from_env: one of the two variables, a file's trailing
+// whitespace dropped, nothing empty.
 std::string secret() {
-  if (const char* s = env("TIDEKV_SECRET")) return s;
+  const char* raw = std::getenv("TIDEKV_SECRET");
   const char* path = env("TIDEKV_SECRET_FILE");
+  if (raw && path) refuse(-1, "TIDEKV_SECRET and TIDEKV_SECRET_FILE are both set; set one");
+  if (raw) {
+    if (!*raw) refuse(-1, "TIDEKV_SECRET is set but empty; unset it for no secret");
+    return raw;
+  }
   if (!path) return {};
   std::ifstream in(path);
   if (!in) refuse(-1, std::string("TIDEKV_SECRET_FILE='") + path + "' cannot be read");
   std::stringstream text;
   text << in.rdbuf();
   std::string s = text.str();
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
   if (s.empty()) refuse(-1, std::string("TIDEKV_SECRET_FILE='") + path + "' is empty");
   return s;
 }
