@@ -372,7 +372,16 @@ void CudaLink::run(Batch& batch, const std::vector<Slice>& slices) {
   }
   scope.reset();
   bool alive = is_peer_alive();
-  uint64_t moved[2] = {0, 0};
+  if (sync_error.empty() && alive) {
+    // Counted before any slice completes: completing the last one wakes the waiter, who may
+    // read stats() at once and must see these bytes.
+    uint64_t moved[2] = {0, 0};  // by op
+    for (size_t i = 0; i < slices.size(); ++i)
+      if (issued[i]) moved[slices[i].op == wire::Op::kWrite] += slices[i].length;
+    ctx_.counters.cuda_bytes.fetch_add(moved[0] + moved[1], std::memory_order_relaxed);
+    ctx_.counters.bytes_read.fetch_add(moved[0], std::memory_order_relaxed);
+    ctx_.counters.bytes_written.fetch_add(moved[1], std::memory_order_relaxed);
+  }
   for (size_t i = 0; i < slices.size(); ++i) {
     if (!issued[i]) continue;
     const Slice& s = slices[i];
@@ -382,13 +391,9 @@ void CudaLink::run(Batch& batch, const std::vector<Slice>& slices) {
       batch.fail_slice(s.request, ErrorKind::kPeerUnavailable,
                        "peer " + peer_name_ + " (pid " + std::to_string(pid_) + ") exited" + describe(s));
     } else {
-      moved[s.op == wire::Op::kWrite] += s.length;
       batch.complete_slice(s.request, s.length);
     }
   }
-  ctx_.counters.cuda_bytes.fetch_add(moved[0] + moved[1], std::memory_order_relaxed);
-  ctx_.counters.bytes_read.fetch_add(moved[0], std::memory_order_relaxed);
-  ctx_.counters.bytes_written.fetch_add(moved[1], std::memory_order_relaxed);
 }
 
 }  // namespace tidekv::cuda

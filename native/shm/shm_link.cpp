@@ -197,7 +197,16 @@ void ShmLink::run(Batch& batch, const std::vector<Slice>& slices) {
   // One liveness check per task: a copy into the memory of a process that has exited may have
   // "succeeded" into pages nobody will read, so none of this task's copies can be trusted then.
   bool alive = is_peer_alive();
-  uint64_t moved[2] = {0, 0};  // by op
+  if (alive) {
+    // Counted before any slice completes: completing the last one wakes the waiter, who may
+    // read stats() at once and must see these bytes.
+    uint64_t moved[2] = {0, 0};  // by op
+    for (size_t i = 0; i < slices.size(); ++i)
+      if (copied[i]) moved[slices[i].op == wire::Op::kWrite] += slices[i].length;
+    ctx_.counters.shm_bytes.fetch_add(moved[0] + moved[1], std::memory_order_relaxed);
+    ctx_.counters.bytes_read.fetch_add(moved[0], std::memory_order_relaxed);
+    ctx_.counters.bytes_written.fetch_add(moved[1], std::memory_order_relaxed);
+  }
   for (size_t i = 0; i < slices.size(); ++i) {
     if (!copied[i]) continue;
     const Slice& s = slices[i];
@@ -206,12 +215,8 @@ void ShmLink::run(Batch& batch, const std::vector<Slice>& slices) {
                        "peer " + peer_name_ + " (pid " + std::to_string(pid_) + ") exited" + describe(s));
       continue;
     }
-    moved[s.op == wire::Op::kWrite] += s.length;
     batch.complete_slice(s.request, s.length);
   }
-  ctx_.counters.shm_bytes.fetch_add(moved[0] + moved[1], std::memory_order_relaxed);
-  ctx_.counters.bytes_read.fetch_add(moved[0], std::memory_order_relaxed);
-  ctx_.counters.bytes_written.fetch_add(moved[1], std::memory_order_relaxed);
 }
 
 void* ShmLink::map_region(const RegionView& view) {
