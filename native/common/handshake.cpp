@@ -118,7 +118,8 @@ size_t ServerHandshake::wanted() const {
   return 0;
 }
 
-void ServerHandshake::feed(const uint8_t* data, const std::string& descriptor, bool admit, std::string* reply) {
+void ServerHandshake::feed(const uint8_t* data, const std::string& descriptor, Admission admission,
+                           std::string* reply) {
   if (step_ == Step::kGreeting) {
     std::memcpy(&hello_, data, kGreetingBytes);
     challenge_ = wire::Challenge{wire::kMagic, wire::kProtocolVersion, uint32_t(wire::Status::kOk),
@@ -151,9 +152,12 @@ void ServerHandshake::feed(const uint8_t* data, const std::string& descriptor, b
     append(reply, wire::Welcome{wire::kMagic, uint32_t(wire::Status::kAuthFailed), 0, 0, {}});
     TIDEKV_THROW(kAuth, "refused " + what_ + ": missing or wrong shared secret");
   }
-  if (!admit) {
+  if (admission != Admission::kAdmit) {
     append(reply, wire::Welcome{wire::kMagic, uint32_t(wire::Status::kRefused), 0, 0, {}});
-    TIDEKV_THROW(kPeerUnavailable, "refused " + what_ + ": connection limit reached (or no such transport)");
+    if (admission == Admission::kLimit)
+      TIDEKV_THROW(kPeerUnavailable, "refused " + what_ + ": connection limit reached");
+    TIDEKV_THROW(kPeerUnavailable, "refused " + what_ + ": it asked for transport wire id " +
+                                       std::to_string(hello_.transport) + ", which this engine does not serve");
   }
   wire::Welcome welcome{wire::kMagic, uint32_t(wire::Status::kOk), uint32_t(descriptor.size()), 0, {}};
   if (!secret_.empty()) std::memcpy(welcome.mac, server_mac(secret_, hello_.nonce, challenge_.nonce).mac, 32);

@@ -23,6 +23,10 @@ Descriptor client_handshake(int fd, SocketReader& reader, wire::ConnType type, u
 // Server side, one connection. feed() takes the bytes that arrived; it returns the bytes to
 // send back (possibly none) and moves to the next step. Throws with the reason to log when the
 // client must be dropped (after `reply` holds what should still be sent, e.g. a version refusal).
+// Why a server turns a data connection away after its Hello (sent as Status::kRefused either
+// way; the reason is for the server's log and counters).
+enum class Admission { kAdmit, kLimit, kNoTransport };
+
 class ServerHandshake {
  public:
   // kGreeting: magic and version only, so that a client of another version (whose Hello may
@@ -33,9 +37,10 @@ class ServerHandshake {
   // Bytes still expected before the next step (read no more than this: nothing may be read
   // past the handshake, those bytes belong to the transport).
   size_t wanted() const;
-  // Consumes exactly wanted() bytes; appends the reply to *reply. `admit`: whether the server
-  // has room for this connection (asked after the Hello; a refusal is sent as kRefused).
-  void feed(const uint8_t* data, const std::string& descriptor, bool admit, std::string* reply);
+  // Consumes exactly wanted() bytes; appends the reply to *reply. `admission`: whether the
+  // server takes this connection (asked after the Hello: it has room for it, and serves the
+  // transport it names); a refusal is sent as kRefused and thrown with its reason.
+  void feed(const uint8_t* data, const std::string& descriptor, Admission admission, std::string* reply);
   const wire::Hello& hello() const { return hello_; }
 
  private:

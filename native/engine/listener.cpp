@@ -213,19 +213,23 @@ void Listener::advance(Pending* p) {
     p->got = 0;
     const wire::Hello& hello = p->handshake.hello();
     Transport* transport = nullptr;
-    bool admit = true;
+    Admission admission = Admission::kAdmit;
     if (p->handshake.step() == ServerHandshake::Step::kAuth && hello.conn_type == uint32_t(wire::ConnType::kData)) {
       transport = route_(hello.transport);
-      admit = transport != nullptr && transport->admit(hello.instance);
-      if (!admit) ctx_.counters.connections_limited.fetch_add(1, std::memory_order_relaxed);
+      if (transport == nullptr) {
+        admission = Admission::kNoTransport;  // a bad or foreign client: counted as refused, not as a limit
+      } else if (!transport->admit(hello.instance)) {
+        admission = Admission::kLimit;
+        ctx_.counters.connections_limited.fetch_add(1, std::memory_order_relaxed);
+      }
     }
     std::string reply;
     try {
       if (p->handshake.step() == ServerHandshake::Step::kGreeting) {
-        p->handshake.feed(p->buf, descriptor_, admit, &reply);
+        p->handshake.feed(p->buf, descriptor_, admission, &reply);
         continue;  // nothing to send yet, unless it threw
       }
-      p->handshake.feed(p->buf, descriptor_, admit, &reply);
+      p->handshake.feed(p->buf, descriptor_, admission, &reply);
     } catch (const Error& e) {
       if (!reply.empty()) (void)!::send(p->fd, reply.data(), reply.size(), MSG_NOSIGNAL);
       ctx_.counters.connections_refused.fetch_add(1, std::memory_order_relaxed);

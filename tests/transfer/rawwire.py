@@ -107,10 +107,10 @@ def pack_hello(nonce: bytes, magic: int = MAGIC, version: int = VERSION, conn_ty
 
 
 def send_hello(sock: socket.socket, version: int = VERSION, conn_type: int = CONN_DATA,
-               instance: bytes | None = None) -> bytes:
+               instance: bytes | None = None, transport: int = TRANSPORT_TCP) -> bytes:
     """Sends a Hello; returns its nonce."""
     nonce = os.urandom(32)
-    sock.sendall(pack_hello(nonce, version=version, conn_type=conn_type, instance=instance))
+    sock.sendall(pack_hello(nonce, version=version, conn_type=conn_type, transport=transport, instance=instance))
     return nonce
 
 
@@ -119,10 +119,10 @@ def recv_challenge(sock: socket.socket) -> Challenge:
 
 
 def handshake(name: str, secret: str | None = None, conn_type: int = CONN_DATA,
-              instance: bytes | None = None) -> tuple[socket.socket, int]:
+              instance: bytes | None = None, transport: int = TRANSPORT_TCP) -> tuple[socket.socket, int]:
     """Opens a connection the way an engine does; returns it and the Welcome status."""
     sock = connect(name)
-    nonce = send_hello(sock, conn_type=conn_type, instance=instance)
+    nonce = send_hello(sock, conn_type=conn_type, instance=instance, transport=transport)
     challenge = recv_challenge(sock)
     assert (challenge.magic, challenge.status) == (MAGIC, STATUS_OK), challenge
     sock.sendall(mac(secret, challenge.nonce, nonce) if secret else bytes(32))

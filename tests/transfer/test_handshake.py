@@ -172,3 +172,23 @@ def test_secret_is_checked_on_data_connections(spawn_target: SpawnTarget) -> Non
         assert status == rawwire.STATUS_OK
         rawwire.send_request(sock, rawwire.OP_READ, remote.addr(100), 64, tag=5)
         assert rawwire.recv_response(sock) == (rawwire.STATUS_OK, 64, 5, pattern(1, SIZE)[100:164])
+
+
+def test_a_data_connection_for_a_transport_the_engine_lacks_is_refused_by_name(spawn_target: SpawnTarget,
+                                                                                make_engine: MakeEngine) -> None:
+    """A Hello naming a transport wire id this engine does not serve (a foreign client, or the C
+    API's endpoint greeting, which a plain engine's listener has no transport for) is refused
+    with STATUS_REFUSED; the log names the id, and it counts as refused, not as a limit."""
+    target = spawn_target({"mem": ("alloc", SIZE, 1)})
+    unknown = 0x7463
+    sock, status = rawwire.handshake(target.name, transport=unknown)
+    with sock:
+        assert status == rawwire.STATUS_REFUSED
+        assert rawwire.is_closed_by_peer(sock)
+    line = target.wait_for_log(f"transport wire id {unknown}")
+    assert "does not serve" in line and "limit" not in line, line
+    stats = target.stats()
+    assert (stats["connections_refused"], stats["connections_limited"]) == (1, 0), stats
+    engine = make_engine(initiator_config("tcp"))
+    engine.connect(target.name)
+    assert_serves(engine, target)

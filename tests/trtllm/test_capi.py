@@ -10,7 +10,6 @@ benchmark of the bar (``benchmarks/trtllm_abi.py``) is run small.
 from __future__ import annotations
 
 import ctypes
-
 import os
 import select
 import shutil
@@ -209,3 +208,84 @@ def test_the_secret_follows_tidekvs_one_setting(library: Path, tmp_path: Path, m
         else:
             assert not engine, env
             assert expected in lib.tidekv_last_error().decode(), (env, lib.tidekv_last_error())
+
+
+class _Request(ctypes.Structure):
+    _fields_ = [("opcode", ctypes.c_int), ("source", ctypes.c_void_p), ("target_id", ctypes.c_int32),
+                ("target_offset", ctypes.c_uint64), ("length", ctypes.c_uint64)]
+
+
+class _Status(ctypes.Structure):
+    _fields_ = [("status", ctypes.c_int), ("transferred_bytes", ctypes.c_uint64)]
+
+
+def _c_api(library: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(library))
+    lib.createTransferEngine.restype = ctypes.c_void_p
+    lib.createTransferEngine.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint64,
+                                         ctypes.c_int]
+    lib.destroyTransferEngine.argtypes = [ctypes.c_void_p]
+    lib.openSegment.restype = ctypes.c_int32
+    lib.openSegment.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.registerLocalMemory.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p,
+                                        ctypes.c_int]
+    lib.allocateBatchID.restype = ctypes.c_uint64
+    lib.allocateBatchID.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.submitTransfer.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(_Request), ctypes.c_size_t]
+    lib.getTransferStatus.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.POINTER(_Status)]
+    lib.freeBatchID.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+    lib.tidekv_last_error.restype = ctypes.c_char_p
+    return lib
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_opening_a_plain_engine_costs_it_no_refused_connection(transport: str, library: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """openSegment of a plain tidekv TransferEngine (no C API endpoint there, as the target of
+    benchmarks/trtllm_abi.py) asks what listens there with a descriptor fetch, which every
+    engine answers. It used to greet the address as a C API endpoint first and fall back when
+    refused: the plain engine's listener refused that greeting (no transport of the endpoint's
+    id), counted it as a connection limit and logged "dropped connection ... connection limit
+    reached (or no such transport)", once per openSegment."""
+    from tidekv import TransferConfig, TransferEngine, TransferOp, TransferRequest
+    from tidekv.config import TransportKind
+
+    monkeypatch.setenv("TIDEKV_TRANSPORT", transport)
+    lib = _c_api(library)
+    size = 1 << 20
+    expected = bytes(range(256)) * (size // 256)
+    with TransferEngine(config=TransferConfig(transport=TransportKind(transport))) as target:
+        remote = target.register(bytearray(expected))
+        engine = lib.createTransferEngine(b"P2PHANDSHAKE", b"127.0.0.1", b"127.0.0.1", 0, 0)
+        assert engine, lib.tidekv_last_error()
+        try:
+            local = ctypes.create_string_buffer(size)
+            assert lib.registerLocalMemory(engine, ctypes.addressof(local), size, b"cpu", 1) == 0, lib.tidekv_last_error()
+            segment = lib.openSegment(engine, target.name.encode())
+            assert segment > 0, lib.tidekv_last_error()
+            for op in (0, 1):  # READ the pattern, then WRITE it back shifted by one request's length
+                half = size // 2
+                reqs = (_Request * 2)(_Request(op, ctypes.addressof(local), segment, remote.addr(0) + op * half, half),
+                                      _Request(op, ctypes.addressof(local) + half, segment, remote.addr(half) - op * half,
+                                               half))
+                batch = lib.allocateBatchID(engine, 2)
+                assert lib.submitTransfer(engine, batch, reqs, 2) == 0, lib.tidekv_last_error()
+                for task in range(2):
+                    status = _Status()
+                    while True:
+                        assert lib.getTransferStatus(engine, batch, task, ctypes.byref(status)) == 0
+                        if status.status != 1:  # STATUS_PENDING
+                            break
+                    assert status.status == 4, (op, task, status.status)  # STATUS_COMPLETED
+                assert lib.freeBatchID(engine, batch) == 0
+            assert local.raw == expected
+            assert bytes(remote.view()) == expected[half:] + expected[:half]
+        finally:
+            lib.destroyTransferEngine(engine)
+        stats = target.stats()
+        assert (stats["connections_refused"], stats["connections_limited"]) == (0, 0), stats
+        # The same engine is still served by the plain engine's own Python peers.
+        with TransferEngine(config=TransferConfig(transport=TransportKind(transport))) as peer:
+            buf = peer.register(bytearray(size))
+            peer.transfer([TransferRequest(TransferOp.READ, buf.addr(0), size, target.name, remote.addr(0))]).wait(10)
+            assert bytes(buf.view()) == expected[half:] + expected[:half]

@@ -84,19 +84,18 @@ int32_t CEngine::open_segment(const std::string& name, bool refresh) {
   std::string host;
   int port = 0;
   split_host_port(name, &host, &port);
+  // What listens there: a C API endpoint (its descriptor has the endpoint section) or a plain
+  // tidekv TransferEngine (Python), which takes transfers but no notifications. Asked with a
+  // descriptor fetch, which both answer: greeting a plain engine as an endpoint would be a
+  // connection it refuses and logs (it serves no transport of that id).
+  std::string descriptor = engine_->fetch_descriptor(host, port);
+  std::string peer_name = name;
   std::shared_ptr<EndpointLink> link;
-  std::string peer_name, descriptor;
-  try {
+  if (Descriptor::decode(descriptor, name).section(kEndpointWireId) != nullptr) {
     link = std::make_shared<EndpointLink>(host, port, engine_->context().instance, engine_->context().options.secret,
                                           handshake_timeout_ms_);
     peer_name = bracketed(host) + ":" + std::to_string(link->engine_port());
     descriptor = link->descriptor();
-  } catch (const Error& e) {
-    if (e.kind() != ErrorKind::kRefused) throw;
-    // A tidekv TransferEngine (Python) listens there, without a C API endpoint: its listener
-    // refuses the endpoint greeting. It takes transfers; notifications to it are refused.
-    peer_name = name;
-    descriptor = engine_->fetch_descriptor(host, port);
   }
   uint32_t peer_id = engine_->add_peer(peer_name, descriptor);
   std::lock_guard<std::mutex> lock(segments_mu_);

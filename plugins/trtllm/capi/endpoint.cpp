@@ -25,8 +25,13 @@ void send_reply(int fd, uint32_t status, uint64_t value, const std::string& what
 
 Endpoint::Endpoint(const std::string& host, int port, const std::string& secret, std::string descriptor,
                    int engine_port, int handshake_timeout_ms)
-    : secret_(secret), descriptor_(std::move(descriptor)), engine_port_(engine_port),
-      handshake_timeout_ms_(handshake_timeout_ms) {
+    : secret_(secret), engine_port_(engine_port), handshake_timeout_ms_(handshake_timeout_ms) {
+  // What this address serves, for a peer that fetches the descriptor here: the engine's
+  // transports plus a section that says a C API endpoint answers (and its version).
+  Descriptor d = Descriptor::decode(descriptor, "this engine");
+  uint32_t version = kEndpointVersion;
+  d.sections.emplace_back(kEndpointWireId, std::string(reinterpret_cast<const char*>(&version), sizeof(version)));
+  descriptor_ = d.encode();
   listen_fd_ = listen_tcp(host, port, &port_);
   try {
     acceptor_ = std::thread([this] { accept_loop(); });
@@ -43,13 +48,13 @@ void Endpoint::stop() {
   ::shutdown(listen_fd_, SHUT_RDWR);  // wakes accept()
   if (acceptor_.joinable()) acceptor_.join();
   ::close(listen_fd_);
-  std::vector<std::thread> servers;
+  std::list<Server> servers;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (int fd : open_fds_) ::shutdown(fd, SHUT_RDWR);  // wakes their reads
     servers.swap(servers_);
   }
-  for (auto& t : servers) t.join();
+  for (auto& s : servers) s.thread.join();
 }
 
 std::vector<Notification> Endpoint::take() {
@@ -74,10 +79,26 @@ void Endpoint::accept_loop() {
       ::close(fd);
       continue;
     }
+    // A descriptor fetch per openSegment and a connection per link come and go: their
+    // finished threads are joined here instead of piling up until stop().
+    for (auto it = servers_.begin(); it != servers_.end();) {
+      if (!it->is_finished) {
+        ++it;
+        continue;
+      }
+      it->thread.join();
+      it = servers_.erase(it);
+    }
     open_fds_.insert(fd);
+    auto server = servers_.emplace(servers_.end());
     try {
-      servers_.emplace_back([this, fd] { serve(fd, "endpoint peer fd " + std::to_string(fd)); });
+      server->thread = std::thread([this, fd, server] {
+        serve(fd, "endpoint peer fd " + std::to_string(fd));
+        std::lock_guard<std::mutex> lock(mu_);
+        server->is_finished = true;
+      });
     } catch (const std::system_error&) {
+      servers_.erase(server);
       open_fds_.erase(fd);
       ::close(fd);
     }
@@ -94,17 +115,22 @@ void Endpoint::serve(int fd, std::string what) {
       size_t n = handshake.wanted();
       reader.read_exact(buf.data(), n);
       std::string reply;
-      bool admit = handshake.step() != ServerHandshake::Step::kAuth || handshake.hello().transport == kEndpointWireId;
+      const wire::Hello& hello = handshake.hello();
+      bool is_endpoint = hello.conn_type == uint32_t(wire::ConnType::kDescriptor) || hello.transport == kEndpointWireId;
+      Admission admission = handshake.step() != ServerHandshake::Step::kAuth || is_endpoint ? Admission::kAdmit
+                                                                                             : Admission::kNoTransport;
       try {
-        handshake.feed(buf.data(), descriptor_, admit, &reply);
+        handshake.feed(buf.data(), descriptor_, admission, &reply);
       } catch (...) {
         if (!reply.empty()) send_all(fd, reply.data(), reply.size(), what);
         throw;
       }
       if (!reply.empty()) send_all(fd, reply.data(), reply.size(), what);
     }
+    // A descriptor fetch (openSegment asking what listens here) ends with the descriptor.
+    bool is_lookup_only = handshake.hello().conn_type == uint32_t(wire::ConnType::kDescriptor);
     std::string name, message;
-    while (!stopping_.load()) {
+    while (!is_lookup_only && !stopping_.load()) {
       EndpointFrame frame{};
       reader.read_exact(&frame, sizeof(frame), /*at_frame_boundary=*/true);
       if (frame.magic != kEndpointMagic || frame.version != kEndpointVersion || frame.name_bytes > kMaxNameBytes ||

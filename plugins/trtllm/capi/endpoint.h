@@ -1,10 +1,13 @@
 // A C API engine's endpoint: what its segment name ("ip:port", from getLocalIpAndPort) points
-// at, in the role of Mooncake's P2P handshake port. A peer that opens the segment connects
-// here, runs tidekv's transfer handshake (version check, shared secret when one is set; the
-// Welcome carries this engine's descriptor) and asks for the port of the engine's listener,
-// where its data then goes. The same connection carries notifications (genNotifyInEngine and
-// the one of submitTransferWithNotify), each acknowledged once it is queued here for
-// getNotifsFromEngine.
+// at, in the role of Mooncake's P2P handshake port. A peer that opens a segment first fetches
+// the descriptor at that address (a kDescriptor handshake, which a plain tidekv engine's
+// listener answers too): the one served here carries an extra section, kEndpointWireId, that
+// tells the two apart without being refused by either. For an endpoint, the peer then opens an
+// endpoint connection (tidekv's transfer handshake with Hello.transport = kEndpointWireId:
+// version check, shared secret when one is set, this engine's descriptor) and asks for the
+// port of the engine's listener, where its data then goes. That connection carries
+// notifications (genNotifyInEngine and the one of submitTransferWithNotify), each
+// acknowledged once it is queued here for getNotifsFromEngine.
 //
 // Frames after the handshake, little-endian: EndpointFrame then name and message bytes;
 // answered by one EndpointReply. Threads: one accepting, one per open connection; stop()
@@ -14,6 +17,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <list>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -22,7 +26,9 @@
 
 namespace tidekv::capi {
 
-// Greeting id of an endpoint connection (Hello.transport); never a TransportId.
+// Greeting id of an endpoint connection (Hello.transport), and the id of the descriptor section
+// (its bytes: kEndpointVersion as a uint32) by which an endpoint's descriptor differs from a
+// plain engine's; never a TransportId.
 constexpr uint16_t kEndpointWireId = 0x7463;
 constexpr uint16_t kEndpointVersion = 1;
 constexpr uint32_t kEndpointMagic = 0x4e434b54;  // "TKCN"
@@ -65,6 +71,10 @@ class Endpoint {
   void stop();
 
  private:
+  struct Server {
+    std::thread thread;
+    bool is_finished = false;  // guarded by mu_; set as the thread's last step, so it joins at once
+  };
   void accept_loop();
   void serve(int fd, std::string what);
 
@@ -78,7 +88,7 @@ class Endpoint {
   std::mutex mu_;
   std::deque<Notification> received_;
   std::unordered_set<int> open_fds_;
-  std::vector<std::thread> servers_;
+  std::list<Server> servers_;  // one per connection; finished ones are joined as new ones come
   std::thread acceptor_;
 };
 
