@@ -2,9 +2,12 @@
 
 The same transfers both ways in one run: batches of 1,024 x 64 KiB (64 MiB) READ and WRITE from a
 registered host buffer of this machine to a TransferEngine target in another process, which
-registers a plain host buffer as TensorRT-LLM's KV cache would be. Both legs' local buffers are
-host memory on transparent huge pages (numpy advises them for large arrays; the C program does
-the same), since cross-memory attach is slower over 4 KiB pages. Leg "capi": the C program
+registers a plain host buffer as TensorRT-LLM's KV cache would be. All three buffers (the target's
+and both legs' local ones) are host memory on transparent huge pages (numpy advises them for large
+arrays; the C program does the same), since cross-memory attach is slower over 4 KiB pages, and
+all three start on a 2 MiB boundary: the kernel's copy of a WRITE costs ~15% more when the local
+and remote buffers sit at different offsets within their pages (numpy's own arrays start 16 bytes
+into a page, an aligned_alloc'ed one at its start). Leg "capi": the C program
 tests/trtllm/agent_harness.c (bench mode) drives libtransfer_engine.so as TensorRT-LLM's agent
 does (allocateBatchID, submitTransfer, getTransferStatus of every task, freeBatchID); it opens the
 target as a plain tidekv engine. Leg "python": tidekv.TransferEngine.transfer(...).wait() in this
@@ -29,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "tests" / "trtllm" / "agent_harness.c"
@@ -36,18 +40,31 @@ BATCH = 1024
 REQUEST_BYTES = 64 << 10
 BAR = 0.9
 
+ALIGN_BYTES = 2 << 20  # every buffer of both legs and the target starts on a huge-page boundary
+
 TARGET = """
 import sys
-import numpy as np
+sys.path.insert(0, sys.argv[3])
 from tidekv import TransferConfig, TransferEngine
 from tidekv.config import TransportKind
+from trtllm_abi import aligned_buffer
 engine = TransferEngine(config=TransferConfig.from_env(transport=TransportKind(sys.argv[1])))
-buf = np.zeros(int(sys.argv[2]), dtype=np.uint8)
+buf = aligned_buffer(int(sys.argv[2]), 0)
 region = engine.register(buf)
 print(engine.name, region.addr(), region.length, flush=True)
 sys.stdin.read()
 engine.close()
 """
+
+
+def aligned_buffer(size: int, fill: int) -> Any:
+    """A numpy uint8 array of `size` bytes set to `fill`, starting on an ALIGN_BYTES boundary
+    (numpy's own large arrays start 16 bytes into a page; the C leg's aligned_alloc one does not)."""
+    import numpy as np
+
+    raw = np.full(size + ALIGN_BYTES, fill, dtype=np.uint8)
+    skip = -raw.ctypes.data % ALIGN_BYTES
+    return raw[skip:skip + size]  # a view: it keeps `raw` alive
 
 
 def build_harness(out_dir: Path) -> Path:
@@ -62,15 +79,13 @@ def build_harness(out_dir: Path) -> Path:
 
 
 def python_leg(target: str, remote: int, rounds: int, transport: str) -> dict[str, dict[str, float]]:
-    import numpy as np
-
     from tidekv import TransferConfig, TransferEngine
     from tidekv.config import TransportKind
     from tidekv.transfer import TransferOp, TransferRequest
 
     out: dict[str, dict[str, float]] = {}
     with TransferEngine(config=TransferConfig.from_env(transport=TransportKind(transport))) as engine:
-        buf = np.ones(BATCH * REQUEST_BYTES, dtype=np.uint8)
+        buf = aligned_buffer(BATCH * REQUEST_BYTES, 1)
         local = engine.register(buf)
         engine.connect(target)
         for op, label in ((TransferOp.READ, "read"), (TransferOp.WRITE, "write")):
@@ -112,12 +127,13 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             exe = build_harness(Path(tmp))
             size = BATCH * REQUEST_BYTES
-            target = subprocess.Popen([sys.executable, "-c", TARGET, args.transport, str(size)], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, text=True)
+            target = subprocess.Popen([sys.executable, "-c", TARGET, args.transport, str(size), str(Path(__file__).parent)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             try:
                 assert target.stdout is not None and target.stdin is not None
                 name, remote_text, _ = target.stdout.readline().split()
                 remote = int(remote_text)
+                assert remote % ALIGN_BYTES == 0, f"the target's buffer at {remote:#x} is not {ALIGN_BYTES}-aligned"
                 legs: dict[str, list[dict[str, dict[str, float]]]] = {"python": [], "capi": []}
                 for rep in range(args.reps):
                     for leg in (("python", "capi") if rep % 2 == 0 else ("capi", "python")):

@@ -470,8 +470,11 @@ static int run_bench(const char* seg, uint64_t remote, uint64_t size, int rounds
   REQUIRE(e != NULL, "createTransferEngine");
   uint64_t bytes = (uint64_t)MAX_BATCH * 65536;
   REQUIRE(size >= bytes, "remote buffer too small");
-  /* The same memory as the Python leg's numpy buffer: numpy advises huge pages for large
-   * arrays, and cross-memory attach over 4 KiB pages is measurably slower than over 2 MiB ones. */
+  /* The same memory as the Python leg's buffer: huge pages (numpy advises them for large
+   * arrays; cross-memory attach over 4 KiB pages is measurably slower than over 2 MiB ones),
+   * starting on a 2 MiB boundary as benchmarks/trtllm_abi.py places the other two (a WRITE whose
+   * local and remote buffers sit at different offsets within their pages costs the kernel ~15%
+   * more). */
   uint8_t* local = aligned_alloc(2 * MiB, bytes);
   madvise(local, bytes, MADV_HUGEPAGE);
   memset(local, 1, bytes);
