@@ -1,15 +1,23 @@
-"""Mooncake comparison of ``bench store``: the same rows through ``mooncake.store.MooncakeDistributedStore``.
+"""Mooncake comparison of ``bench store``: the same rows through ``MooncakeDistributedStore``.
 
-``MooncakeStoreDriver`` starts Mooncake's own ``mooncake_master`` (from the wheel
-``mooncake-transfer-engine-non-cuda``) on free ports of 127.0.0.1 and, as helper processes, a
-holder (when the holder is another process) and the measuring client, all over Mooncake's tcp
-protocol with P2PHANDSHAKE (no metadata server). The client times ``store_ops.time_op`` rows
-through a thin adapter: put/get (bytes), batch_put_from/batch_get_into (a registered buffer),
+Two implementations of Mooncake's store API are driven alike (``MooncakeApi``): Mooncake's own
+(``mooncake.store`` and ``mooncake_master`` from the wheel ``mooncake-transfer-engine-non-cuda``)
+and tidekv's drop-in (``tidekv.compat.mooncake_store`` and ``tidekv.compat.mooncake_master``, what
+the ``tidekv-mooncake-shim`` package installs as ``mooncake``), so a row shows what the same
+Mooncake-API code gets on each. ``MooncakePool`` starts the master on free ports of 127.0.0.1
+and, when the pool is in another process, a holder process mounting its only segment;
+``MooncakeStoreDriver`` adds the measuring client, all over Mooncake's tcp protocol with
+P2PHANDSHAKE (no metadata server). The client times ``store_ops.time_op`` rows through a thin
+adapter: put/get (bytes), batch_put_from/batch_get_into (a registered buffer),
 is_exist/batch_is_exist, batch_remove(force) for cleanup; every int return code is checked.
+``benchmarks/sglang_hicache.py`` reuses ``MooncakePool`` under SGLang's own mooncake backend.
 
 Mooncake has no shared-memory mode: with the holder in another process its bytes go over tcp,
-with the holder in the client's own process it copies with memcpy. Mooncake logs to stderr, so
-its processes log to files that errors quote. Neighbours: ``store`` runs it next to tidekv's
+with the holder in the client's own process it copies with memcpy. With the holder in another
+process its helpers run with ``MC_STORE_MEMCPY=0`` (``memcpy_env``): the issue's measured
+setting, and Mooncake cannot memcpy into another process anyway. Its read leases must stay
+>= 2 s (``MIN_LEASE_TTL_S``): shorter ones fail gets with -707 although the bytes arrived.
+Mooncake logs to stderr, so its processes log to files that errors quote. Neighbours: ``store`` runs it next to tidekv's
 rows; ``mooncake_te`` is the transfer-engine comparison and owns the install hint.
 """
 
@@ -17,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import enum
 import logging
+import os
 import shutil
 import signal
 import socket
@@ -46,6 +56,29 @@ _MASTER_READY_TIMEOUT_S = 30.0
 _CALL_TIMEOUT_S = 600.0
 _LOG_TAIL_BYTES = 4000
 _PR_SET_PDEATHSIG = 1
+MIN_LEASE_TTL_S = 2.0
+"""Mooncake's read leases shorter than this fail its gets with -707 (measured on 0.3.13.post1)."""
+
+
+class MooncakeApi(enum.Enum):
+    """Which implementation of Mooncake's store API a driver runs."""
+
+    MOONCAKE = "mooncake"  #: Mooncake's wheel: ``mooncake.store`` and its ``mooncake_master``
+    SHIM = "shim"  #: tidekv's drop-in: ``tidekv.compat.mooncake_store`` and ``tidekv.compat.mooncake_master``
+
+    def store_class(self) -> Any:
+        """The ``MooncakeDistributedStore`` class of this implementation (imported now)."""
+        if self == MooncakeApi.SHIM:
+            from tidekv.compat.mooncake_store import MooncakeDistributedStore
+        else:
+            from mooncake.store import MooncakeDistributedStore
+        return MooncakeDistributedStore
+
+
+def memcpy_env(is_holder_in_client: bool) -> dict[str, str]:
+    """The environment a Mooncake client gets in this layout: ``MC_STORE_MEMCPY=0`` when the holder
+    is another process (bytes go over tcp), nothing otherwise (Mooncake's default memcpy)."""
+    return {} if is_holder_in_client else {"MC_STORE_MEMCPY": "0"}
 
 
 def master_executable() -> str:
@@ -65,12 +98,18 @@ def master_executable() -> str:
 
 
 def check_available() -> None:
-    """Imports ``mooncake.store`` and finds ``mooncake_master`` here, to fail before a long run.
+    """Imports Mooncake's ``mooncake.store`` and finds its ``mooncake_master``, to fail before a long run.
 
     Raises:
-        ConfigError: the wheel or a library it needs is missing; the message says how to install.
+        ConfigError: the wheel or a library it needs is missing, or ``mooncake`` here is tidekv's
+            drop-in; the message says how to install.
     """
     mooncake_te.check_available("mooncake.store")
+    import mooncake
+
+    if getattr(mooncake, "IS_TIDEKV_SHIM", False):
+        raise ConfigError(f"--compare mooncake needs Mooncake's own wheel, but `mooncake` here is tidekv's drop-in "
+                          f"({mooncake.__file__}); run it from an environment with {mooncake_te.WHEEL} instead")
     master_executable()
 
 
@@ -86,23 +125,39 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def _master_command(api: MooncakeApi, rpc_port: int, lease_ttl_s: float | None) -> list[str]:
+    flags = [f"--rpc_port={rpc_port}", f"--rpc_address={_HOST}", f"--metrics_port={_free_port()}"]
+    if lease_ttl_s is not None:
+        flags.append(f"--default_kv_lease_ttl={round(lease_ttl_s * 1000)}")
+    if api == MooncakeApi.SHIM:  # its flags are Mooncake's; it refuses the three below, which it has no use for
+        return [sys.executable, "-c", "import sys; from tidekv.compat.mooncake_master import main; sys.exit(main())",
+                *flags]
+    return [master_executable(), *flags, f"--metrics_host={_HOST}", "--enable_http_metadata_server=false",
+            "--enable_metric_reporting=false"]
+
+
 class MooncakeMaster:
     """A ``mooncake_master`` process on free ports of 127.0.0.1 (RPC and metrics HTTP).
 
     Args:
-        log_dir: folder for ``mooncake-master.log``.
+        log_dir: folder for ``<api>-master.log``.
+        api: Mooncake's own master, or the drop-in's (a tidekv master behind Mooncake's flags).
+        lease_ttl_s: ``--default_kv_lease_ttl``; None leaves the master's default (10 s).
 
     Raises:
-        ConfigError: the executable is missing.
+        ConfigError: the executable is missing, or the lease is under ``MIN_LEASE_TTL_S``.
         TidekvError: it exited or did not listen within 30 s (the message quotes its log).
     """
 
-    def __init__(self, log_dir: str | Path) -> None:
+    def __init__(self, log_dir: str | Path, api: MooncakeApi = MooncakeApi.MOONCAKE,
+                 lease_ttl_s: float | None = None) -> None:
+        if lease_ttl_s is not None and lease_ttl_s < MIN_LEASE_TTL_S:
+            raise ConfigError(f"lease_ttl_s={lease_ttl_s} is under {MIN_LEASE_TTL_S} s; Mooncake's gets then fail "
+                              "with -707")
+        self.api = api
         self.rpc_port = _free_port()
-        self.log_path = Path(log_dir) / "mooncake-master.log"
-        command = [master_executable(), f"--rpc_port={self.rpc_port}", f"--rpc_address={_HOST}",
-                   f"--metrics_port={_free_port()}", f"--metrics_host={_HOST}",
-                   "--enable_http_metadata_server=false", "--enable_metric_reporting=false"]
+        self.log_path = Path(log_dir) / f"{api.value}-master.log"
+        command = _master_command(api, self.rpc_port, lease_ttl_s)
         with open(self.log_path, "wb") as log:
             # Its own session: a Ctrl-C at the terminal reaches the bench, which stops it in order.
             self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -112,7 +167,7 @@ class MooncakeMaster:
         except BaseException:
             self.stop()
             raise
-        logger.info("mooncake_master (pid %s) listening on %s", self._process.pid, self.address)
+        logger.info("%s mooncake_master (pid %s) listening on %s", api.value, self._process.pid, self.address)
 
     @property
     def address(self) -> str:
@@ -151,10 +206,8 @@ class MooncakeMaster:
                 self._process.wait(timeout_s)
 
 
-def _setup(master: str, segment_bytes: int, local_buffer_bytes: int) -> Any:
-    from mooncake.store import MooncakeDistributedStore
-
-    store = MooncakeDistributedStore()
+def _setup(api: MooncakeApi, master: str, segment_bytes: int, local_buffer_bytes: int) -> Any:
+    store = api.store_class()()
     rc = store.setup(_HOST, "P2PHANDSHAKE", segment_bytes, local_buffer_bytes, "tcp", "", master)
     if rc != 0:
         raise TidekvError(f"MooncakeDistributedStore.setup({_HOST!r}, 'P2PHANDSHAKE', global_segment_size="
@@ -220,19 +273,22 @@ def _check(codes: Sequence[int], keys: Sequence[str], ok: Any, what: str, spans:
                           f"({len(codes)} results)")
 
 
-def _holder_main(conn: Connection, master: str, segment_bytes: int) -> None:
+def _holder_main(conn: Connection, api: MooncakeApi, env: dict[str, str], master: str, segment_bytes: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the bench stops its helpers itself, in order
-    store = _setup(master, segment_bytes, 0)
+    os.environ.update(env)
+    store = _setup(api, master, segment_bytes, 0)
     send_ready(conn, store.get_hostname())
     serve(conn)
     store.close()
 
 
-def _client_main(conn: Connection, master: str, segment_bytes: int, buffer_bytes: int) -> None:
+def _client_main(conn: Connection, api: MooncakeApi, env: dict[str, str], master: str, segment_bytes: int,
+                 buffer_bytes: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    store = _setup(master, segment_bytes, LOCAL_BUFFER_BYTES)
+    os.environ.update(env)
+    store = _setup(api, master, segment_bytes, LOCAL_BUFFER_BYTES)
     client = _MooncakeClient(store, buffer_bytes)
-    keys = KeyMaker("mooncake")
+    keys = KeyMaker(api.value)
 
     def run(message: tuple[StoreOp, Budget]) -> list[float]:
         return time_op(client, message[0], message[1], keys)
@@ -242,8 +298,48 @@ def _client_main(conn: Connection, master: str, segment_bytes: int, buffer_bytes
     store.close()
 
 
+class MooncakePool:
+    """Mooncake's master and, when the pool is in another process, the holder mounting its only segment.
+
+    Args:
+        api: Mooncake's own store or tidekv's drop-in.
+        is_holder_in_client: True: only the master (the client mounts the segment itself);
+            False: also a holder process mounting ``segment_bytes``.
+        segment_bytes: the holder's segment size (global_segment_size).
+        log_dir: where the master and the holder log.
+        lease_ttl_s: the master's read lease (None: its default, 10 s).
+
+    Raises:
+        ConfigError: Mooncake's wheel or mooncake_master is missing (api MOONCAKE).
+        TidekvError: a process failed to start (the message quotes its log).
+    """
+
+    def __init__(self, api: MooncakeApi, is_holder_in_client: bool, segment_bytes: int, log_dir: str | Path,
+                 lease_ttl_s: float | None = None) -> None:
+        if api == MooncakeApi.MOONCAKE:
+            check_available()
+        self.api = api
+        self.env = memcpy_env(is_holder_in_client) if api == MooncakeApi.MOONCAKE else {}
+        """What the clients of this pool need in their environment (``memcpy_env``)."""
+        with contextlib.ExitStack() as stack:
+            master = MooncakeMaster(log_dir, api, lease_ttl_s)
+            stack.callback(master.stop)
+            self.master = master.address
+            self.holder: str | None = None
+            """The holder's Mooncake hostname (None: the client holds the segment)."""
+            if not is_holder_in_client:
+                holder = stack.enter_context(HelperProcess(
+                    f"{api.value}-holder", _holder_main, (api, self.env, master.address, segment_bytes), log_dir))
+                self.holder = holder.hello
+            self._stack = stack.pop_all()
+
+    def close(self) -> None:
+        """Stops the holder, then the master."""
+        self._stack.close()
+
+
 class MooncakeStoreDriver:
-    """Mooncake's master, holder and measuring client on 127.0.0.1, in the bench's process layout.
+    """A Mooncake-API pool (``MooncakePool``) and the measuring client on 127.0.0.1, in the bench's layout.
 
     Args:
         is_holder_in_client: True: the client mounts the only segment (Mooncake then copies with
@@ -251,29 +347,26 @@ class MooncakeStoreDriver:
         segment_bytes: the segment's size (global_segment_size).
         buffer_bytes: the client's registered buffer for batch calls.
         log_dir: where every process logs.
+        api: Mooncake's own store (default) or tidekv's drop-in.
 
     Raises:
         ConfigError: the wheel or mooncake_master is missing.
         TidekvError: a process failed to start (the message quotes its log).
     """
 
-    name = "mooncake"
-
-    def __init__(self, is_holder_in_client: bool, segment_bytes: int, buffer_bytes: int, log_dir: str | Path) -> None:
-        check_available()
+    def __init__(self, is_holder_in_client: bool, segment_bytes: int, buffer_bytes: int, log_dir: str | Path,
+                 api: MooncakeApi = MooncakeApi.MOONCAKE) -> None:
+        self.name = api.value
         with contextlib.ExitStack() as stack:
-            master = MooncakeMaster(log_dir)
-            stack.callback(master.stop)
-            if not is_holder_in_client:
-                stack.enter_context(HelperProcess("mooncake-holder", _holder_main, (master.address, segment_bytes),
-                                                  log_dir))
+            pool = MooncakePool(api, is_holder_in_client, segment_bytes, log_dir)
+            stack.callback(pool.close)
             self._client = stack.enter_context(HelperProcess(
-                "mooncake-client", _client_main,
-                (master.address, segment_bytes if is_holder_in_client else 0, buffer_bytes), log_dir))
+                f"{api.value}-client", _client_main,
+                (api, pool.env, pool.master, segment_bytes if is_holder_in_client else 0, buffer_bytes), log_dir))
             self._stack = stack.pop_all()
 
     def measure(self, op: StoreOp, budget: Budget) -> list[float]:
-        """Latency of each timed call (seconds), timed inside the Mooncake client process.
+        """Latency of each timed call (seconds), timed inside the client process.
 
         Raises:
             TidekvError: a call failed or the client died (the message quotes its log).

@@ -11,8 +11,10 @@ with the measuring client's engine on ``shm`` (auto: shared memory to same-host 
 (forced, even to itself). The client times ``store_ops.time_op`` rows: put/get of 4 KiB and
 1 MiB (bytes API), put_many_from/get_many_into of 256 x 1 MiB (registered memory), exists of
 one key and exists_many of 1000. With ``--compare mooncake`` the same rows run through
-Mooncake's store in the same layout (``mooncake_store``), interleaved with tidekv's in rounds
-so passing machine load hits both alike, and each row gets its ratio to Mooncake.
+Mooncake's store in the same layout (``mooncake_store``), and through the same Mooncake-API
+client on tidekv's drop-in (the "shim" columns: ``tidekv.compat.mooncake_store`` and its
+``mooncake_master``), interleaved with tidekv's in rounds so passing machine load hits all alike;
+each row gets tidekv's ratio to Mooncake and the shim's.
 Neighbours: ``store_ops`` (what a row times), ``store_report`` (table, bars, plot), ``timing``.
 """
 
@@ -92,7 +94,7 @@ class StoreBenchOptions:
     rounds: int = 3
     """Each row is measured in this many parts, interleaved across tidekv and Mooncake. Default 3."""
     enable_mooncake: bool = False
-    """Also run every row through Mooncake's store (--compare mooncake)."""
+    """Also run every row through Mooncake's store and through the drop-in (--compare mooncake)."""
     enable_progress: bool = True
     """Show a progress bar on stderr."""
     transfer_config: TransferConfig = dataclasses.field(default_factory=TransferConfig)
@@ -287,7 +289,7 @@ class _Found:
 
 
 def _row(holder: Holder, transport: TransportKind, op: StoreOp, ours: _Found, mooncake: _Found | None,
-         has_mooncake: bool) -> Row:
+         shim: _Found | None, has_mooncake: bool) -> Row:
     by = _ratio_by(op)
     moves_bytes = op.bytes_per_call > 0
     row: Row = {
@@ -304,6 +306,11 @@ def _row(holder: Holder, transport: TransportKind, op: StoreOp, ours: _Found, mo
             "mooncake_gbps": mooncake.summary.gbps if mooncake and moves_bytes else None,
             "mooncake_keys_per_s": mooncake.keys_per_s if mooncake else None,
             "ratio_mooncake": _ratio(ours, mooncake, by) if mooncake else None,
+            "shim_p50_us": shim.summary.p50_us if shim else None,
+            "shim_p99_us": shim.summary.p99_us if shim else None,
+            "shim_gbps": shim.summary.gbps if shim and moves_bytes else None,
+            "shim_keys_per_s": shim.keys_per_s if shim else None,
+            "ratio_shim_mooncake": _ratio(shim, mooncake, by) if shim and mooncake else None,
         })
     return row
 
@@ -353,7 +360,7 @@ def run_bench(opts: StoreBenchOptions) -> list[Row]:
     if not ops or not opts.holders or not opts.transports:
         raise ConfigError("nothing to measure: --holders, --transports and --ops leave no row")
     buffer_bytes = max(op.buffer_bytes for op in ops)
-    drivers_per_holder = len(opts.transports) + opts.enable_mooncake
+    drivers_per_holder = len(opts.transports) + 2 * opts.enable_mooncake
     log_dir = tempfile.mkdtemp(prefix="tidekv-bench-store-")
     rows: list[Row] = []
     with contextlib.ExitStack() as stack:
@@ -372,17 +379,19 @@ def run_bench(opts: StoreBenchOptions) -> list[Row]:
                     drivers.append((name, processes.enter_context(contextlib.closing(driver))))
                     bar.update(1)
                 if opts.enable_mooncake:
-                    from tidekv.bench.mooncake_store import MooncakeStoreDriver
+                    from tidekv.bench.mooncake_store import MooncakeApi, MooncakeStoreDriver
 
-                    bar.set_postfix_str(f"starting mooncake {where}")
-                    mooncake = MooncakeStoreDriver(holder == Holder.SAME, opts.segment_bytes, buffer_bytes, log_dir)
-                    drivers.append(("mooncake", processes.enter_context(contextlib.closing(mooncake))))
-                    bar.update(1)
+                    for api in (MooncakeApi.MOONCAKE, MooncakeApi.SHIM):
+                        bar.set_postfix_str(f"starting {api.value} {where}")
+                        mooncake = MooncakeStoreDriver(holder == Holder.SAME, opts.segment_bytes, buffer_bytes,
+                                                       log_dir, api)
+                        drivers.append((api.value, processes.enter_context(contextlib.closing(mooncake))))
+                        bar.update(1)
                 for op in ops:
                     found = _measure_interleaved(op, drivers, opts, bar, where)
                     for kind in opts.transports:
                         rows.append(_row(holder, kind, op, found[f"tidekv-{_TRANSPORT_LABELS[kind]}"],
-                                         found.get("mooncake"), opts.enable_mooncake))
+                                         found.get("mooncake"), found.get("shim"), opts.enable_mooncake))
         bar.close()  # before the helpers' shutdown logs
     shutil.rmtree(log_dir, ignore_errors=True)
     return rows
@@ -400,8 +409,9 @@ memory (shm) or is forced to tcp. Rows: put/get p50/p99 at 4 KiB and 1 MiB, put_
 get_many_into of 256 x 1 MiB (GB/s), exists (ops/s) and exists_many of 1000 keys (keys/s).
 
 With --compare mooncake the same rows run through Mooncake's store (its own mooncake_master,
-tcp, same process layout) in the same run, interleaved with tidekv's, and each row shows the
-ratio; the store issue's performance bars are checked on those ratios."""
+tcp, same process layout) and through the same Mooncake-API client on tidekv's drop-in (shim:
+tidekv.compat.mooncake_store and its mooncake_master) in the same run, interleaved with tidekv's,
+and each row shows the ratios; the store issue's performance bars are checked on tidekv's."""
 
 
 def _csv(convert: Callable[[str], T], what: str) -> Callable[[str], tuple[T, ...]]:

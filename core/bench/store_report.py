@@ -42,7 +42,9 @@ def table_columns(has_mooncake: bool) -> list[Column]:
         columns += [Column("mooncake_transport", "mc path", align="<"), Column("mooncake_p50_us", "mc p50 us", ".1f"),
                     Column("mooncake_p99_us", "mc p99 us", ".1f"), Column("mooncake_gbps", "mc GB/s", ".3f"),
                     Column("mooncake_keys_per_s", "mc keys/s", _rate), Column("ratio_mooncake", "vs mc", ".2f"),
-                    Column("ratio_by", "by", align="<")]
+                    Column("shim_p50_us", "shim p50 us", ".1f"), Column("shim_gbps", "shim GB/s", ".3f"),
+                    Column("shim_keys_per_s", "shim keys/s", _rate),
+                    Column("ratio_shim_mooncake", "shim vs mc", ".2f"), Column("ratio_by", "by", align="<")]
     return columns
 
 
@@ -66,8 +68,11 @@ def table_notes(opts: StoreBenchOptions) -> list[str]:
             "same process layout. Mooncake has no shared-memory mode: tidekv's shm rows compare with the same "
             "Mooncake numbers as its tcp rows. With the holder in the client's own process Mooncake copies with "
             "memcpy (mc path memcpy); with the holder in another process its bytes go over tcp.",
+            "shim: the same Mooncake-API client on tidekv's drop-in (tidekv.compat.mooncake_store, what "
+            "tidekv-mooncake-shim installs as mooncake.store, and its mooncake_master), same layout, tidekv's auto "
+            "transport (shared memory to same-host peers), so its numbers are the same on a holder's shm and tcp rows.",
             "vs mc > 1 means tidekv is better: by p50, Mooncake p50 / tidekv p50; "
-            "by gbps or keys_per_s, tidekv / Mooncake. "
+            "by gbps or keys_per_s, tidekv / Mooncake. shim vs mc: the same, the shim's over Mooncake's. "
             f"Rows and Mooncake were measured interleaved in {opts.rounds} round(s).",
         ]
     return notes
@@ -129,6 +134,10 @@ def plot(path: str, rows: Sequence[Row], has_mooncake: bool) -> None:
         if has_mooncake:
             series.append(("mooncake (tcp / memcpy)", {(r["op"], r["size_bytes"], r["keys"], r["holder"]): r[mc_y]
                                                        for r in in_panel if r.get(mc_y) is not None}))
+            shim_y = "shim_" + mc_y.removeprefix("mooncake_")
+            series.append(("shim (Mooncake's API on tidekv)", {(r["op"], r["size_bytes"], r["keys"], r["holder"]):
+                                                               r[shim_y] for r in in_panel
+                                                               if r.get(shim_y) is not None}))
         width = 0.8 / len(series)
         for i, (label, values) in enumerate(series):
             xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]

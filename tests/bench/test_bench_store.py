@@ -30,7 +30,7 @@ REQUIRED = {"holder", "transport", "op", "size_bytes", "keys", "iterations", "p5
             "keys_per_s", "ratio_by"}
 POSITIVE = ("size_bytes", "keys", "iterations", "p50_us", "p99_us", "keys_per_s")
 MOONCAKE_KEYS = {"mooncake_transport", "mooncake_p50_us", "mooncake_p99_us", "mooncake_gbps", "mooncake_keys_per_s",
-                 "ratio_mooncake"}
+                 "ratio_mooncake", "shim_p50_us", "shim_p99_us", "shim_gbps", "shim_keys_per_s", "ratio_shim_mooncake"}
 QUICK_BATCH_KEYS = 32
 RUN_TIMEOUT_S = 120
 
@@ -133,13 +133,23 @@ def test_compare_mooncake_adds_its_numbers_and_bars(tmp_path: Path) -> None:
     for row in rows:
         assert row.keys() >= REQUIRED | MOONCAKE_KEYS, row
         assert row["mooncake_transport"] == "tcp"
-        _check_positive(row, ("mooncake_p50_us", "mooncake_p99_us", "mooncake_keys_per_s", "ratio_mooncake"))
+        _check_positive(row, ("mooncake_p50_us", "mooncake_p99_us", "mooncake_keys_per_s", "ratio_mooncake",
+                              "shim_p50_us", "shim_p99_us", "shim_keys_per_s", "ratio_shim_mooncake"))
         if row["ratio_by"] == "p50":
             assert row["ratio_mooncake"] == pytest.approx(row["mooncake_p50_us"] / row["p50_us"])
+            assert row["ratio_shim_mooncake"] == pytest.approx(row["mooncake_p50_us"] / row["shim_p50_us"])
         elif row["ratio_by"] == "gbps":
             assert row["ratio_mooncake"] == pytest.approx(row["gbps"] / row["mooncake_gbps"])
+            assert row["ratio_shim_mooncake"] == pytest.approx(row["shim_gbps"] / row["mooncake_gbps"])
         else:
             assert row["ratio_mooncake"] == pytest.approx(row["keys_per_s"] / row["mooncake_keys_per_s"])
+            assert row["ratio_shim_mooncake"] == pytest.approx(row["shim_keys_per_s"] / row["mooncake_keys_per_s"])
+    # The shim is one configuration per holder: the same numbers on the shm and tcp rows.
+    by_op = {}
+    for row in rows:
+        by_op.setdefault(row["op"], set()).add(row["shim_p50_us"])
+    assert all(len(values) == 1 for values in by_op.values()), by_op
+    assert "shim p50 us" in done.stdout and "shim vs mc" in done.stdout
     bar_lines = [line for line in done.stdout.splitlines() if line.lstrip().startswith(("PASS", "FAIL"))]
     assert len(bar_lines) == 6, done.stdout  # get 4 KiB, get_many_into and exists, each for shm and tcp
 
@@ -174,8 +184,8 @@ def test_ctrl_c_stops_every_process_the_bench_started() -> None:
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         # Per tidekv transport a master, holder and client, multiprocessing's resource tracker, and
-        # with Mooncake its master, holder and client.
-        want = 2 * 3 + 1 + 3 * ("--compare" in args)
+        # with Mooncake its master, holder and client, and as many for the shim.
+        want = 2 * 3 + 1 + 6 * ("--compare" in args)
         deadline = time.monotonic() + 60
         children: set[int] = set()
         while time.monotonic() < deadline and bench.poll() is None:
