@@ -10,7 +10,7 @@ shorter).
 
 The exchange, for a secret ``S`` and a channel label ``L`` ("master", "weights", ...):
 
-1. client → ``Greeting(version, Nc)``
+1. client → ``Greeting(version, Nc, tenant)``
 2. server → ``Challenge(Ns, HMAC(S, "tidekv/L/server" || Nc || Ns))`` — the MAC is empty when
    the server has no secret. The client checks it before it sends anything that matters: a
    client with a secret refuses a server without one (or with another one), and a client
@@ -22,6 +22,10 @@ The exchange, for a secret ``S`` and a channel label ``L`` ("master", "weights",
    reordering are refused) and a MAC over it and the body; replies are sealed the same way in
    the other direction.
 
+A client may name a *tenant* in its Greeting (the store master's ``store.tenants``): the server
+then uses that tenant's secret for ``S`` and ``L/tenant`` for the label, so a proof names the
+tenant it was made for.
+
 The handshake classes do no I/O: each channel sends and receives the bytes its own way.
 Neighbours: ``config`` (where the secret is read: ``TIDEKV_SECRET`` or ``TIDEKV_SECRET_FILE``),
 ``store.rpc``/``store.server`` (master), ``weights`` and ``kvcache.handoff`` (message channels).
@@ -32,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+from collections.abc import Mapping
 
 import msgspec
 from tidekv.errors import AuthenticationError
@@ -45,6 +50,7 @@ MAC_BYTES = 32
 class Greeting(msgspec.Struct, tag="auth_greeting", array_like=True):
     version: int
     nonce: bytes
+    tenant: str = ""  #: the tenant the client acts as (the master's ``store.tenants``); "" = none
 
 
 class Challenge(msgspec.Struct, tag="auth_challenge", array_like=True):
@@ -107,6 +113,10 @@ def _mac(secret: str, label: str, role: str, first: bytes, second: bytes) -> byt
                        hashlib.sha256)
 
 
+def _tenant_label(label: str, tenant: str) -> str:
+    return f"{label}/{tenant}" if tenant else label
+
+
 def _check_nonce(nonce: bytes, peer: str) -> None:
     if len(nonce) != NONCE_BYTES:
         raise AuthenticationError(f"{peer} sent a nonce of {len(nonce)} bytes, not {NONCE_BYTES}", peer=peer)
@@ -121,17 +131,19 @@ class ClientHandshake:
         secret: the shared secret, or None.
         label: the channel ("master", "weights", "pd").
         peer: the server's address, for error messages.
+        tenant: the tenant this client acts as ("" = none).
     """
 
-    def __init__(self, secret: str | None, label: str, peer: str) -> None:
+    def __init__(self, secret: str | None, label: str, peer: str, tenant: str = "") -> None:
         self.secret = secret
         self.label = label
         self.peer = peer
+        self.tenant = tenant
         self.nonce = new_nonce()
         self.sealer: Sealer | None = None
 
     def greeting(self) -> bytes:
-        return encode(Greeting(AUTH_VERSION, self.nonce))
+        return encode(Greeting(AUTH_VERSION, self.nonce, self.tenant))
 
     def challenged(self, data: bytes | memoryview) -> bytes:
         """Checks the server's Challenge; returns the encoded Proof to send.
@@ -142,7 +154,8 @@ class ClientHandshake:
         challenge = decode(data, Challenge, self.peer)
         assert isinstance(challenge, Challenge)
         _check_nonce(challenge.nonce, self.peer)
-        what = f"{self.label} channel of {self.peer}"
+        what = f"{self.label} channel of {self.peer}" + (f" (as tenant {self.tenant!r})" if self.tenant else "")
+        label = _tenant_label(self.label, self.tenant)
         if self.secret is None:
             if challenge.mac:
                 raise AuthenticationError(f"the {what} requires a shared secret; set TIDEKV_SECRET (or "
@@ -151,13 +164,13 @@ class ClientHandshake:
         if not challenge.mac:
             raise AuthenticationError(f"the {what} does not authenticate (it has no secret) while this side has "
                                       "one; set the same TIDEKV_SECRET there, or unset it here", peer=self.peer)
-        expected = _mac(self.secret, self.label, "server", self.nonce, challenge.nonce)
+        expected = _mac(self.secret, label, "server", self.nonce, challenge.nonce)
         if not hmac.compare_digest(expected, challenge.mac):
             raise AuthenticationError(f"the {what} failed to prove the shared secret (another secret, or not the "
                                       "server it claims to be)", peer=self.peer)
-        key = _mac(self.secret, self.label, "session", self.nonce, challenge.nonce)
+        key = _mac(self.secret, label, "session", self.nonce, challenge.nonce)
         self.sealer = Sealer(key, challenge.nonce, self.peer)
-        return encode(Proof(_mac(self.secret, self.label, "client", challenge.nonce, self.nonce)))
+        return encode(Proof(_mac(self.secret, label, "client", challenge.nonce, self.nonce)))
 
 
 class ServerHandshake:
@@ -168,12 +181,17 @@ class ServerHandshake:
         secret: the shared secret, or None (then any client passes).
         label: the channel.
         peer: the client's address, for error messages.
+        tenants: the secret of each tenant a client may name (None: the shared secret); None
+            when this server has no tenants (a Greeting naming one is refused).
     """
 
-    def __init__(self, secret: str | None, label: str, peer: str) -> None:
+    def __init__(self, secret: str | None, label: str, peer: str,
+                 tenants: Mapping[str, str | None] | None = None) -> None:
         self.secret = secret
         self.label = label
         self.peer = peer
+        self.tenants = tenants
+        self.tenant = ""  # the tenant the client named (after ``greeted``)
         self.nonce = new_nonce()
         self.client_nonce = b""
 
@@ -185,6 +203,19 @@ class ServerHandshake:
             raise AuthenticationError(f"{self.peer} greets with authentication version {greeting.version}; this side "
                                       f"speaks {AUTH_VERSION}", peer=self.peer)
         _check_nonce(greeting.nonce, self.peer)
+        if greeting.tenant:
+            if self.tenants is None:
+                raise AuthenticationError(f"{self.peer} names tenant {greeting.tenant!r}, but this {self.label} "
+                                          "serves no tenants (no --tenants-file); unset TIDEKV_TENANT there",
+                                          peer=self.peer)
+            if greeting.tenant not in self.tenants:
+                raise AuthenticationError(f"{self.peer} names tenant {greeting.tenant!r}, which this {self.label} "
+                                          "does not know (its --tenants-file)", peer=self.peer)
+            own = self.tenants[greeting.tenant]
+            if own is not None:
+                self.secret = own
+            self.tenant = greeting.tenant
+            self.label = _tenant_label(self.label, self.tenant)
         self.client_nonce = greeting.nonce
         mac = _mac(self.secret, self.label, "server", greeting.nonce, self.nonce) if self.secret else b""
         return encode(Challenge(self.nonce, mac))

@@ -386,6 +386,10 @@ class MasterConfig:
     tls_ca_file: str | None = None
     """PEM CAs that sign the clients' (and standbys') certificates: when set, every peer must
     present one (mutual TLS). A standby also checks its leader against them. Default None."""
+    tenants_file: str | None = None
+    """TOML file naming the master's tenants (``tidekv.store.tenants``): each in a namespace of
+    its own, with its own secret and a quota if the file gives them. None = no tenants (every
+    client shares one namespace). Default None."""
     secret: str | None = field(default=None, repr=False)
     """Shared secret every client and standby must prove (``tidekv.auth``); the master proves it
     to them too. ``from_env`` takes the transfer engines' setting (``TIDEKV_SECRET`` or
@@ -428,7 +432,7 @@ class MasterConfig:
             raise ConfigError("tls_cert_file and tls_key_file go together: give both (TLS) or neither (plain TCP)")
         if self.tls_ca_file is not None and self.tls_cert_file is None:
             raise ConfigError("tls_ca_file (mutual TLS) needs the master's own tls_cert_file and tls_key_file")
-        for name in ("tls_cert_file", "tls_key_file", "tls_ca_file"):
+        for name in ("tls_cert_file", "tls_key_file", "tls_ca_file", "tenants_file"):
             _check_readable(name, getattr(self, name))
 
     def server_tls(self) -> ssl.SSLContext | None:

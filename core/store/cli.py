@@ -106,6 +106,10 @@ def _add_master_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-ca-file", default=None, metavar="PEM",
                         help="require client certificates signed by these CAs (mutual TLS; clients set "
                         "TIDEKV_TLS_CERT_FILE and TIDEKV_TLS_KEY_FILE)")
+    parser.add_argument("--tenants-file", default=None, metavar="FILE",
+                        help="serve the tenants this TOML file names ([tenants.NAME] with optional secret_file and "
+                        "quota): each in a namespace of its own; clients name theirs with TIDEKV_TENANT "
+                        "(default: no tenants)")
     parser.add_argument("--etcd", default=None, metavar="URLS",
                         help="etcd client URLs http://H:P[,...]: campaign for leadership of --cluster, stand by "
                         "while another master leads (default: none, a lone master)")

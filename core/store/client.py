@@ -45,6 +45,7 @@ from tidekv.errors import (
     TransferError,
 )
 from tidekv.store import protocol as p
+from tidekv.store import tenants
 from tidekv.store.protocol import Pin, Status
 from tidekv.store.keys import Buffer, Key, buffer_span, key_bytes, show_key
 from tidekv.store.master_client import MasterClient
@@ -120,6 +121,7 @@ class Store:
         engine: TransferEngine,
         owns_engine: bool,
         tls: TlsConfig | None = None,
+        tenant: str | None = None,
     ) -> None:
         self.config = config
         self.client_id = uuid.uuid4().hex[:16]
@@ -127,7 +129,7 @@ class Store:
         self._owns_engine = owns_engine
         self._rpc = MasterClient(master, self.client_id, timeout_s=config.rpc_timeout_s,
                                  failover_timeout_s=config.failover_timeout_s, busy_poll_us=config.rpc_busy_poll_us,
-                                 register=True, secret=engine.config.secret, tls=tls)
+                                 register=True, secret=engine.config.secret, tls=tls, tenant=tenant)
         self._segment: Region | None = None
         self.segment_name = ""
         # Proves to the master that a re-mount comes from this very process (a new one, with the
@@ -166,6 +168,7 @@ class Store:
         transfer_config: TransferConfig | None = None,
         host: str = "127.0.0.1",
         tls: TlsConfig | None = None,
+        tenant: str | None = None,
     ) -> Store:
         """Connects to the master at ``master`` and mounts a segment.
 
@@ -180,6 +183,9 @@ class Store:
             host: address the new engine listens on (peers must reach it there).
             tls: how to reach the master over TLS (default ``TlsConfig.from_env()``: plain TCP
                 unless ``TIDEKV_TLS_ENABLE`` is set).
+            tenant: the tenant to act for on a master with tenants (``tidekv.store.tenants``;
+                its secret is the engine's, ``TIDEKV_SECRET``); default ``TIDEKV_TENANT``,
+                "" for none.
 
         Raises:
             MasterUnavailableError: the master does not answer (or TLS with it failed).
@@ -191,8 +197,9 @@ class Store:
             cfg = dataclasses.replace(cfg, segment_size_bytes=segment_size)
         owns = engine is None
         tls_config = tls if tls is not None else TlsConfig.from_env()
+        tenant = tenants.tenant_from_env() if tenant is None else tenant and tenants.check_name(tenant)
         eng = engine if engine is not None else TransferEngine(host=host, config=transfer_config)
-        return cls(master, cfg, eng, owns, tls_config)
+        return cls(master, cfg, eng, owns, tls_config, tenant)
 
     # ---- bytes API ----------------------------------------------------------------------
 
@@ -547,6 +554,9 @@ class Store:
         for i, (key, slot, span, n) in enumerate(zip(keys, slots, spans, sizes)):
             if slot.status == Status.OUT_OF_SPACE:
                 failures[key] = OutOfSpaceError(f"no room for object {show_key(key)} ({n} bytes) even after eviction", key=key)
+            elif slot.status == Status.QUOTA:
+                failures[key] = OutOfSpaceError(f"object {show_key(key)} ({n} bytes) is beyond this tenant's quota: "
+                                                f"{slot.detail}", key=key)
             elif slot.status == Status.INVALID:
                 failures[key] = ConfigError(f"master refused key {show_key(key)} (empty or too long) or size {n}")  # type: ignore[assignment]
             elif slot.status == Status.OK:

@@ -11,6 +11,10 @@ their bytes reserved, leases honoured). The same process re-mounting (same clien
 incarnation secret) gets back every object whose key was not re-put, upserted, removed or evicted
 meanwhile, and the reply counts both; any other mount of that memory, or the end of the grace,
 drops them for good. Never silent: the holder learns which it was from ``MountResult``.
+
+With tenants (``tenants``: ``MasterConfig.tenants_file``) every request of a tenant's connection
+has its names moved into the tenant's namespace on the way in (``Session.enter``) and out of it
+on the way back (``Session.leave``); what lies between sees plain internal names.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from tidekv.errors import ConfigError, MasterNotReadyError, ProtocolVersionError
 from tidekv.metrics import Registry
 from tidekv.store import journal as j
 from tidekv.store import protocol as p
+from tidekv.store import tenants as t
 from tidekv.store.objects import ObjectTable
 from tidekv.store.segments import SegmentTable, SuspendedSegment
 
@@ -34,15 +39,72 @@ logger = logging.getLogger(__name__)
 
 
 class Session:
-    """One client connection as the master sees it: the client it said hello as, and the key
-    listing it is paging through (``ListKeys``)."""
+    """One client connection as the master sees it: the tenant it proved it acts for, the client
+    it said hello as, and the key listing it is paging through (``ListKeys``)."""
 
-    __slots__ = ("__weakref__", "client_id", "listing", "listed")
+    __slots__ = ("__weakref__", "client_id", "listing", "listed", "tenant", "_prefix", "_key_prefix", "owns")
 
-    def __init__(self) -> None:
-        self.client_id: str | None = None
+    def __init__(self, tenant: str = t.DEFAULT) -> None:
+        self.client_id: str | None = None  # as the master names it (in the tenant's namespace)
         self.listing: list[bytes] | None = None  # the keys present when the listing started
         self.listed = 0  # how many of them earlier pages covered
+        self.tenant = tenant
+        self._prefix = t.prefix(tenant)
+        self._key_prefix = self._prefix.encode()
+        self.owns = t.owns(tenant)
+
+    def enter(self, body: Any) -> str:
+        """Moves the names ``body`` carries into this session's namespace (in place); returns
+        why it may not come from this tenant ("" when it may). Only with tenants."""
+        pre, kpre = self._prefix, self._key_prefix
+        keys = getattr(body, "keys", None)
+        if not pre:  # the default tenant: no name may reach into a tenant's namespace
+            if keys and any(k[:1] == b"\0" for k in keys):
+                return "keys beginning with a NUL byte are reserved for tenants' namespaces on this master"
+            names = [getattr(body, f, "") for f in ("client_id", "name", "preferred_segment")]
+            names += getattr(body, "segments", None) or []
+            if any(n[:1] == t.SEP for n in names):
+                return "client ids and segment names beginning with a NUL character are reserved for tenants"
+            return ""
+        if keys:
+            body.keys = [kpre + k for k in keys]
+        if getattr(body, "client_id", None) is not None:
+            body.client_id = pre + body.client_id
+        if isinstance(body, (p.MountSegment, p.UnmountSegment)):
+            body.name = pre + body.name
+        elif isinstance(body, p.PutStart) and body.preferred_segment:
+            body.preferred_segment = pre + body.preferred_segment
+        elif isinstance(body, p.Heartbeat) and body.segments:
+            body.segments = [pre + n for n in body.segments]
+        return ""
+
+    def leave(self, body: Any, result: Any) -> Any:
+        """``result`` with this session's namespace taken out of the names it carries."""
+        pre = self._prefix
+        if not pre:
+            return result
+        if isinstance(body, p.PutStart):
+            for slot in result:
+                slot.locations = self._plain(slot.locations)
+        elif isinstance(body, p.Get):
+            for r in result[1]:
+                r.locations = self._plain(r.locations)
+        elif isinstance(body, p.ListKeys):
+            n = len(self._key_prefix)
+            result = [k[n:] for k in result[0]], result[1]
+        return result
+
+    def text(self, message: str) -> str:
+        """An error message without this session's prefix in the names it quotes."""
+        if not self._prefix:
+            return message
+        return message.replace(repr(self._prefix)[1:-1], "").replace(self._prefix, "")
+
+
+    def _plain(self, locations: list[p.Location]) -> list[p.Location]:
+        pre = self._prefix
+        return [p.Location(loc.segment[len(pre):], loc.engine, loc.addr, loc.length)
+                if loc.segment.startswith(pre) else loc for loc in locations]
 
     def refusal(self, body: object, client_id: str) -> str:
         """Why a request naming ``client_id`` may not come on this connection ("" when it may)."""
@@ -77,6 +139,7 @@ class MasterService:
         self.reply_seq = 0  # with a journal: the batch the last reply depends on (0: none)
         self.segments = SegmentTable()
         self.objects = ObjectTable(self.segments, config.max_key_bytes)
+        self.tenants = t.load(config.tenants_file, config.secret) if config.tenants_file else None
         self.metrics = Registry()
         self._requests = self.metrics.counter("tidekv_master_requests_total", "RPC requests by type")
         self._items = self.metrics.counter("tidekv_master_request_items_total", "keys carried by RPC requests, by type")
@@ -119,6 +182,9 @@ class MasterService:
         self.metrics.gauge("tidekv_suspended_objects_dropped_total",
                            "objects dropped because their holder did not return within suspend_grace_s",
                            lambda: {(): c.suspended_lost}, kind="counter")
+        self._pools: dict[str, frozenset[str]] = {}  # per tenant: whose segments may hold its objects
+        if self.tenants is not None:
+            self._enable_tenants(self.tenants)
         self._handlers: dict[type, Callable[[Any, float], Any]] = {
             p.Hello: self._hello,
             p.MountSegment: self._mount,
@@ -174,12 +240,20 @@ class MasterService:
             self._failures.inc(reason="not_ready")
             return p.encode(p.Reply(envelope.request_id, error_kind=p.ErrorKind.NOT_READY,
                                     error=f"master {self.master_id} {self.not_serving}", leader=self.leader_hint))
+        if self.tenants is not None:
+            session = session if session is not None else Session()
+            refusal = session.enter(body)
+            if refusal:
+                self._failures.inc(reason="invalid")
+                return self._error(envelope.request_id, p.ErrorKind.INVALID, refusal)
+            self._tenant_requests.inc(tenant=session.tenant, type=kind)
+            self._session = session
         client_id = getattr(body, "client_id", None)
         if session is not None and client_id is not None:
             refusal = session.refusal(body, client_id)
             if refusal:
                 self._failures.inc(reason="invalid")
-                return self._error(envelope.request_id, p.ErrorKind.INVALID, refusal)
+                return self._error(envelope.request_id, p.ErrorKind.INVALID, session.text(refusal))
         log = self.objects.journal
         if log is not None:
             before = len(log.ops)
@@ -195,7 +269,8 @@ class MasterService:
             return self._error(envelope.request_id, p.ErrorKind.VERSION, str(exc))
         except ConfigError as exc:
             self._failures.inc(reason="invalid")
-            return self._error(envelope.request_id, p.ErrorKind.INVALID, str(exc))
+            return self._error(envelope.request_id, p.ErrorKind.INVALID,
+                               session.text(str(exc)) if session is not None else str(exc))
         except MasterNotReadyError as exc:
             self._failures.inc(reason="not_ready")
             return self._error(envelope.request_id, p.ErrorKind.NOT_READY, str(exc))
@@ -205,6 +280,9 @@ class MasterService:
             session.client_id = body.client_id
         if log is not None and len(log.ops) > before:
             self.reply_seq = log.seq  # it changed something: its reply waits for this batch
+        if self.tenants is not None:
+            assert session is not None
+            result = session.leave(body, result)
         self._requests.inc(type=kind)
         self._latency.observe(time.perf_counter() - started, type=kind)
         try:
@@ -230,10 +308,30 @@ class MasterService:
         if expired:
             self._drop_suspended(expired, f"its holder did not come back within {self.config.suspend_grace_s:.0f} s")
         self.objects.free_retired(now)
+        if self.tenants is not None:
+            self._evict_tenants(now)
+            return
         cap = self.segments.capacity
         if cap and self.segments.used > self.config.high_watermark * cap:
             target = (self.config.high_watermark - self.config.eviction_ratio) * cap
             self.objects.evict(int(self.segments.used - target), now)
+
+    def _evict_tenants(self, now: float) -> None:
+        """Watermark eviction with tenants: each tenant's own segments by its own objects, a
+        tenant's quota by its own objects, and the default tenant's segments by the objects of
+        the tenants placed there that have no quota (a quota'd one is kept in its bounds by it)."""
+        assert self.tenants is not None and self.objects.quotas is not None
+        high, low = self.config.high_watermark, self.config.high_watermark - self.config.eviction_ratio
+        unbounded = {t.DEFAULT} | {n for n, x in self.tenants.items() if x.shares_pool and x.quota_bytes is None}
+        for tenant in (t.DEFAULT, *self.tenants):
+            used, cap = self.segments.pool_usage((tenant,))
+            if cap and used > high * cap:
+                only = (lambda k: t.tenant_of(k) in unbounded) if tenant == t.DEFAULT else t.owns(tenant)
+                self.objects.evict(int(used - low * cap), now, only=only)
+        for tenant, quota in self.objects.quotas.items():
+            used = self.objects.usage.get(tenant, 0)
+            if used > high * quota:
+                self.objects.evict(int(used - low * quota), now, only=t.owns(tenant))
 
     # ---- handlers -----------------------------------------------------------------------
 
@@ -251,6 +349,7 @@ class MasterService:
             raise ConfigError(f"segment {m.name!r}: incarnation of {len(m.incarnation)} characters; "
                               f"at most {MAX_INCARNATION_CHARS}")
         self.segments.check_mount(m.client_id, m.name, m.base, m.capacity)
+        self.segments.check_memory(m.client_id, m.name, m.engine, m.base, m.capacity)
         held = self.segments.suspended.get(m.name)
         if held is not None:
             if held.matches(m.client_id, m.engine, m.base, m.capacity, m.incarnation):
@@ -308,10 +407,19 @@ class MasterService:
         self.segments.touch(m.client_id, now)
         self._items.inc(len(m.keys), type="PutStart")
         put = self.objects.put_start
-        return [
-            put(m.client_id, key, size, m.replicas, m.preferred_segment, m.pin, m.upsert, now)
-            for key, size in zip(m.keys, m.sizes)
-        ]
+        if self.tenants is None:
+            return [
+                put(m.client_id, key, size, m.replicas, m.preferred_segment, m.pin, m.upsert, now)
+                for key, size in zip(m.keys, m.sizes)
+            ]
+        tenant = t.tenant_of(m.client_id)
+        pool = self._pools[tenant]
+        slots = [put(m.client_id, key, size, m.replicas, m.preferred_segment, m.pin, m.upsert, now, pool)
+                 for key, size in zip(m.keys, m.sizes)]
+        refused = sum(1 for s in slots if s.status == p.Status.QUOTA)
+        if refused:
+            self._quota_refusals.inc(refused, tenant=tenant)
+        return slots
 
     def _put_end(self, m: p.PutEnd, now: float) -> list[int]:
         self._check_batch(m.keys, m.tokens)
@@ -343,6 +451,8 @@ class MasterService:
         return [self.objects.remove(k, m.force, now) for k in m.keys]
 
     def _stats(self, m: p.StatsRequest, now: float) -> dict[str, Any]:
+        if self.tenants is not None and self._session.tenant:
+            return self.tenant_stats(self._session)
         return self.stats()
 
     def _list_keys(self, m: p.ListKeys, session: Session) -> tuple[list[bytes], bool]:
@@ -358,7 +468,9 @@ class MasterService:
             if len(self._listings) >= MAX_LISTINGS:
                 raise ConfigError(f"{len(self._listings)} connections are listing keys already (at most "
                                   f"{MAX_LISTINGS}); retry once one has finished")
-            session.listing, session.listed = list(self.objects.objects), 0
+            keys = self.objects.objects
+            session.listing = list(keys) if self.tenants is None else [k for k in keys if session.owns(k)]
+            session.listed = 0
             self._listings.add(session)
         elif session.listing is None:
             raise ConfigError("ListKeys(start=False) without a listing on this connection; start one (start=True)")
@@ -413,6 +525,42 @@ class MasterService:
             "suspended_objects_dropped": c.suspended_lost,
             "lease_expiries": int(self._lease_expired.get()),
         }
+
+    def tenant_stats(self, session: Session) -> dict[str, Any]:
+        """``stats`` as a tenant sees them: its own keys, clients, segments and bytes."""
+        tenant = session.tenant
+        assert self.tenants is not None and self.objects.quotas is not None
+        own = [s for s in self.segments.segments.values() if s.tenant == tenant]
+        return {
+            "master_id": self.master_id,
+            "tenant": tenant,
+            "keys": sum(1 for k, m in self.objects.objects.items() if m.put is None and session.owns(k)),
+            "clients": sum(1 for c in self.segments.clients if t.tenant_of(c) == tenant),
+            "segments": {t.plain(s.name): {"engine": s.engine, "capacity": s.capacity, "used": s.used} for s in own},
+            "capacity_bytes": sum(s.capacity for s in own),
+            "used_bytes": self.objects.usage.get(tenant, 0),
+            "quota_bytes": self.objects.quotas.get(tenant),
+            "shares_pool": self.tenants[tenant].shares_pool,
+        }
+
+    def _enable_tenants(self, tenants: dict[str, t.Tenant]) -> None:
+        self.objects.quotas = {n: x.quota_bytes for n, x in tenants.items() if x.quota_bytes is not None}
+        self._pools = {t.DEFAULT: frozenset((t.DEFAULT,))}
+        for name, tenant in tenants.items():
+            self._pools[name] = frozenset((name, t.DEFAULT)) if tenant.shares_pool else frozenset((name,))
+        self._session = Session()  # the session of the request being handled
+        self._tenant_requests = self.metrics.counter("tidekv_tenant_requests_total", "RPC requests by tenant and type")
+        self._quota_refusals = self.metrics.counter("tidekv_tenant_quota_refusals_total",
+                                                    "keys of puts refused for the tenant's quota")
+        usage = self.objects.usage
+        self.metrics.gauge("tidekv_tenant_used_bytes", "bytes a tenant's objects occupy (every replica)",
+                           lambda: {(("tenant", n),): usage.get(n, 0) for n in (t.DEFAULT, *tenants)})
+        self.metrics.gauge("tidekv_tenant_quota_bytes", "a tenant's quota",
+                           lambda: {(("tenant", n),): q for n, q in (self.objects.quotas or {}).items()})
+
+    def tenant_secrets(self) -> dict[str, str | None] | None:
+        """For ``tidekv.auth.ServerHandshake``: each tenant's own secret (None: the master's)."""
+        return {n: x.secret for n, x in self.tenants.items()} if self.tenants is not None else None
 
     def _forget_client(self, client_id: str) -> None:
         names = self.segments.remove_client(client_id)
@@ -517,3 +665,4 @@ class MasterService:
     @staticmethod
     def _error(request_id: int, kind: str, message: str) -> bytes:
         return p.encode(p.Reply(request_id, error_kind=kind, error=message))
+

@@ -44,6 +44,7 @@ import msgspec
 from tidekv.config import MasterAddress, TlsConfig
 from tidekv.errors import MasterUnavailableError
 from tidekv.store import protocol as p
+from tidekv.store import tenants
 from tidekv.store.etcd import EtcdClient, EtcdUnavailableError
 from tidekv.store.keys import Key, key_bytes
 from tidekv.store.rpc import MasterChannel
@@ -74,11 +75,13 @@ class MasterClient:
         secret: the shared secret the master must prove and this client proves (``tidekv.auth``);
             None: the master must have none either.
         tls: reach the master over TLS (default: plain TCP).
+        tenant: the tenant this client acts for (``tenants``); None: ``TIDEKV_TENANT``, "" for
+            none (the default tenant).
     """
 
     def __init__(self, master: str | MasterAddress, client_id: str, *, timeout_s: float,
                  failover_timeout_s: float = 0.0, busy_poll_us: int = 0, register: bool = False,
-                 secret: str | None = None, tls: TlsConfig | None = None) -> None:
+                 secret: str | None = None, tls: TlsConfig | None = None, tenant: str | None = None) -> None:
         self.master = master if isinstance(master, MasterAddress) else MasterAddress.parse(master)
         self.client_id = client_id
         self.timeout_s = timeout_s
@@ -86,6 +89,7 @@ class MasterClient:
         self._busy_poll_us = busy_poll_us
         self._register = register
         self._secret = secret
+        self.tenant = tenants.tenant_from_env() if tenant is None else tenant and tenants.check_name(tenant)
         self._tls = (tls if tls is not None else TlsConfig()).client_context()
         self._etcd = EtcdClient(self.master.etcd_endpoints, timeout_s=min(timeout_s, 1.0)) \
             if self.master.is_cluster else None
@@ -170,7 +174,7 @@ class MasterClient:
                 if address is None:
                     return None
                 channel = MasterChannel(address, self.client_id, self.timeout_s, self._busy_poll_us, self._secret,
-                                        self._tls)
+                                        self._tls, self.tenant)
                 if self._register:
                     try:
                         self._hello(channel)

@@ -18,11 +18,12 @@ Neighbours: ``segments`` (placement and freeing), ``eviction`` (victim choice), 
 from __future__ import annotations
 
 import logging
-from collections.abc import Container, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 
 from tidekv.store import eviction
 from tidekv.store import journal as j
+from tidekv.store import tenants
 from tidekv.store.allocator import align
 from tidekv.store.protocol import GetResult, Location, PutSlot, Status
 from tidekv.store.segments import SegmentTable
@@ -90,17 +91,25 @@ class ObjectTable:
         self.upserts: dict[bytes, ObjectMeta] = {}  # pending new versions of complete objects
         self.suspended: dict[bytes, ObjectMeta] = {}  # complete, every replica held: unreadable
         self.pending: dict[int, bytes] = {}  # token -> key of every pending put
-        self.retired: list[tuple[float, int, tuple[object, ...]]] = []  # (free_at, size, replicas)
+        # (free_at, size, replicas, tenant charged for them: None when not known, after a restore)
+        self.retired: list[tuple[float, int, tuple[object, ...], str | None]] = []
         self.counters = TableCounters()
         self.last_token = 0  # tokens are never reused, across restores too
         self.journal: j.OpLog | None = None  # when set, every change is added as an op
         self.quarantine_until = 0.0  # a restored table frees nothing before this (leases it cannot know)
+        # With tenants (``tenants``): each tenant's quota in bytes (absent: unlimited), and the
+        # bytes its objects occupy - every replica of every version, pending or retired. None:
+        # no tenants, nothing counted.
+        self.quotas: dict[str, int] | None = None
+        self.usage: dict[str, int] = {}
 
     # ---- writes -------------------------------------------------------------------------
 
     def put_start(
-        self, writer: str, key: bytes, size: int, replicas: int, preferred: str, pin: int, upsert: bool, now: float
+        self, writer: str, key: bytes, size: int, replicas: int, preferred: str, pin: int, upsert: bool, now: float,
+        pool: Container[str] | None = None,
     ) -> PutSlot:
+        """``pool``: the tenants whose segments may hold the object (None: any segment)."""
         if not key or len(key) > self.max_key_bytes or size <= 0 or replicas < 1 or pin not in (0, 1, 2):
             return PutSlot(Status.INVALID)
         existing = self.objects.get(key)
@@ -119,9 +128,18 @@ class ObjectTable:
             self._drop_pending(older.put.token)
         # An upsert never evicts the version it replaces: readers must find the old version or
         # the new one, never neither.
-        placed = self._allocate(size, replicas, preferred, now, keep=key if existing is not None else None)
+        keep = key if existing is not None else None
+        only = None
+        if self.quotas is not None:
+            only = tenants.owns(tenants.tenant_of(key))  # a tenant's put evicts its own objects only
+            refusal = self._fit_quota(key, align(size) * replicas, now, keep, only)
+            if refusal:
+                return PutSlot(Status.QUOTA, detail=refusal)
+        placed = self._allocate(size, replicas, preferred, now, keep, pool, only)
         if not placed:
             return PutSlot(Status.OUT_OF_SPACE)
+        if self.quotas is not None:
+            self._charge(key, align(size) * len(placed))
         token = self.last_token = self.last_token + 1
         flat = tuple(v for pair in placed for v in pair)
         meta = ObjectMeta(size, flat, PendingPut(token, writer, now, existing is not None), pin, token)
@@ -132,7 +150,7 @@ class ObjectTable:
             if self.suspended:
                 held = self.suspended.pop(key, None)
                 if held is not None:  # a put of a suspended key replaces it (as the journal's Mirror does)
-                    self._retire(held, now)
+                    self._retire(key, held, now)
         self.pending[token] = key
         if self.journal is not None:
             self.journal.add(j.StartOp(token, key, size, list(flat), pin, existing is not None, writer), key)
@@ -150,7 +168,7 @@ class ObjectTable:
             del self.upserts[key]
             old = self.objects.pop(key, None)
             if old is not None:
-                self._retire(old, now)
+                self._retire(key, old, now)
         else:
             self.objects.pop(key, None)
         meta.put = None
@@ -187,7 +205,7 @@ class ObjectTable:
         if meta.lease_until > now and not force:
             return Status.LEASED
         del table[key]
-        self._retire(meta, now)
+        self._retire(key, meta, now)
         if self.journal is not None:
             self.journal.add(j.RemoveOp(key), key)
         return Status.OK
@@ -238,11 +256,14 @@ class ObjectTable:
         if not self.retired:
             return
         keep = []
-        for free_at, size, replicas in self.retired:
+        for entry in self.retired:
+            free_at, size, replicas, tenant = entry
             if free_at <= now:
                 self._release(size, replicas)
+                if tenant is not None and self.quotas is not None:
+                    self.usage[tenant] -= align(size) * (len(replicas) // 2)
             else:
-                keep.append((free_at, size, replicas))
+                keep.append(entry)
         self.retired = keep
 
     def drop_segments(self, names: set[str]) -> None:
@@ -256,7 +277,10 @@ class ObjectTable:
                 replicas, held = _without(meta.replicas, names), _without(meta.held, names)
                 if len(replicas) == len(meta.replicas) and len(held) == len(meta.held):
                     continue
-                self.counters.replicas_lost += (len(meta.replicas) - len(replicas) + len(meta.held) - len(held)) // 2
+                lost = (len(meta.replicas) - len(replicas) + len(meta.held) - len(held)) // 2
+                self.counters.replicas_lost += lost
+                if self.quotas is not None:
+                    self._charge(key, -align(meta.size) * lost)
                 meta.replicas, meta.held = replicas, held
                 if replicas:
                     continue
@@ -269,9 +293,13 @@ class ObjectTable:
                 self.counters.objects_lost += 1
                 if meta.put is not None:
                     self.pending.pop(meta.put.token, None)
-        self.retired = [
-            (t, size, tuple(v for s, o in _pairs(r) if s not in names for v in (s, o))) for t, size, r in self.retired
-        ]
+        retired = []
+        for t, size, r, tenant in self.retired:
+            kept = _without(r, names)
+            if tenant is not None and self.quotas is not None and len(kept) != len(r):
+                self.usage[tenant] -= align(size) * ((len(r) - len(kept)) // 2)
+            retired.append((t, size, kept, tenant))
+        self.retired = retired
 
     def suspend_segments(self, names: set[str]) -> dict[str, int]:
         """Holds the replicas on ``names`` (segments just suspended): complete objects keep them in
@@ -290,6 +318,8 @@ class ObjectTable:
                 if meta.put is not None:
                     for seg, offset in moved:
                         self.segments.release(seg, offset, meta.size)
+                    if self.quotas is not None:
+                        self._charge(key, -align(meta.size) * len(moved))
                     if not replicas:
                         del table[key]
                         del self.pending[meta.put.token]
@@ -321,11 +351,16 @@ class ObjectTable:
         self.counters.objects_restored += restored
         return restored
 
-    def evict(self, bytes_needed: int, now: float, keep: bytes | None = None) -> int:
-        """Evicts LRU objects (never ``keep``) to free about ``bytes_needed``; returns bytes freed."""
+    def evict(self, bytes_needed: int, now: float, keep: bytes | None = None,
+              only: Callable[[bytes], bool] | None = None) -> int:
+        """Evicts LRU objects (never ``keep``; with ``only``, only keys it accepts) to free about
+        ``bytes_needed``; returns bytes freed."""
         if now < self.quarantine_until:
             return 0  # any object may be read under a lease granted before the restore
-        candidates = self.objects.items() if keep is None else ((k, m) for k, m in self.objects.items() if k != keep)
+        candidates = self.objects.items()
+        if keep is not None or only is not None:
+            candidates = ((k, m) for k, m in self.objects.items()  # type: ignore[assignment]
+                          if k != keep and (only is None or only(k)))
         victims = eviction.select_victims(candidates, now, bytes_needed)
         freed = 0
         for key in victims:
@@ -335,6 +370,8 @@ class ObjectTable:
             n = len(meta.replicas) // 2
             freed += align(meta.size) * n
             self._release(meta.size, meta.all_replicas)
+            if self.quotas is not None:
+                self._charge(key, -align(meta.size) * (len(meta.all_replicas) // 2))
             self.counters.evictions += 1
             self.counters.evicted_bytes += meta.size
         if victims:
@@ -364,8 +401,11 @@ class ObjectTable:
             (self.upserts if start.is_upsert else self.objects)[start.key] = meta
             self.pending[start.token] = start.key
         self.quarantine_until = now + mirror.lease_ttl_s
-        self.retired = [(max(t, self.quarantine_until), r.size, tuple(r.replicas)) for t, r in mirror.retired]
+        # Whose retired bytes these were is not kept: they count against no quota until freed.
+        self.retired = [(max(t, self.quarantine_until), r.size, tuple(r.replicas), None) for t, r in mirror.retired]
         self.last_token = mirror.max_token
+        if self.quotas is not None:
+            self.usage = self.count_usage()
 
     def snapshot(self) -> list[j.Op]:
         """Ops that rebuild this table (after the segments' MountOps)."""
@@ -379,23 +419,63 @@ class ObjectTable:
                 if meta.put is not None:
                     out.append(j.StartOp(meta.put.token, key, meta.size, list(meta.replicas), meta.pin,
                                          meta.put.is_upsert, meta.put.writer))
-        out += [j.RetireOp(size, list(replicas)) for _, size, replicas in self.retired]
+        out += [j.RetireOp(size, list(replicas)) for _, size, replicas, _ in self.retired]
         return out
+
+    def count_usage(self) -> dict[str, int]:
+        """Each tenant's bytes counted from scratch (what ``usage`` keeps up to date)."""
+        usage: dict[str, int] = {}
+        for table in (self.objects, self.upserts, self.suspended):
+            for key, meta in table.items():
+                t = tenants.tenant_of(key)
+                usage[t] = usage.get(t, 0) + align(meta.size) * (len(meta.all_replicas) // 2)
+        for _, size, replicas, t in self.retired:
+            if t is not None:
+                usage[t] = usage.get(t, 0) + align(size) * (len(replicas) // 2)
+        return usage
 
     # ---- internals ----------------------------------------------------------------------
 
-    def _allocate(self, size: int, replicas: int, preferred: str, now: float,
-                  keep: bytes | None = None) -> list[tuple[str, int]]:
-        placed = self.segments.allocate(size, replicas, preferred)
-        if placed or not self.segments.fits_anywhere(size):
+    def _fit_quota(self, key: bytes, need: int, now: float, keep: bytes | None,
+                   only: Callable[[bytes], bool]) -> str:
+        """Makes room for ``need`` more bytes in the quota of ``key``'s tenant by evicting its own
+        objects; returns why not ("" when they fit)."""
+        assert self.quotas is not None
+        tenant = tenants.tenant_of(key)
+        quota = self.quotas.get(tenant)
+        if quota is None or self.usage.get(tenant, 0) + need <= quota:
+            return ""
+        if need > quota:
+            return (f"tenant {tenant!r}: the object needs {need} bytes (every replica), more than the tenant's whole "
+                    f"quota of {quota} bytes")
+        self.free_retired(now)
+        used = self.usage.get(tenant, 0)
+        if used + need > quota:
+            self.evict(used + need - quota, now, keep, only)
+            self.free_retired(now)
+            used = self.usage.get(tenant, 0)
+        if used + need <= quota:
+            return ""
+        return (f"tenant {tenant!r} uses {used} of its quota of {quota} bytes and the object needs {need} more; "
+                "what it holds beyond that is being written, read under a lease or pinned")
+
+    def _charge(self, key: bytes, nbytes: int) -> None:
+        tenant = tenants.tenant_of(key)
+        self.usage[tenant] = self.usage.get(tenant, 0) + nbytes
+
+    def _allocate(self, size: int, replicas: int, preferred: str, now: float, keep: bytes | None = None,
+                  pool: Container[str] | None = None,
+                  only: Callable[[bytes], bool] | None = None) -> list[tuple[str, int]]:
+        placed = self.segments.allocate(size, replicas, preferred, pool)
+        if placed or not self.segments.fits_anywhere(size, pool):
             return placed
         # Full: evict LRU objects and retry; fragmentation may need a few rounds.
         need = align(size) * replicas
         for _ in range(4):
             self.free_retired(now)
-            if self.evict(need, now, keep) == 0 and not self.retired:
+            if self.evict(need, now, keep, only) == 0 and not self.retired:
                 break
-            placed = self.segments.allocate(size, replicas, preferred)
+            placed = self.segments.allocate(size, replicas, preferred, pool)
             if placed:
                 return placed
             need *= 2
@@ -416,18 +496,22 @@ class ObjectTable:
         else:
             del self.objects[key]
         self._release(meta.size, meta.replicas)
+        if self.quotas is not None:
+            self._charge(key, -align(meta.size) * (len(meta.replicas) // 2))
         if self.journal is not None:
             self.journal.add(j.DropOp(token), key)
 
-    def _retire(self, meta: ObjectMeta, now: float) -> None:
+    def _retire(self, key: bytes, meta: ObjectMeta, now: float) -> None:
         if meta.held:
             self.counters.objects_superseded += 1  # its holder, when back, gets no version of it
         replicas = meta.all_replicas
         free_at = max(meta.lease_until, self.quarantine_until)
         if free_at > now:
-            self.retired.append((free_at, meta.size, replicas))
+            self.retired.append((free_at, meta.size, replicas, tenants.tenant_of(key)))
         else:
             self._release(meta.size, replicas)
+            if self.quotas is not None:
+                self._charge(key, -align(meta.size) * (len(replicas) // 2))
 
     def _release(self, size: int, replicas: tuple[object, ...]) -> None:
         for seg, offset in _pairs(replicas):

@@ -15,15 +15,16 @@ from typing import Any, Generic, TypeVar, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """v2: the ``not_ready`` error kind (a recovering master, a standby), idempotent put_end, and the
 replication stream between masters (``journal``). v3: ``MountSegment`` carries the holder's
 incarnation and is answered with a ``MountResult``: a holder declared dead has its segment
 suspended, not dropped, and gets its objects back by re-mounting (the journal's suspend/resume
 ops). v4: every connection opens with the ``tidekv.auth`` handshake (and the ``auth`` error kind).
-v5: ``ListKeys``."""
+v5: ``ListKeys``. v6: tenants (``store.tenants``: the Greeting names one; ``Status.QUOTA`` and
+``PutSlot.detail``)."""
 
-MAGIC = b"tkv\x05"
+MAGIC = b"tkv\x06"
 """First bytes a client sends on a new connection (anything else is not a tidekv store client).
 The handshake (``tidekv.auth``: Greeting, Challenge, Proof, each a frame) follows it, before
 any request."""
@@ -46,6 +47,7 @@ class Status(enum.IntEnum):
     LEASED = 4  # remove refused: a reader holds a lease
     STALE = 5  # put_end/put_revoke for a put the master already reclaimed
     INVALID = 6  # bad key or size
+    QUOTA = 7  # put refused: beyond the tenant's quota even after evicting its own objects (``PutSlot.detail``)
 
 
 class ErrorKind(enum.StrEnum):
@@ -197,6 +199,7 @@ class PutSlot(msgspec.Struct, array_like=True):
     status: int
     token: int = 0
     locations: list[Location] = []
+    detail: str = ""  # why, for a refusal that needs more than its status (QUOTA)
 
 
 class GetResult(msgspec.Struct, array_like=True):

@@ -41,10 +41,11 @@ _RECV_CHUNK = 1 << 16
 
 class MasterChannel:
     def __init__(self, address: str, client_id: str, timeout_s: float, busy_poll_us: int = 0,
-                 secret: str | None = None, tls: ssl.SSLContext | None = None) -> None:
+                 secret: str | None = None, tls: ssl.SSLContext | None = None, tenant: str = "") -> None:
         self._host, self._port = parse_host_port(address, "master")
         self.address = address
         self._secret = secret
+        self._tenant = tenant
         self._tls = tls
         self.client_id = client_id
         self.timeout_s = timeout_s
@@ -150,7 +151,7 @@ class MasterChannel:
         try:
             if isinstance(sock, ssl.SSLSocket):
                 self._tls_handshake(sock, deadline)
-            auth = ClientHandshake(self._secret, "master", self.address)
+            auth = ClientHandshake(self._secret, "master", self.address, self._tenant)
             self._send(sock, p.MAGIC + p.frame(auth.greeting()), deadline)
             reply = self._receive(sock, deadline)
             try:

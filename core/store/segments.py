@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 from tidekv.errors import ConfigError
+from tidekv.store import tenants
 from tidekv.store.allocator import OffsetAllocator, align
 
 logger = logging.getLogger(__name__)
@@ -36,6 +38,10 @@ class Segment:
     capacity: int
     allocator: OffsetAllocator
     incarnation: str = ""  # the holder's secret (MountSegment.incarnation); "" = none, never suspended
+    tenant: str = ""  # of its client (``tenants``): whose objects it may hold
+
+    def __post_init__(self) -> None:
+        self.tenant = tenants.tenant_of(self.client_id)
 
     @property
     def used(self) -> int:
@@ -177,6 +183,15 @@ class SegmentTable:
         if held is not None and held.segment.client_id != client_id:
             raise ConfigError(f"segment {name!r} is held suspended for client {held.segment.client_id!r}")
 
+    def check_memory(self, client_id: str, name: str, engine: str, base: int, capacity: int) -> None:
+        """Raises ConfigError when the memory of a mount is part of a segment another client
+        has mounted: one engine's range is one holder's (writers would overwrite its objects)."""
+        for seg in self.segments.values():
+            if seg.name != name and seg.client_id != client_id and seg.overlaps(engine, base, capacity):
+                raise ConfigError(f"segment {tenants.plain(name)!r}: "
+                                  f"[{base:#x}, +{capacity}) of engine {engine} overlaps a segment another client "
+                                  "has mounted; a range of memory belongs to one holder")
+
     def mount(self, client_id: str, name: str, engine: str, base: int, capacity: int, incarnation: str = "") -> bool:
         """Mounts a segment (a re-mount of one this client has mounted keeps its allocations);
         returns whether it is new. Raises as ``check_mount``; the name must not be suspended."""
@@ -223,13 +238,17 @@ class SegmentTable:
 
     # ---- placement ----------------------------------------------------------------------
 
-    def allocate(self, size: int, replicas: int, preferred: str) -> list[tuple[str, int]]:
-        """Places up to ``replicas`` copies of ``size`` bytes on distinct segments.
+    def allocate(self, size: int, replicas: int, preferred: str,
+                 pool: Container[str] | None = None) -> list[tuple[str, int]]:
+        """Places up to ``replicas`` copies of ``size`` bytes on distinct segments; with ``pool``,
+        only on segments of those tenants.
 
         Returns (segment name, offset) pairs: as many as fit (best effort), possibly none.
         """
         placed: list[tuple[str, int]] = []
         pref = self.segments.get(preferred) if preferred else None
+        if pref is not None and pool is not None and pref.tenant not in pool:
+            pref = None
         if pref is not None:
             offset = pref.allocator.allocate(size)
             if offset is not None:
@@ -237,7 +256,8 @@ class SegmentTable:
         if len(placed) < replicas:
             need = align(size)
             candidates = sorted(
-                (s for s in self.segments.values() if s is not pref and s.allocator.largest_free() >= need),
+                (s for s in self.segments.values() if s is not pref and s.allocator.largest_free() >= need
+                 and (pool is None or s.tenant in pool)),
                 key=lambda s: s.allocator.free,
                 reverse=True,
             )
@@ -262,6 +282,15 @@ class SegmentTable:
         seg.allocator.release(offset, size)
         self.used -= align(size)
 
-    def fits_anywhere(self, size: int) -> bool:
+    def fits_anywhere(self, size: int, pool: Container[str] | None = None) -> bool:
         need = align(size)
-        return any(s.capacity >= need for s in self.segments.values())
+        return any(s.capacity >= need for s in self.segments.values() if pool is None or s.tenant in pool)
+
+    def pool_usage(self, pool: Container[str]) -> tuple[int, int]:
+        """(used, capacity) of the mounted segments of the tenants in ``pool``."""
+        used = capacity = 0
+        for s in self.segments.values():
+            if s.tenant in pool:
+                used += s.used
+                capacity += s.capacity
+        return used, capacity

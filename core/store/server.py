@@ -376,7 +376,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._server._connections.add(transport)
         peer = transport.get_extra_info("peername")
         self._auth = ServerHandshake(self._server.config.secret, "master",
-                                     f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer))
+                                     f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer),
+                                     self._server.service.tenant_secrets())
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._hold(0)
@@ -504,11 +505,16 @@ class _Connection(asyncio.BufferedProtocol):
                     self._transport.write(p.frame(self._auth.greeted(payload)))
                     continue
                 self._auth.proved(payload)
+                if self._auth.tenant and self._is_standby:
+                    raise AuthenticationError(f"{self._auth.peer} follows as a standby but names tenant "
+                                              f"{self._auth.tenant!r}; standbys act for the master",
+                                              peer=self._auth.peer)
             except AuthenticationError as exc:
                 self._server.auth_failures.inc()
                 self._turn_away(p.frame(p.encode(p.Reply(0, error_kind=p.ErrorKind.AUTH, error=str(exc)))),
                                 f"failed authentication: {exc}")
                 return False
+            self._session = Session(self._auth.tenant)
             self._auth = None
             return True
         return False

@@ -14,7 +14,7 @@ import msgspec
 
 from tidekv.config import MasterConfig
 from tidekv.store import protocol as p
-from tidekv.store.master import MasterService
+from tidekv.store.master import MasterService, Session
 from tidekv.store.protocol import Pin, Status
 
 SEGMENT_BASE = 0x10_0000_0000
@@ -45,10 +45,19 @@ class ServiceRig:
         self._ids = itertools.count(1)
         self._bases = itertools.count(SEGMENT_BASE, 1 << 36)
         self.bases: dict[str, int] = {}  # segment name -> its base (a name is always mounted at one base)
+        # With tenants: the connection (Session) each client's requests come on, as a tenant's
+        # would after its handshake; requests of clients not named here come on none.
+        self.sessions: dict[str, Session] = {}
 
-    def call(self, body: msgspec.Struct) -> Any:
+    def as_tenant(self, client: str, tenant: str) -> None:
+        """From now on ``client``'s requests come on a connection of ``tenant``."""
+        self.sessions[client] = Session(tenant)
+
+    def call(self, body: msgspec.Struct, client: str | None = None) -> Any:
+        """Sends ``body`` on ``client``'s connection (default: the one of the client it names)."""
         request_id = next(self._ids)
-        reply = p.decode_reply(self.service.handle(p.encode(p.Envelope(p.PROTOCOL_VERSION, request_id, body))))
+        session = self.sessions.get(client if client is not None else getattr(body, "client_id", ""))
+        reply = p.decode_reply(self.service.handle(p.encode(p.Envelope(p.PROTOCOL_VERSION, request_id, body)), session))
         assert reply.request_id == request_id
         if reply.error_kind:
             raise RpcFailed(reply.error_kind, reply.error)
@@ -89,19 +98,19 @@ class ServiceRig:
             assert self.put_end(client, key, slot.token) == Status.OK
         return slot
 
-    def get(self, key: bytes) -> p.GetResult:
-        lease, raw = self.call(p.Get([key]))
+    def get(self, key: bytes, client: str | None = None) -> p.GetResult:
+        lease, raw = self.call(p.Get([key]), client)
         assert lease == self.config.lease_ttl_s
         return msgspec.convert(raw, list[p.GetResult])[0]
 
-    def exists(self, key: bytes) -> bool:
-        return self.call(p.Exists([key]))[0]
+    def exists(self, key: bytes, client: str | None = None) -> bool:
+        return self.call(p.Exists([key]), client)[0]
 
-    def remove(self, key: bytes, force: bool = False) -> Status:
-        return Status(self.call(p.Remove([key], force))[0])
+    def remove(self, key: bytes, force: bool = False, client: str | None = None) -> Status:
+        return Status(self.call(p.Remove([key], force), client)[0])
 
-    def stats(self) -> dict[str, Any]:
-        return self.call(p.StatsRequest())
+    def stats(self, client: str | None = None) -> dict[str, Any]:
+        return self.call(p.StatsRequest(), client)
 
     def alive(self, *keys: bytes) -> set[bytes]:
         return {k for k in keys if self.exists(k)}

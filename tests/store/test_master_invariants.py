@@ -35,7 +35,7 @@ def _check_books(rig: ServiceRig) -> None:
     seen: dict[tuple[str, int], bytes] = {}
     entries = [(k, m.size, m.replicas, m.held) for k, m in (*table.objects.items(), *table.suspended.items())]
     entries += [(k, m.size, m.replicas, ()) for k, m in table.upserts.items()]
-    entries += [(b"<retired>", size, replicas, None) for _, size, replicas in table.retired]
+    entries += [(b"<retired>", size, replicas, None) for _, size, replicas, _ in table.retired]
     for key, size, replicas, held in entries:
         flat = replicas if held is None else replicas + held
         for i in range(0, len(flat), 2):

@@ -1,0 +1,175 @@
+"""Tenants of one master: who they are, what they may spend, and the namespace each lives in.
+
+A master started with a tenants file (``tidekv master --tenants-file FILE``, TOML) serves several
+tenants from one index. A client names its tenant in the authentication Greeting
+(``TIDEKV_TENANT``; ``tidekv.auth``) and proves that tenant's secret (its ``secret_file``, or
+the master's own secret for a tenant without one); every request on that connection then acts
+inside the tenant's namespace. The master prefixes what the tenant names - keys, client ids,
+segment names - with ``\\0<tenant>\\0`` before anything else sees them, and strips it from what
+it sends back, so the rest of the master (objects, segments, journal, replication) works on
+plain names and a tenant can name nothing outside its namespace. Clients without a tenant (the
+*default* tenant, the operator's) keep plain names; names beginning with a NUL byte are refused
+from them once tenants exist, as they would reach into a tenant's namespace.
+
+Where a tenant's objects live: on segments its own clients mounted, and, for a tenant that
+shares the master's secret (no ``secret_file``: its engines can reach the operator's), on the
+default tenant's segments too. A tenant with a secret of its own is isolated on the data path
+as well: its engines and everyone else's refuse each other's connections, and nothing it stores
+is placed where another tenant's process holds it.
+
+``quota`` bounds the bytes a tenant's objects occupy (every replica, pending puts included):
+a put beyond it first evicts the tenant's own least recently used objects, and fails with
+``OutOfSpaceError`` naming the quota when that is not enough. Neither a put nor the quota's
+eviction ever evicts another tenant's object.
+
+The file::
+
+    [tenants.alice]
+    secret_file = "/etc/tidekv/alice.secret"   # optional: the master's secret otherwise
+    quota = "64 GiB"                            # optional: unlimited otherwise
+
+Neighbours: ``master`` (rewrites requests and replies), ``objects`` (usage and quotas),
+``segments`` (placement), ``tidekv.auth`` (the Greeting's tenant).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tidekv.config import parse_size
+from tidekv.errors import ConfigError
+
+TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""A tenant's name: 1-64 letters, digits, '_', '.', '-', not starting with a punctuation mark."""
+SEP = "\0"
+"""Opens and closes a tenant's prefix; no name a client sends may begin with it."""
+DEFAULT = ""
+"""The default tenant: clients that name none."""
+ENV_VARIABLE = "TIDEKV_TENANT"
+"""Where a client takes its tenant from when its code names none."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    name: str
+    secret: str | None = field(default=None, repr=False)  # None: the master's secret
+    quota_bytes: int | None = None  # None: unlimited
+
+    @property
+    def shares_pool(self) -> bool:
+        """Whether its objects may be placed on the default tenant's segments too."""
+        return self.secret is None
+
+
+def check_name(name: str, what: str = "tenant") -> str:
+    if not isinstance(name, str) or not TENANT_NAME.fullmatch(name):
+        raise ConfigError(f"{what} {name!r} is not a tenant name: 1-64 letters, digits, '_', '.' or '-', "
+                          "starting with a letter or digit")
+    return name
+
+
+def tenant_from_env(environ: dict[str, str] | None = None) -> str:
+    """``TIDEKV_TENANT`` ("" when unset: the default tenant). Raises ConfigError for a bad name."""
+    name = (environ if environ is not None else os.environ).get(ENV_VARIABLE, "")
+    return check_name(name, ENV_VARIABLE) if name else DEFAULT
+
+
+def prefix(name: str) -> str:
+    """What every name of tenant ``name`` is prefixed with inside the master ("" for the default)."""
+    return f"{SEP}{name}{SEP}" if name else ""
+
+
+def tenant_of(internal: str | bytes) -> str:
+    """The tenant an internal key, client id or segment name belongs to."""
+    if isinstance(internal, bytes):
+        if internal[:1] != b"\0":
+            return DEFAULT
+        end = internal.find(b"\0", 1)
+        return internal[1:end].decode() if end > 0 else DEFAULT
+    if internal[:1] != SEP:
+        return DEFAULT
+    end = internal.find(SEP, 1)
+    return internal[1:end] if end > 0 else DEFAULT
+
+
+def owns(tenant: str) -> Callable[[bytes], bool]:
+    """Whether an internal key belongs to ``tenant``."""
+    if not tenant:
+        return lambda key: key[:1] != b"\0"
+    pre = prefix(tenant).encode()
+    return lambda key: key.startswith(pre)
+
+
+def strip(internal: str, pre: str) -> str:
+    return internal[len(pre):] if pre and internal.startswith(pre) else internal
+
+
+def plain(internal: str) -> str:
+    """An internal name without its tenant's prefix (for messages)."""
+    return strip(internal, prefix(tenant_of(internal)))
+
+
+def load(path: str, master_secret: str | None) -> dict[str, Tenant]:
+    """Reads a tenants file (see the module docstring).
+
+    Raises:
+        ConfigError: it cannot be read or parsed, names a bad tenant or an unknown setting, a
+            secret file cannot be read or is empty, a quota is not a size, or a tenant has a
+            secret of its own while the master has none (its clients would prove a secret to a
+            master that lets anyone else in without one).
+    """
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"tenants file {path!r} cannot be read: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"tenants file {path!r} is not valid TOML: {exc}") from None
+    unknown = set(doc) - {"tenants"}
+    if unknown:
+        raise ConfigError(f"tenants file {path!r}: unknown table(s) {sorted(unknown)}; tenants go under [tenants.NAME]")
+    table = doc.get("tenants", {})
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(f"tenants file {path!r} names no tenant; add a [tenants.NAME] table per tenant")
+    out: dict[str, Tenant] = {}
+    for name, settings in table.items():
+        check_name(name, f"tenants file {path!r}: table")
+        if not isinstance(settings, dict):
+            raise ConfigError(f"tenants file {path!r}: tenants.{name} must be a table")
+        unknown = set(settings) - {"secret_file", "quota"}
+        if unknown:
+            raise ConfigError(f"tenants file {path!r}: tenants.{name} has unknown setting(s) {sorted(unknown)}; "
+                              "known: secret_file, quota")
+        secret = None
+        if "secret_file" in settings:
+            secret = _read_secret(str(settings["secret_file"]), f"tenants.{name}.secret_file")
+            if master_secret is None:
+                raise ConfigError(f"tenants file {path!r}: tenant {name!r} has a secret of its own but the master "
+                                  "has none (TIDEKV_SECRET): anyone could connect as the default tenant; give the "
+                                  "master a secret too")
+            if secret == master_secret:
+                raise ConfigError(f"tenants file {path!r}: tenant {name!r}'s secret is the master's; leave out "
+                                  "secret_file for a tenant that shares it")
+        quota = None
+        if "quota" in settings:
+            quota = parse_size(settings["quota"], f"tenants file {path!r}: tenants.{name}.quota", minimum=1)
+        out[name] = Tenant(name, secret, quota)
+    secrets = [t.secret for t in out.values() if t.secret is not None]
+    if len(set(secrets)) != len(secrets):
+        raise ConfigError(f"tenants file {path!r}: two tenants have the same secret; a secret names one tenant")
+    return out
+
+
+def _read_secret(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read().rstrip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{what}={path!r} cannot be read: {exc}") from None
+    if not text:
+        raise ConfigError(f"{what}={path!r} is empty")
+    return text
