@@ -1,5 +1,8 @@
 """HiCache L3 throughput on SGLang-shaped pages: the tidekv backend (``batch_set_v1`` /
-``batch_get_v1``, zero-copy) vs SGLang's built-in file backend (``HiCacheFile``), same pages, same run.
+``batch_get_v1``, zero-copy) vs SGLang's built-in file backend (``HiCacheFile``), same pages, same run;
+with ``--compare mooncake``, SGLang's mooncake backend on the real Mooncake and on tidekv's drop-in
+next to tidekv's backend, in both process layouts (``sglang_hicache_mooncake``, whose docstring
+says how).
 
 Both backends are built by SGLang's own ``StorageBackendFactory`` and fed from SGLang's real
 ``MHATokenToKVPoolHost`` (CPU, ``page_first`` layout) exactly as its cache controller feeds them:
@@ -15,7 +18,10 @@ from the page cache (its best case, while its data fits in free RAM) or, after
 backends skip keys they already hold), then reads them back; every page read is checked byte for
 byte against its source outside the timed region. Reported: best round, pages/s and GB/s.
 
+The default page geometry (32 layers x 8 KV heads x 128 dim x 16 tokens, bf16) makes 2 MiB pages.
+
 Usage: .venv-sglang/bin/python benchmarks/sglang_hicache.py [--pages 256] [--rounds 3] [--json FILE]
+       .venv-sglang/bin/python benchmarks/sglang_hicache.py --compare mooncake [--pages 128] [--json FILE]
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ from typing import Any
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[1] / "integration" / "sglang"))
 
-import sglang_rig  # noqa: E402  (after the path insert)
+import sglang_hicache_mooncake  # noqa: E402  (after the path insert; lives next to this file)
+import sglang_rig  # noqa: E402
 
 BAR_GET_RATIO = 3.0
 """The issue's bar: tidekv's get throughput at least this multiple of the file backend's."""
@@ -42,7 +49,11 @@ BAR_GET_RATIO = 3.0
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pages", type=int, default=256, help="pages stored and read per round (default 256)")
+    p.add_argument("--compare", choices=["file", "mooncake"], default="file",
+                   help="file: tidekv vs HiCacheFile (default); mooncake: SGLang's mooncake backend on Mooncake and "
+                        "on tidekv's drop-in, and tidekv's backend, in both process layouts")
+    p.add_argument("--pages", type=int, default=None,
+                   help="pages stored and read per round (default 256; --compare mooncake 128)")
     p.add_argument("--batch", type=int, default=128, help="pages per backend call (SGLang: 128)")
     p.add_argument("--rounds", type=int, default=3, help="rounds per backend; the best is reported (default 3)")
     p.add_argument("--layers", type=int, default=32, help="model layers (default 32)")
@@ -52,7 +63,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--file-dir", default=tempfile.gettempdir(), help="where HiCacheFile writes (default: the temp dir)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    sglang_hicache_mooncake.add_arguments(p)
     args = p.parse_args(argv)
+    if args.pages is None:
+        args.pages = 128 if args.compare == "mooncake" else 256
+    if args.warmup < 0:
+        p.error("--warmup must be >= 0")
     for name in ("pages", "batch", "rounds", "layers", "heads", "head_dim", "page_size"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -203,6 +219,13 @@ def print_table(results: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.compare == "mooncake":
+        results = sglang_hicache_mooncake.run(args)
+        sglang_hicache_mooncake.print_table(results)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2)
+        return 0 if sglang_hicache_mooncake.all_checks_ok(results) else 1
     results = run(args)
     print_table(results)
     if args.json:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates or refreshes .venv-sglang, the environment the SGLang integration tests and the
-# HiCache benchmark run in (README: "SGLang plugin").
+# HiCache benchmark run in (README: "SGLang plugin"), and .venv-sglang-mooncake next to it (the
+# same packages plus Mooncake's wheel, for the benchmark's real-Mooncake side).
 #
 # SGLang's own dependency set is CUDA-only (it pins CUDA torch, flashinfer, sglang-kernel, ...),
 # so sglang==0.5.23 goes in with --no-deps next to the small set its storage, disaggregation and
@@ -56,10 +57,32 @@ install_shim() {  # as install_tidekv_editable: an isolated build, else the venv
 }
 step "install the Mooncake drop-in (plugins/mooncake, editable, --no-deps)" has_shim install_shim
 
+# .venv-sglang-mooncake: the same SGLang with Mooncake's own wheel, for the side-by-side benchmark
+# (benchmarks/sglang_hicache.py --compare mooncake). The wheel cannot go into .venv-sglang (the
+# drop-in owns `mooncake` there), and a second SGLang install would cost minutes and could differ:
+# so this venv holds only the wheel (--no-deps) and a .pth that adds .venv-sglang's site-packages
+# after its own (site.addsitedir, so their .pth files, tidekv's editable finder among them, work).
+# `import mooncake` then finds the wheel: it is on sys.path, the drop-in's editable finder is not.
+MC_VENV=.venv-sglang-mooncake
+MC_PY=$MC_VENV/bin/python
+MC_WHEEL=mooncake-transfer-engine-non-cuda==0.3.13.post1
+MC_PTH=$MC_VENV/lib/python3.11/site-packages/zz_tidekv_sglang_base.pth
+has_real_mooncake() {
+  "$MC_PY" -c "import importlib.metadata as m, mooncake, mooncake.store, sglang, tidekv, sys; sys.exit(getattr(mooncake, 'IS_TIDEKV_SHIM', False) or m.version('mooncake-transfer-engine-non-cuda') != '0.3.13.post1' or m.version('sglang') != '$SGLANG_VERSION')"
+}
+install_real_mooncake() {
+  [ -x "$MC_PY" ] || python3.11 -m venv "$MC_VENV"
+  PIP_PROGRESS_BAR=off "$MC_PY" -m pip install -q --no-deps "$MC_WHEEL" \
+    2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+  echo "import os, site, sys; site.addsitedir(os.path.join(os.path.dirname(sys.prefix), '.venv-sglang', 'lib', 'python3.11', 'site-packages'))" >"$MC_PTH"
+}
+step "create $MC_VENV: Mooncake's wheel over $VENV's packages (needs libibverbs1)" has_real_mooncake install_real_mooncake
+
 "$PY" -c "
 import sglang, torch, tidekv, tidekv._native, mooncake.store
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 from sglang.srt.mem_cache.storage import StorageBackendFactory
 print('== check: sglang', sglang.__version__, '| torch', torch.__version__, '| tidekv', tidekv.__file__,
       '| mooncake', mooncake.store.__file__)"
+"$MC_PY" -c "import mooncake.store; print('== check: $MC_VENV imports Mooncake from', mooncake.store.__file__)"
 echo "== setup_sglang: done in $(( $(date +%s) - total_start )) s"

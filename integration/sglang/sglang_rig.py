@@ -237,6 +237,8 @@ class TidekvUp:
 
     log_path: Path
     segment_size: str = "256MiB"
+    extra_args: tuple[str, ...] = ()
+    """More ``tidekv up`` flags (``--lease-ttl-s 2``, ...)."""
     master: str = ""
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -244,7 +246,7 @@ class TidekvUp:
         self._log = open(self.log_path, "wb")  # noqa: SIM115  (closed in __exit__)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tidekv", "up", "--port", "0", "--metrics-port", "-1",
-             "--segment-size", self.segment_size],
+             "--segment-size", self.segment_size, *self.extra_args],
             cwd=REPO, stdout=subprocess.PIPE, stderr=self._log, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         assert self.proc.stdout is not None
         line = _read_line(self.proc.stdout, 60.0)
@@ -289,14 +291,15 @@ def _read_line(stream: Any, timeout_s: float) -> str:
 
 class LineChild:
     """A ``python <script> <json spec>`` child in this folder: first stdout line is its hello, then one
-    JSON answer per JSON command line. Every answer is awaited with a deadline."""
+    JSON answer per JSON command line. Every answer is awaited with a deadline. ``python`` is
+    the interpreter (default: this one)."""
 
     def __init__(self, script: str, spec: dict[str, Any], log_path: Path, env: dict[str, str] | None = None,
-                 start_timeout_s: float = 60.0) -> None:
+                 start_timeout_s: float = 60.0, python: str | None = None) -> None:
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115  (closed in stop)
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name(script)), json.dumps(spec)], cwd=REPO,
+            [python or sys.executable, str(Path(__file__).with_name(script)), json.dumps(spec)], cwd=REPO,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         line = self._line(start_timeout_s)
