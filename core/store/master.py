@@ -241,13 +241,13 @@ class MasterService:
             return p.encode(p.Reply(envelope.request_id, error_kind=p.ErrorKind.NOT_READY,
                                     error=f"master {self.master_id} {self.not_serving}", leader=self.leader_hint))
         if self.tenants is not None:
-            session = session if session is not None else Session()
-            refusal = session.enter(body)
+            # (a request on no connection - in-process callers - acts for the default tenant)
+            self._session = session if session is not None else Session()
+            refusal = self._session.enter(body)
             if refusal:
                 self._failures.inc(reason="invalid")
                 return self._error(envelope.request_id, p.ErrorKind.INVALID, refusal)
-            self._tenant_requests.inc(tenant=session.tenant, type=kind)
-            self._session = session
+            self._tenant_requests.inc(tenant=self._session.tenant, type=kind)
         client_id = getattr(body, "client_id", None)
         if session is not None and client_id is not None:
             refusal = session.refusal(body, client_id)
@@ -281,8 +281,7 @@ class MasterService:
         if log is not None and len(log.ops) > before:
             self.reply_seq = log.seq  # it changed something: its reply waits for this batch
         if self.tenants is not None:
-            assert session is not None
-            result = session.leave(body, result)
+            result = self._session.leave(body, result)
         self._requests.inc(type=kind)
         self._latency.observe(time.perf_counter() - started, type=kind)
         try:
@@ -317,9 +316,9 @@ class MasterService:
             self.objects.evict(int(self.segments.used - target), now)
 
     def _evict_tenants(self, now: float) -> None:
-        """Watermark eviction with tenants: each tenant's own segments by its own objects, a
-        tenant's quota by its own objects, and the default tenant's segments by the objects of
-        the tenants placed there that have no quota (a quota'd one is kept in its bounds by it)."""
+        """Watermark eviction with tenants: each tenant's own segments by its own objects, and the
+        default tenant's segments by the objects of the tenants placed there that have no quota
+        (a quota'd one is kept in its bounds by its puts, which evict its own objects)."""
         assert self.tenants is not None and self.objects.quotas is not None
         high, low = self.config.high_watermark, self.config.high_watermark - self.config.eviction_ratio
         unbounded = {t.DEFAULT} | {n for n, x in self.tenants.items() if x.shares_pool and x.quota_bytes is None}
@@ -328,10 +327,6 @@ class MasterService:
             if cap and used > high * cap:
                 only = (lambda k: t.tenant_of(k) in unbounded) if tenant == t.DEFAULT else t.owns(tenant)
                 self.objects.evict(int(used - low * cap), now, only=only)
-        for tenant, quota in self.objects.quotas.items():
-            used = self.objects.usage.get(tenant, 0)
-            if used > high * quota:
-                self.objects.evict(int(used - low * quota), now, only=t.owns(tenant))
 
     # ---- handlers -----------------------------------------------------------------------
 
