@@ -1,13 +1,18 @@
 """The FAST'25 conversation trace replayed against real vLLM (CPU) under each of the proxy's
 routing policies, and against one server with no connector, all in one run (issue 20, item 4).
 
-Workload (the same for every column): the first ``--requests`` requests of the trace, at their
-timestamps divided by ``--speedup``, replayed by ``tidekv trace replay`` with ``--scale-tokens``
-(1/16: a trace block of 512 tokens becomes 32 tokens, vLLM's block size here), prompts cut to
-``--max-input-tokens``, token ids from 100..249 (the tiny model's byte vocabulary), max_tokens =
-output_length x scale, EOS ignored. The model is the tiny random Llama of
-``integration/tiny_model.py`` (float32, ``--max-num-seqs 4``, block size 32), each engine
-in-process (the README's advice for engines sharing a CPU host).
+Workload (the same for every column): a slice of the trace that keeps its prefix reuse, chosen
+by ``tidekv trace``'s own flags: one conversation in ``--sample-conversations`` (8), each with
+all its requests, over the whole hour of the trace (``--until-s`` to cut it), at the trace's
+timestamps divided by ``--speedup`` (30). (The first N requests, the slice before, have almost
+no reuse: conversations come back minutes later; ``tidekv.trace.sample`` says more.) The
+slice's hit rates as ``tidekv trace analyze`` simulates them (one unbounded global pool; two
+unbounded local caches, round robin and by prefix) are printed and kept in the JSON. Replayed
+by ``tidekv trace replay`` with ``--scale-tokens`` (1/16: a trace block of 512 tokens becomes 32
+tokens, vLLM's block size here), prompts cut to ``--max-input-tokens``, token ids from 100..249
+(the tiny model's byte vocabulary), max_tokens = output_length x scale, EOS ignored. The model
+is the tiny random Llama of ``integration/tiny_model.py`` (float32, ``--max-num-seqs 4``, block
+size 32), each engine in-process (the README's advice for engines sharing a CPU host).
 
 Columns:
 - ``one``: one vLLM server, no connector (pinned to no core).
@@ -19,12 +24,13 @@ Columns:
 
 Each column gets two untimed warm-up requests per server (token ids no trace prompt uses) before
 the replay. Reported per column: goodput (requests/s meeting both SLOs), SLO attainment (TTFT,
-TBT, both), TTFT p50/p90, errors by kind, and the prefill servers' prefix-cache hit rates as
-vLLM counts them (``vllm:prefix_cache_*``: their own GPU-cache hits; ``vllm:external_prefix_cache_*``:
-tokens loaded from the store), over the replay. ``--repeats N`` runs the columns N times in
-turn, to see the noise.
+TBT, both), TTFT p50/p90, errors by kind (``http_429``: shed by the conductor), the prefill
+servers' prefix-cache hit rates as vLLM counts them (``vllm:prefix_cache_*``: their own
+GPU-cache hits; ``vllm:external_prefix_cache_*``: tokens loaded from the store), over the
+replay, and the requests the proxy sent each prefill. ``--repeats N`` runs the columns N times
+in turn, to see the noise.
 
-Usage: .venv-vllm/bin/python benchmarks/trace_replay.py [--requests 200] [--speedup 4]
+Usage: .venv-vllm/bin/python benchmarks/trace_replay.py [--sample-conversations 8] [--speedup 30]
            [--columns one,round_robin,prefix,store,conductor] [--repeats 1] [--json FILE]
 """
 
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -70,15 +77,55 @@ def warm(url: str, n: int = 2) -> None:
             resp.read()
 
 
+def slice_flags(args: argparse.Namespace) -> list[str]:
+    """The ``tidekv trace`` flags choosing the slice (the same for analyze and replay)."""
+    flags = ["--sample-conversations", str(args.sample_conversations)]
+    if args.requests is not None:
+        flags += ["--max-requests", str(args.requests)]
+    if args.until_s is not None:
+        flags += ["--until-s", str(args.until_s)]
+    return flags
+
+
+def analyze_slice(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """The slice's hit rates as ``tidekv trace analyze`` simulates them: unbounded, one global
+    pool and two local caches (round robin, prefix rule)."""
+    argv = [CLI_PYTHON, "-m", "tidekv", "trace", "analyze", str(args.trace), *slice_flags(args), "--capacity", "0",
+            "--instances", "2", "--routing", "round_robin,prefix", "--no-progress", "--json", str(out)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"tidekv trace analyze failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    report = json.loads(out.read_text())
+    rates = {(r["policy"], r["routing"]): r["hit_rate"] for r in report["results"]}
+    return {"requests": report["requests"], "input_tokens": report["input_tokens"],
+            "hit_rate_global": rates[("global", None)], "hit_rate_2_local_round_robin": rates[("local", "round_robin")],
+            "hit_rate_2_local_prefix": rates[("local", "prefix")]}
+
+
+def proxy_counts(url: str) -> dict[str, float]:
+    """The proxy's requests per prefill (by port) and its rejections, from its /metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r'tidekv_proxy_requests_total\{prefill="[^"]*:(\d+)"\} ([0-9.e+]+)', line)
+        if m:
+            counts[m.group(1)] = float(m.group(2))
+        m = re.match(r'tidekv_proxy_rejected_total\{[^}]*\} ([0-9.e+]+)', line)
+        if m:
+            counts["rejected"] = counts.get("rejected", 0.0) + float(m.group(1))
+    return counts
+
+
 def replay(args: argparse.Namespace, target: str, metrics_urls: list[str], out: Path) -> dict[str, Any]:
     argv = [CLI_PYTHON, "-m", "tidekv", "trace", "replay", str(args.trace), "--target", target, "--model", "tiny",
-            "--max-requests", str(args.requests), "--speedup", str(args.speedup), "--scale-tokens",
+            *slice_flags(args), "--speedup", str(args.speedup), "--scale-tokens",
             str(args.scale_tokens), "--block-tokens", "32", "--max-input-tokens", str(args.max_input_tokens), *VOCAB,
             "--ttft-slo-ms", str(args.ttft_slo_ms), "--tbt-slo-ms", str(args.tbt_slo_ms), "--timeout-s", "60",
             "--json", str(out), "--no-progress"]
     if metrics_urls:
         argv += ["--metrics-url", *metrics_urls]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=args.requests / args.speedup * 10 + 300)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=3600 / args.speedup * 3 + 300)
     print(done.stdout, flush=True)
     if not out.exists():
         raise RuntimeError(f"tidekv trace replay failed ({done.returncode}):\n{done.stderr[-4000:]}")
@@ -109,7 +156,12 @@ def one_column(args: argparse.Namespace, name: str, model: str, logs: Path, out:
             if name == "conductor":
                 argv += ["--ttft-slo-ms", str(args.ttft_slo_ms)]
             with spawn(argv, "listening", "tidekv proxy"):
-                return replay(args, f"http://127.0.0.1:{port}", [p0.url, p1.url], out)
+                proxy = f"http://127.0.0.1:{port}"
+                summary = replay(args, proxy, [p0.url, p1.url], out)
+                counts = proxy_counts(proxy)
+                summary["proxy_prefill_requests"] = [counts.get(str(p.port), 0.0) for p in (p0, p1)]
+                summary["proxy_rejected"] = counts.get("rejected", 0.0)
+                return summary
 
 
 def row(name: str, s: dict[str, Any]) -> dict[str, Any]:
@@ -118,7 +170,7 @@ def row(name: str, s: dict[str, Any]) -> dict[str, Any]:
             "ttft_attainment": s["ttft_attainment"], "tbt_attainment": s["tbt_attainment"],
             "ttft_p50_ms": s["ttft_ms"]["p50"], "ttft_p90_ms": s["ttft_ms"]["p90"], "errors": s["errors"],
             "local_hit_rate": rates.get("vllm:prefix_cache"), "store_hit_rate": rates.get("vllm:external_prefix_cache"),
-            "duration_s": s["duration_s"]}
+            "duration_s": s["duration_s"], "prefill_requests": s.get("proxy_prefill_requests")}
 
 
 def report(rows: list[dict[str, Any]]) -> None:
@@ -126,14 +178,14 @@ def report(rows: list[dict[str, Any]]) -> None:
         return "-" if v is None else format(v, spec)
 
     print("| column | goodput (req/s) | SLO attainment (both / TTFT / TBT) | TTFT p50 / p90 (ms) | prefill hit rate: "
-          "own cache / from store | errors |")
-    print("|---|---|---|---|---|---|")
+          "own cache / from store | errors | requests per prefill |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         errors = ", ".join(f"{k} {v}" for k, v in sorted(r["errors"].items())) or "none"
         print(f"| {r['column']} | {f(r['goodput_rps'], '.2f')} | {f(r['slo_attainment'], '.1%')} / "
               f"{f(r['ttft_attainment'], '.1%')} / {f(r['tbt_attainment'], '.1%')} | {f(r['ttft_p50_ms'], '.0f')} / "
               f"{f(r['ttft_p90_ms'], '.0f')} | {f(r['local_hit_rate'], '.3f')} / {f(r['store_hit_rate'], '.3f')} | "
-              f"{errors} |")
+              f"{errors} | {' / '.join(f'{n:.0f}' for n in r['prefill_requests'] or []) or '-'} |")
     by: dict[str, list[float]] = {}
     for r in rows:
         by.setdefault(r["column"], []).append(r["goodput_rps"] or 0.0)
@@ -145,8 +197,11 @@ def report(rows: list[dict[str, Any]]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", type=Path, default=TRACE)
-    ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--speedup", type=float, default=4.0)
+    ap.add_argument("--requests", type=int, default=None, help="only the first N requests of the file (default: all)")
+    ap.add_argument("--until-s", type=float, default=None, help="only the first S seconds of trace time (default: all)")
+    ap.add_argument("--sample-conversations", type=int, default=8, metavar="K",
+                    help="keep one conversation in K, with all its requests (default 8)")
+    ap.add_argument("--speedup", type=float, default=30.0)
     ap.add_argument("--scale-tokens", type=float, default=1 / 16)
     ap.add_argument("--max-input-tokens", type=int, default=2048)
     ap.add_argument("--ttft-slo-ms", type=float, default=250.0)
@@ -170,6 +225,8 @@ def main() -> int:
         model = str(build(tmp / "model", seed=0))
         logs = tmp / "logs"
         logs.mkdir()
+        workload = analyze_slice(args, tmp / "analyze.json")
+        print("slice (tidekv trace analyze, unbounded): " + json.dumps(workload), flush=True)
         try:
             for repeat in range(args.repeats):
                 for name in columns:
@@ -185,7 +242,7 @@ def main() -> int:
     report(rows)
     if args.json:
         Path(args.json).write_text(json.dumps({"config": {k: str(v) for k, v in vars(args).items()},
-                                               "columns": summaries}, indent=1))
+                                               "slice": workload, "columns": summaries}, indent=1))
     return 0
 
 

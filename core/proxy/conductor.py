@@ -227,6 +227,16 @@ class Conductor:
             self.models[t.instance].observe(t.work_tokens, elapsed_s)
 
 
+def reusable_tokens(prompt_tokens: int, cached_tokens: int, block_size: int | None) -> int:
+    """Of ``cached_tokens`` leading tokens held, those an engine like vLLM skips: whole blocks of
+    ``block_size`` (None: unknown, not rounded) and never the prompt's last token, which it
+    computes to sample from. (The proxy's prefix memory counts in characters; without this, a
+    prompt held whole looked free, and a partial block's tokens were counted as held.)"""
+    if block_size:
+        cached_tokens = cached_tokens // block_size * block_size
+    return max(0, min(cached_tokens, prompt_tokens - 1))
+
+
 def cached_from_chars(prompt_tokens: int, matched_chars: int, prompt_chars: int) -> int:
     """Tokens of a prefix matched in characters (the proxy's own prefix memory), in proportion."""
     if prompt_chars <= 0:

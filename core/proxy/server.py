@@ -49,7 +49,7 @@ from tidekv.kvcache.contract import KVHandoff
 from tidekv.kvcache.handoff import Releaser, ReleaseReason
 from tidekv.logs import WarnEvery
 from tidekv.metrics import Registry
-from tidekv.proxy.conductor import Conductor, cached_from_chars
+from tidekv.proxy.conductor import Conductor, cached_from_chars, reusable_tokens
 from tidekv.proxy.routing import (
     ProxyConfig,
     ProxyError,
@@ -241,8 +241,11 @@ class ProxyServer:
         matched = self.router.prefix_index.matched(chain)
         cards = self.router.cards
         n_tokens = len(tokens) if tokens is not None else None
-        cached = [max(held.get(i, 0) * (cards[i].block_size if i in cards else 0),
-                      cached_from_chars(n_tokens or 0, matched[i] * self.router.prefix_index.chunk_chars, len(text)))
+        block_size = next((c.block_size for c in cards.values()), None)  # one model: one block size
+        cached = [reusable_tokens(n_tokens or 0, max(
+                      held.get(i, 0) * (cards[i].block_size if i in cards else 0),
+                      cached_from_chars(n_tokens or 0, matched[i] * self.router.prefix_index.chunk_chars, len(text))),
+                      cards[i].block_size if i in cards else block_size)
                   for i in range(len(urls))]
         decision = conductor.choose(n_tokens, cached)
         if decision.reject:

@@ -10,7 +10,8 @@ from typing import TypeVar
 
 from tidekv.errors import ConfigError
 from tidekv.trace.cache import Routing
-from tidekv.trace.format import load_trace, parse_token_count
+from tidekv.trace.format import TraceRequest, load_trace, parse_token_count
+from tidekv.trace.sample import sample
 
 T = TypeVar("T")
 
@@ -33,6 +34,23 @@ def _capacity(text: str) -> int:
     return parse_token_count(text, "--capacity")
 
 
+def _load(args: argparse.Namespace) -> list[TraceRequest]:
+    """The trace's first ``--max-requests``, then ``--until-s`` and ``--sample-conversations``."""
+    requests = load_trace(args.trace, max_requests=args.max_requests)
+    if args.sample_conversations != 1 or args.until_s is not None:
+        requests = sample(requests, keep_one_in=args.sample_conversations, until_s=args.until_s)
+    return requests
+
+
+def _add_slice_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-requests", type=int, default=None, help="only the first N requests of the file")
+    p.add_argument("--until-s", type=float, default=None,
+                   help="only the requests within this many seconds of trace time of the first (default: all)")
+    p.add_argument("--sample-conversations", type=int, default=1, metavar="K",
+                   help="keep one conversation in K, each with all its requests (a conversation: the requests "
+                        "sharing their second hash id; a stable hash decides; default 1: all)")
+
+
 def _run_analyze(args: argparse.Namespace) -> int:
     from tidekv.bench.report import require_matplotlib
     from tidekv.trace.analyze import AnalyzeSettings, analyze, plot, report_text, write_json
@@ -42,7 +60,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
     settings = AnalyzeSettings(capacities_tokens=args.capacity, instances=args.instances, routings=args.routing,
                                fraction=args.fraction, window_s=args.window_s)
     started = time.perf_counter()
-    requests = load_trace(args.trace, max_requests=args.max_requests)
+    requests = _load(args)
     read_s = time.perf_counter() - started
     report = analyze(requests, settings, trace_name=args.trace, show_progress=not args.no_progress)
     print(report_text(report))
@@ -72,7 +90,7 @@ def _run_replay(args: argparse.Namespace) -> int:
         timeout_s=args.timeout_s, ttft_slo_ms=args.ttft_slo_ms, tbt_slo_ms=args.tbt_slo_ms,
         metrics_urls=tuple(normalize_url(u) for u in args.metrics_url), ignore_eos=not args.no_ignore_eos,
         max_in_flight=args.max_in_flight)
-    requests = load_trace(args.trace, max_requests=args.max_requests)
+    requests = _load(args)
     if not requests:
         raise ConfigError(f"trace {args.trace!r} has no requests")
     result = run(requests, settings, show_progress=not args.no_progress)
@@ -117,7 +135,7 @@ time, and the smallest global capacity reaching --fraction of the unbounded hit 
     a.add_argument("--fraction", type=float, default=0.9,
                    help="report the global capacity reaching this fraction of the unbounded hit rate (default 0.9)")
     a.add_argument("--window-s", type=float, default=60.0, help="working-set window, s of trace time (default 60)")
-    a.add_argument("--max-requests", type=int, default=None, help="only the first N requests")
+    _add_slice_flags(a)
     a.add_argument("--json", metavar="FILE", help="write the report as JSON ('-': stdout); its 'results' has one "
                    "object per capacity x instances x policy with capacity_tokens, instances, policy (global or "
                    "local), routing, hit_rate, requests, hit_tokens, prefill_tokens_saved, input_tokens")
@@ -149,7 +167,7 @@ Exit status 1 when no request succeeded.""",
     r.add_argument("--target", required=True, metavar="URL", help="base URL of the deployment, e.g. http://127.0.0.1:8000")
     r.add_argument("--model", help="the model field (default: the first of the target's /v1/models)")
     r.add_argument("--speedup", type=float, default=1.0, help="trace time runs this many times faster (default 1)")
-    r.add_argument("--max-requests", type=int, default=None, help="only the first N requests")
+    _add_slice_flags(r)
     r.add_argument("--scale-tokens", type=float, default=1.0,
                    help="multiply input and output lengths by this, 0 < s <= 1 (default 1)")
     r.add_argument("--block-tokens", type=int, default=None,

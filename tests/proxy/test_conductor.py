@@ -169,3 +169,14 @@ def test_proxy_sheds_over_the_slo_with_429(backend: MakeBackend, start_proxy: St
     assert len([r for r in prefill.received if r.path == "/v1/completions"]) == 1  # never reached the prefill
     metrics = http_request(url + "/metrics", method="GET").body.decode()
     assert 'tidekv_proxy_rejected_total{reason="ttft_slo"} 1' in metrics
+
+
+def test_reusable_tokens_are_whole_blocks_and_never_the_last_token() -> None:
+    from tidekv.proxy.conductor import reusable_tokens
+
+    assert reusable_tokens(1000, 700, 32) == 672  # 21 whole blocks of 32
+    assert reusable_tokens(1000, 700, None) == 700  # block size unknown: as counted
+    assert reusable_tokens(640, 640, 32) == 639  # held whole: the last token is still computed
+    assert reusable_tokens(640, 5000, None) == 639
+    assert reusable_tokens(1000, 31, 32) == 0  # under one block: nothing
+    assert reusable_tokens(0, 0, 32) == 0
