@@ -21,7 +21,7 @@ byte against its source outside the timed region. Reported: best round, pages/s 
 The default page geometry (32 layers x 8 KV heads x 128 dim x 16 tokens, bf16) makes 2 MiB pages.
 
 Usage: .venv-sglang/bin/python benchmarks/sglang_hicache.py [--pages 256] [--rounds 3] [--json FILE]
-       .venv-sglang/bin/python benchmarks/sglang_hicache.py --compare mooncake [--pages 128] [--json FILE]
+       .venv-sglang/bin/python benchmarks/sglang_hicache.py --compare mooncake [--pages 128] [--rounds 5] [--json FILE]
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pages", type=int, default=None,
                    help="pages stored and read per round (default 256; --compare mooncake 128)")
     p.add_argument("--batch", type=int, default=128, help="pages per backend call (SGLang: 128)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds per backend; the best is reported (default 3)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="timed rounds per backend; the best is reported (default 3; --compare mooncake 5)")
     p.add_argument("--layers", type=int, default=32, help="model layers (default 32)")
     p.add_argument("--heads", type=int, default=8, help="KV heads on this rank (default 8)")
     p.add_argument("--head-dim", type=int, default=128, help="head dimension (default 128)")
@@ -67,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.pages is None:
         args.pages = 128 if args.compare == "mooncake" else 256
+    if args.rounds is None:
+        args.rounds = 5 if args.compare == "mooncake" else 3
     if args.warmup < 0:
         p.error("--warmup must be >= 0")
     for name in ("pages", "batch", "rounds", "layers", "heads", "head_dim", "page_size"):
