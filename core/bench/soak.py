@@ -13,10 +13,11 @@ sampled.
 
 Accounting. A client remembers, for each key, the version its last acknowledged write left
 and when that write ran (start, ack). A read that finds an acknowledged object gone is a loss
-(during the load as well as in the final read-back of every key). The store does not
-re-replicate: an object whose every replica sat on holders that have all been killed since is
-gone with them. So a loss is *explained* when every holder process alive at some point during
-the write that stored it was killed before the loss was seen, *after a failed write* when a
+(during the load as well as in the final read-back of every key). The store re-replicates
+(``store.repairs``: a new holder copies what a killed one held), so with ``replicas`` >= 2 and a
+kill interval longer than the copying, no loss is expected. A loss is still told apart: it is
+*every holder died* when every holder process alive at some point during the write that stored
+it was killed before the loss was seen (a copy had no time to be made), *after a failed write* when a
 later write of that key failed (that write may have removed it), and *unexplained* otherwise
 (a bug). A read that returns another version than the acknowledged one, or bytes that are no
 whole value, is stale or corrupt.
@@ -300,7 +301,8 @@ def _segments(health: dict[str, Any]) -> dict[str, Any]:
     return {"segments": len(health["segments"]), "suspended_segments": len(health["suspended_segments"]),
             "keys": health["keys"], "used_bytes": health["used_bytes"], "capacity_bytes": health["capacity_bytes"],
             "pending_puts": health["pending_puts"], "evictions": health["evictions"],
-            "objects_lost": health["objects_lost"], "suspended_objects_dropped": health["suspended_objects_dropped"]}
+            "objects_lost": health["objects_lost"], "suspended_objects_dropped": health["suspended_objects_dropped"],
+            "repairs": health.get("repairs", {})}
 
 
 def _memory(procs: list[_Incarnation], window_start_s: float) -> dict[str, Any]:
@@ -479,8 +481,8 @@ def format_report(r: dict[str, Any]) -> str:
         f"transfers: {r['transfers']}",
         (f"acknowledged objects at the end: {r['acknowledged']:,}; read back: {r['found']}; "
          f"verify errors: {r['verify_errors'] or 'none'}"),
-        (f"lost: {r['lost']['every_replica_holder_died']} with every holder of their replicas killed (the store does "
-         f"not re-replicate), {r['lost']['after_failed_write']} after a failed write of the key, "
+        (f"lost: {r['lost']['every_replica_holder_died']} with every holder of their replicas killed before a copy "
+         f"was made, {r['lost']['after_failed_write']} after a failed write of the key, "
          f"{r['lost']['unexplained']} unexplained; {r['losses_during_load']} of these seen during the load"),
         f"stale reads: {r['stale_reads']}",
         f"memory (RSS MiB start -> end, growth from {r['memory']['window_start_s']:.0f} s to the end; fds):",

@@ -49,6 +49,7 @@ from tidekv.store import tenants
 from tidekv.store.protocol import Pin, Status
 from tidekv.store.keys import Buffer, Key, buffer_span, key_bytes, show_key
 from tidekv.store.master_client import MasterClient
+from tidekv.store.repair_worker import RepairWorker
 from tidekv.store.staging import StagingArea
 from tidekv.transfer.batch import TransferOp, TransferRequest, TransferState
 from tidekv.transfer.engine import TransferEngine
@@ -139,6 +140,7 @@ class Store:
         self._lease_expired = 0
         self._closed = threading.Event()
         self._heartbeat: threading.Thread | None = None
+        self._repairs: RepairWorker | None = None
         self._staging: StagingArea | None = None
         try:
             self._rpc.connect()
@@ -156,6 +158,11 @@ class Store:
             raise
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name=f"tidekv-heartbeat-{self.client_id}", daemon=True)
         self._heartbeat.start()
+        # A holder copies objects that lost replicas into its segment when the master asks.
+        self._repairs = RepairWorker(self._rpc, engine, self.client_id, config.heartbeat_interval_s, self._closed) \
+            if self._segment is not None else None
+        if self._repairs is not None:
+            self._repairs.start()
 
     @classmethod
     def connect(
@@ -462,6 +469,8 @@ class Store:
         self._closed.set()
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=5)
+        if self._repairs is not None:
+            self._repairs.join(timeout_s=5)
         try:
             self._rpc.call(p.Disconnect(self.client_id), timeout_s=min(self.config.rpc_timeout_s, 2.0),
                            failover_timeout_s=0)

@@ -77,6 +77,7 @@ class StartOp(msgspec.Struct, tag="start", array_like=True):
     pin: int
     is_upsert: bool
     writer: str
+    want: int = 0  # replicas asked for (0: as many as placed; journals written before it)
 
 
 class EndOp(msgspec.Struct, tag="end", array_like=True):
@@ -104,6 +105,29 @@ class ObjectOp(msgspec.Struct, tag="object", array_like=True):
     replicas: list[object]
     pin: int
     token: int
+    want: int = 0  # replicas asked for (0: as many as it has)
+
+
+class RepairOp(msgspec.Struct, tag="repair", array_like=True):
+    """A copy of object ``key`` (version ``token``) being made at ``offset`` of ``segment``:
+    those bytes are reserved until it ends (``RepairedOp``)."""
+
+    key: bytes
+    token: int
+    size: int
+    segment: str
+    offset: int
+
+
+class RepairedOp(msgspec.Struct, tag="repaired", array_like=True):
+    """A repair ended: with ``ok`` (and the object still that version) the copy is a replica;
+    else its bytes are freed (kept a lease TTL when the copy may still be landing: not ok)."""
+
+    key: bytes
+    token: int
+    segment: str
+    offset: int
+    ok: bool
 
 
 class RetireOp(msgspec.Struct, tag="retire", array_like=True):
@@ -120,7 +144,7 @@ class TokensOp(msgspec.Struct, tag="tokens", array_like=True):
 
 
 Op = Union[MountOp, UnmountOp, SuspendOp, ResumeOp, StartOp, EndOp, DropOp, RemoveOp, EvictOp, ObjectOp, RetireOp,
-           TokensOp]
+           TokensOp, RepairOp, RepairedOp]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(list[Op])
@@ -204,6 +228,7 @@ class Mirror:
     objects: dict[bytes, ObjectOp] = field(default_factory=dict)  # complete, in LRU order
     pending: dict[int, StartOp] = field(default_factory=dict)
     retired: list[tuple[float, RetireOp]] = field(default_factory=list)  # (keep until, bytes)
+    repairs: dict[tuple[str, int], RepairOp] = field(default_factory=dict)  # (segment, offset) -> copy under way
     max_token: int = 0
 
     def apply(self, ops: list[Op], now: float) -> None:
@@ -234,7 +259,7 @@ class Mirror:
             old = self.objects.pop(op.key, None)
             if old is not None:
                 self._retire(old.size, old.replicas, now)
-            self.objects[op.key] = ObjectOp(op.key, start.size, start.replicas, start.pin, start.token)
+            self.objects[op.key] = ObjectOp(op.key, start.size, start.replicas, start.pin, start.token, start.want)
         elif isinstance(op, DropOp):
             self.pending.pop(op.token, None)
         elif isinstance(op, RemoveOp):
@@ -249,7 +274,7 @@ class Mirror:
         elif isinstance(op, UnmountOp):
             self._unmount(set(op.names))
         elif isinstance(op, SuspendOp):
-            self._suspend(set(op.names), now + op.grace_s)
+            self._suspend(set(op.names), now + op.grace_s, now)
         elif isinstance(op, ResumeOp):
             held = self.suspended.pop(op.name, None)
             if held is not None:
@@ -261,6 +286,17 @@ class Mirror:
             self._retire(op.size, op.replicas, now)
         elif isinstance(op, TokensOp):
             self.max_token = max(self.max_token, op.last)
+        elif isinstance(op, RepairOp):
+            self.repairs[(op.segment, op.offset)] = op
+        elif isinstance(op, RepairedOp):
+            repair = self.repairs.pop((op.segment, op.offset), None)
+            if repair is None:
+                return
+            obj = self.objects.get(op.key)
+            if op.ok and obj is not None and obj.token == op.token:
+                obj.replicas = [*obj.replicas, op.segment, op.offset]
+            elif not op.ok:
+                self._retire(repair.size, [op.segment, op.offset], now)
 
     def _retire(self, size: int, replicas: list[object], now: float) -> None:
         self.retired.append((now + self.lease_ttl_s, RetireOp(size, replicas)))
@@ -287,12 +323,15 @@ class Mirror:
         if self.retired and self.retired[0][0] <= now:
             self.retired = [r for r in self.retired if r[0] > now]
 
-    def _suspend(self, names: set[str], until: float) -> None:
+    def _suspend(self, names: set[str], until: float, now: float) -> None:
         """As ``ObjectTable.suspend_segments``: objects keep their replicas there, pending puts do not."""
         for name in names:
             mount = self.segments.pop(name, None)
             if mount is not None:
                 self.suspended[name] = (mount, until)
+        for where in [w for w in self.repairs if w[0] in names]:  # cancelled (ObjectTable.suspend_segments)
+            repair = self.repairs.pop(where)
+            self._retire(repair.size, list(where), now)
         for token in list(self.pending):
             start = self.pending[token]
             left = [v for i in range(0, len(start.replicas), 2) if start.replicas[i] not in names
@@ -308,6 +347,7 @@ class Mirror:
         for name in names:
             self.segments.pop(name, None)
             self.suspended.pop(name, None)
+        self.repairs = {w: r for w, r in self.repairs.items() if w[0] not in names}
 
         def kept(replicas: list[object]) -> list[object]:
             return [v for i in range(0, len(replicas), 2) if replicas[i] not in names
@@ -337,6 +377,7 @@ class Mirror:
         out += self.objects.values()
         out += self.pending.values()
         out += [r for _, r in self.retired]
+        out += self.repairs.values()
         return out
 
 

@@ -76,6 +76,8 @@ class Session:
             body.preferred_segment = pre + body.preferred_segment
         elif isinstance(body, p.Heartbeat) and body.segments:
             body.segments = [pre + n for n in body.segments]
+        elif isinstance(body, p.Repairs) and body.done:
+            body.done = [p.RepairResult(kpre + r.key, r.token, r.ok) for r in body.done]
         return ""
 
     def leave(self, body: Any, result: Any) -> Any:
@@ -92,6 +94,10 @@ class Session:
         elif isinstance(body, p.ListKeys):
             n = len(self._key_prefix)
             result = [k[n:] for k in result[0]], result[1]
+        elif isinstance(body, p.Repairs):
+            n = len(self._key_prefix)
+            for task in result:
+                task.key, task.sources = task.key[n:], self._plain(task.sources)
         return result
 
     def text(self, message: str) -> str:
@@ -174,6 +180,14 @@ class MasterService:
                            lambda: {(): len(self.segments.suspended)})
         self.metrics.gauge("tidekv_suspended_keys", "objects unreadable until their holder returns",
                            lambda: {(): len(self.objects.suspended)})
+        rc = self.objects.repairs.counters
+        for name, what in (("started", "repairs handed to holders (copies of objects that lost replicas)"),
+                           ("done", "repairs whose copy became a replica"),
+                           ("failed", "repairs that failed or missed their deadline (retried)"),
+                           ("stale", "repairs of objects removed or replaced meanwhile")):
+            self.metrics.gauge(f"tidekv_repairs_{name}_total", what, lambda n=name: {(): getattr(rc, n)}, kind="counter")
+        self.metrics.gauge("tidekv_repairs_under_way", "repairs handed out and not yet reported",
+                           lambda: {(): len(self.objects.repairs.under_way)})
         self.metrics.gauge("tidekv_objects_restored_total", "objects given back to a holder that returned",
                            lambda: {(): c.objects_restored}, kind="counter")
         self.metrics.gauge("tidekv_objects_superseded_total",
@@ -199,6 +213,7 @@ class MasterService:
             p.Locate: self._locate,
             p.Remove: self._remove,
             p.StatsRequest: self._stats,
+            p.Repairs: self._repairs,
         }
 
     # ---- entry points -------------------------------------------------------------------
@@ -307,6 +322,7 @@ class MasterService:
         if expired:
             self._drop_suspended(expired, f"its holder did not come back within {self.config.suspend_grace_s:.0f} s")
         self.objects.free_retired(now)
+        self.objects.repairs.expire(now)
         if self.tenants is not None:
             self._evict_tenants(now)
             return
@@ -445,6 +461,23 @@ class MasterService:
         self._items.inc(len(m.keys), type="Remove")
         return [self.objects.remove(k, m.force, now) for k in m.keys]
 
+    def _repairs(self, m: p.Repairs, now: float) -> list[p.RepairTask]:
+        """A holder's finished repairs, and new ones for its segments (``repairs``)."""
+        book = self.objects.repairs
+        for r in m.done:
+            book.finish(r.key, r.token, r.ok, m.client_id, now)
+        info = self.segments.clients.get(m.client_id)
+        if info is None:
+            return []
+        info.last_seen = now
+        mine = [self.segments.segments[n] for n in sorted(info.segments) if n in self.segments.segments]
+        may_hold = None
+        if self.tenants is not None:
+            pools = self._pools
+            may_hold = lambda key, seg: seg.tenant in pools[t.tenant_of(key)]  # noqa: E731
+        return book.take(m.client_id, mine, may_hold, min(max(m.max_bytes, 0), self.config.max_message_bytes),
+                         self.config.max_batch_keys, now, self.config.put_timeout_s)
+
     def _stats(self, m: p.StatsRequest, now: float) -> dict[str, Any]:
         if self.tenants is not None and self._session.tenant:
             return self.tenant_stats(self._session)
@@ -494,6 +527,7 @@ class MasterService:
 
     def stats(self) -> dict[str, Any]:
         c = self.objects.counters
+        r = self.objects.repairs.counters
         return {
             "master_id": self.master_id,
             "keys": self._complete_keys(),
@@ -519,6 +553,8 @@ class MasterService:
             "objects_superseded": c.objects_superseded,
             "suspended_objects_dropped": c.suspended_lost,
             "lease_expiries": int(self._lease_expired.get()),
+            "repairs": {"under_way": len(self.objects.repairs.under_way), "done": r.done, "failed": r.failed,
+                        "stale": r.stale, "started": r.started},
         }
 
     def tenant_stats(self, session: Session) -> dict[str, Any]:
@@ -578,7 +614,7 @@ class MasterService:
             return
         if self.objects.journal is not None:
             self.objects.journal.add_everything(j.SuspendOp(suspended, grace))
-        held_on = self.objects.suspend_segments(set(suspended))
+        held_on = self.objects.suspend_segments(set(suspended), now)
         for name in suspended:
             self.segments.suspended[name].objects = held_on[name]
             logger.warning("client %s silent for over %.1f s: segment %s suspended with %d objects (unreadable "
@@ -630,6 +666,7 @@ class MasterService:
         used: dict[str, list[tuple[int, int]]] = {name: [] for name in (*mirror.segments, *mirror.suspended)}
         held: list[j.ObjectOp | j.StartOp | j.RetireOp] = [*mirror.objects.values(), *mirror.pending.values(),
                                                            *(r for _, r in mirror.retired)]
+        held += [j.RetireOp(r.size, [r.segment, r.offset]) for r in mirror.repairs.values()]  # their bytes
         for op in held:
             flat, size = op.replicas, op.size
             if len(flat) == 2:  # one replica: the common case, kept cheap for a million objects
@@ -644,6 +681,7 @@ class MasterService:
             self.segments.restore(op.client_id, name, op.engine, op.base, op.capacity, used[name], now,
                                   op.incarnation, suspended_until=until)
         self.objects.restore(mirror, now)
+        self.objects.repairs.restore(list(mirror.repairs.values()), now, self.config.put_timeout_s)
 
     @staticmethod
     def _check_batch(keys: list[bytes], other: list[int]) -> None:

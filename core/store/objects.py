@@ -25,6 +25,7 @@ from tidekv.store import eviction
 from tidekv.store import journal as j
 from tidekv.store import tenants
 from tidekv.store.allocator import align
+from tidekv.store.repairs import RepairBook
 from tidekv.store.protocol import GetResult, Location, PutSlot, Status
 from tidekv.store.segments import SegmentTable
 
@@ -45,9 +46,11 @@ class ObjectMeta:
     """One object. ``replicas`` is flat: (segment, offset, segment, offset, ...) to stay small;
     ``held``, as flat, its replicas on suspended segments (complete objects only)."""
 
-    __slots__ = ("size", "replicas", "put", "lease_until", "pin", "token", "held")
+    __slots__ = ("size", "replicas", "put", "lease_until", "pin", "token", "held", "want")
 
-    def __init__(self, size: int, replicas: tuple[object, ...], put: PendingPut | None, pin: int, token: int) -> None:
+    def __init__(self, size: int, replicas: tuple[object, ...], put: PendingPut | None, pin: int, token: int,
+                 want: int = 0) -> None:
+        self.want = want or len(replicas) // 2  # replicas asked for (``repairs`` restores lost ones)
         self.size = size
         self.replicas = replicas
         self.put = put
@@ -102,6 +105,7 @@ class ObjectTable:
         # no tenants, nothing counted.
         self.quotas: dict[str, int] | None = None
         self.usage: dict[str, int] = {}
+        self.repairs = RepairBook(self)
 
     # ---- writes -------------------------------------------------------------------------
 
@@ -139,10 +143,10 @@ class ObjectTable:
         if not placed:
             return PutSlot(Status.OUT_OF_SPACE)
         if self.quotas is not None:
-            self._charge(key, align(size) * len(placed))
+            self.charge(key, align(size) * len(placed))
         token = self.last_token = self.last_token + 1
         flat = tuple(v for pair in placed for v in pair)
-        meta = ObjectMeta(size, flat, PendingPut(token, writer, now, existing is not None), pin, token)
+        meta = ObjectMeta(size, flat, PendingPut(token, writer, now, existing is not None), pin, token, replicas)
         if existing is not None:
             self.upserts[key] = meta
         else:
@@ -153,8 +157,8 @@ class ObjectTable:
                     self._retire(key, held, now)
         self.pending[token] = key
         if self.journal is not None:
-            self.journal.add(j.StartOp(token, key, size, list(flat), pin, existing is not None, writer), key)
-        return PutSlot(Status.OK, token, self._locations(meta))
+            self.journal.add(j.StartOp(token, key, size, list(flat), pin, existing is not None, writer, replicas), key)
+        return PutSlot(Status.OK, token, self.locations(meta))
 
     def put_end(self, key: bytes, token: int, now: float) -> Status:
         """Publishes the put ``token`` of ``key``; OK again for a put already ended (a writer that
@@ -221,7 +225,7 @@ class ObjectTable:
             meta.lease_until = until
         del self.objects[key]  # move to the most-recently-used end
         self.objects[key] = meta
-        return GetResult(Status.OK, meta.size, self._locations(meta))
+        return GetResult(Status.OK, meta.size, self.locations(meta))
 
     def exists(self, key: bytes) -> bool:
         meta = self.objects.get(key)
@@ -233,7 +237,7 @@ class ObjectTable:
         meta = self.objects.get(key)
         if meta is None or meta.put is not None:
             return []
-        return list(dict.fromkeys(loc.engine for loc in self._locations(meta)))
+        return list(dict.fromkeys(loc.engine for loc in self.locations(meta)))
 
     # ---- housekeeping -------------------------------------------------------------------
 
@@ -271,6 +275,7 @@ class ObjectTable:
         objects left with none readable or held are gone, those left with held ones suspended."""
         if not names:
             return
+        self.repairs.forget_on(names)
         for table in (self.objects, self.upserts, self.suspended):
             for key in list(table):
                 meta = table[key]
@@ -280,9 +285,10 @@ class ObjectTable:
                 lost = (len(meta.replicas) - len(replicas) + len(meta.held) - len(held)) // 2
                 self.counters.replicas_lost += lost
                 if self.quotas is not None:
-                    self._charge(key, -align(meta.size) * lost)
+                    self.charge(key, -align(meta.size) * lost)
                 meta.replicas, meta.held = replicas, held
                 if replicas:
+                    self.repairs.check(key, meta)
                     continue
                 if held:
                     if table is not self.suspended:
@@ -301,11 +307,13 @@ class ObjectTable:
             retired.append((t, size, kept, tenant))
         self.retired = retired
 
-    def suspend_segments(self, names: set[str]) -> dict[str, int]:
+    def suspend_segments(self, names: set[str], now: float) -> dict[str, int]:
         """Holds the replicas on ``names`` (segments just suspended): complete objects keep them in
         ``held`` (one left with no readable replica moves to ``suspended``); pending puts lose
         them, their bytes freed (a put left with no replica is dropped: its writer's put_end
-        answers STALE). Returns, per segment, how many objects hold a replica there."""
+        answers STALE), and repairs there end unfinished. Returns, per segment, how many objects
+        hold a replica there."""
+        self.repairs.cancel_on(names, now)
         held_on = dict.fromkeys(names, 0)
         for table in (self.objects, self.upserts):
             for key in list(table):
@@ -319,7 +327,7 @@ class ObjectTable:
                     for seg, offset in moved:
                         self.segments.release(seg, offset, meta.size)
                     if self.quotas is not None:
-                        self._charge(key, -align(meta.size) * len(moved))
+                        self.charge(key, -align(meta.size) * len(moved))
                     if not replicas:
                         del table[key]
                         del self.pending[meta.put.token]
@@ -331,6 +339,8 @@ class ObjectTable:
                 if not replicas:
                     del table[key]
                     self.suspended[key] = meta
+                else:
+                    self.repairs.check(key, meta)
         return held_on
 
     def resume_segment(self, name: str) -> int:
@@ -371,7 +381,7 @@ class ObjectTable:
             freed += align(meta.size) * n
             self._release(meta.size, meta.all_replicas)
             if self.quotas is not None:
-                self._charge(key, -align(meta.size) * (len(meta.all_replicas) // 2))
+                self.charge(key, -align(meta.size) * (len(meta.all_replicas) // 2))
             self.counters.evictions += 1
             self.counters.evicted_bytes += meta.size
         if victims:
@@ -386,7 +396,7 @@ class ObjectTable:
         for leases; nothing it frees is reused before ``now + mirror.lease_ttl_s``."""
         suspended = self.segments.suspended
         for op in mirror.objects.values():
-            meta = ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token)
+            meta = ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token, op.want)
             if suspended and any(s in suspended for s in meta.replicas[::2]):
                 meta.replicas, meta.held = _without(meta.replicas, suspended), _only(meta.replicas, suspended)
                 for seg in meta.held[::2]:
@@ -397,7 +407,8 @@ class ObjectTable:
             self.objects[op.key] = meta
         for start in mirror.pending.values():
             meta = ObjectMeta(start.size, tuple(start.replicas), PendingPut(start.token, start.writer, now,
-                                                                            start.is_upsert), start.pin, start.token)
+                                                                            start.is_upsert), start.pin, start.token,
+                              start.want)
             (self.upserts if start.is_upsert else self.objects)[start.key] = meta
             self.pending[start.token] = start.key
         self.quarantine_until = now + mirror.lease_ttl_s
@@ -413,14 +424,14 @@ class ObjectTable:
         for table in (self.objects, self.suspended):
             for key, meta in table.items():
                 if meta.put is None:
-                    out.append(j.ObjectOp(key, meta.size, list(meta.all_replicas), meta.pin, meta.token))
+                    out.append(j.ObjectOp(key, meta.size, list(meta.all_replicas), meta.pin, meta.token, meta.want))
         for table in (self.objects, self.upserts):
             for key, meta in table.items():
                 if meta.put is not None:
                     out.append(j.StartOp(meta.put.token, key, meta.size, list(meta.replicas), meta.pin,
-                                         meta.put.is_upsert, meta.put.writer))
+                                         meta.put.is_upsert, meta.put.writer, meta.want))
         out += [j.RetireOp(size, list(replicas)) for _, size, replicas, _ in self.retired]
-        return out
+        return out + self.repairs.snapshot()
 
     def count_usage(self) -> dict[str, int]:
         """Each tenant's bytes counted from scratch (what ``usage`` keeps up to date)."""
@@ -432,6 +443,9 @@ class ObjectTable:
         for _, size, replicas, t in self.retired:
             if t is not None:
                 usage[t] = usage.get(t, 0) + align(size) * (len(replicas) // 2)
+        for key, repair in self.repairs.under_way.items():
+            t = tenants.tenant_of(key)
+            usage[t] = usage.get(t, 0) + align(repair.size)
         return usage
 
     # ---- internals ----------------------------------------------------------------------
@@ -459,7 +473,15 @@ class ObjectTable:
         return (f"tenant {tenant!r} uses {used} of its quota of {quota} bytes and the object needs {need} more; "
                 "what it holds beyond that is being written, read under a lease or pinned")
 
-    def _charge(self, key: bytes, nbytes: int) -> None:
+    def fits_quota(self, key: bytes, nbytes: int) -> bool:
+        """Whether ``nbytes`` more fit in the quota of ``key``'s tenant as it stands (with quotas)."""
+        assert self.quotas is not None
+        tenant = tenants.tenant_of(key)
+        quota = self.quotas.get(tenant)
+        return quota is None or self.usage.get(tenant, 0) + nbytes <= quota
+
+    def charge(self, key: bytes, nbytes: int) -> None:
+        """Adds ``nbytes`` (negative: frees) to the usage of ``key``'s tenant (with quotas)."""
         tenant = tenants.tenant_of(key)
         self.usage[tenant] = self.usage.get(tenant, 0) + nbytes
 
@@ -497,7 +519,7 @@ class ObjectTable:
             del self.objects[key]
         self._release(meta.size, meta.replicas)
         if self.quotas is not None:
-            self._charge(key, -align(meta.size) * (len(meta.replicas) // 2))
+            self.charge(key, -align(meta.size) * (len(meta.replicas) // 2))
         if self.journal is not None:
             self.journal.add(j.DropOp(token), key)
 
@@ -511,13 +533,13 @@ class ObjectTable:
         else:
             self._release(meta.size, replicas)
             if self.quotas is not None:
-                self._charge(key, -align(meta.size) * (len(replicas) // 2))
+                self.charge(key, -align(meta.size) * (len(replicas) // 2))
 
     def _release(self, size: int, replicas: tuple[object, ...]) -> None:
         for seg, offset in _pairs(replicas):
             self.segments.release(seg, offset, size)
 
-    def _locations(self, meta: ObjectMeta) -> list[Location]:
+    def locations(self, meta: ObjectMeta) -> list[Location]:
         out = []
         for name, offset in meta.replica_pairs():
             seg = self.segments.segments[name]

@@ -22,7 +22,7 @@ incarnation and is answered with a ``MountResult``: a holder declared dead has i
 suspended, not dropped, and gets its objects back by re-mounting (the journal's suspend/resume
 ops). v4: every connection opens with the ``tidekv.auth`` handshake (and the ``auth`` error kind).
 v5: ``ListKeys``. v6: tenants (``store.tenants``: the Greeting names one; ``Status.QUOTA`` and
-``PutSlot.detail``)."""
+``PutSlot.detail``), and re-replication (``Repairs``)."""
 
 MAGIC = b"tkv\x06"
 """First bytes a client sends on a new connection (anything else is not a tidekv store client).
@@ -166,6 +166,23 @@ class ListKeys(msgspec.Struct, tag="list_keys", array_like=True):
     limit: int = 1024
 
 
+class RepairResult(msgspec.Struct, array_like=True):
+    """How a repair a holder was given ended: ``ok`` when the bytes are in place."""
+
+    key: bytes
+    token: int
+    ok: bool
+
+
+class Repairs(msgspec.Struct, tag="repairs", array_like=True):
+    """A holder reports the repairs it finished and asks for new ones: copies of objects that
+    lost replicas (a holder died or lapsed), to make into its own segment (``RepairTask``)."""
+
+    client_id: str
+    done: list[RepairResult] = []
+    max_bytes: int = 64 << 20  # at most this many bytes of new tasks in the reply
+
+
 Body = Union[
     Hello,
     MountSegment,
@@ -181,6 +198,7 @@ Body = Union[
     Remove,
     StatsRequest,
     ListKeys,
+    Repairs,
 ]
 
 
@@ -200,6 +218,18 @@ class PutSlot(msgspec.Struct, array_like=True):
     token: int = 0
     locations: list[Location] = []
     detail: str = ""  # why, for a refusal that needs more than its status (QUOTA)
+
+
+class RepairTask(msgspec.Struct, array_like=True):
+    """Copy ``size`` bytes of object ``key`` (version ``token``) from one of ``sources`` to
+    ``target``, an address in the holder's own segment; then report it (``Repairs.done``)."""
+
+    key: bytes
+    token: int
+    size: int
+    target: int
+    sources: list[Location]
+    deadline_s: float  # the master gives up on it this long after handing it out
 
 
 class GetResult(msgspec.Struct, array_like=True):
@@ -261,6 +291,7 @@ RESULT_TYPES: dict[type, object] = {
     Heartbeat: bool,  # need_remount
     ListKeys: tuple[list[bytes], bool],  # a page of keys, whether it is the last
     MountSegment: MountResult,
+    Repairs: list[RepairTask],
 }
 """The result type of each request's reply (others: any msgpack value)."""
 

@@ -270,6 +270,14 @@ class SegmentTable:
         self.used += align(size) * len(placed)
         return placed
 
+    def allocate_on(self, name: str, size: int) -> int | None:
+        """One range of ``size`` bytes on the mounted segment ``name`` (no eviction); None when
+        it has no room."""
+        offset = self.segments[name].allocator.allocate(size)
+        if offset is not None:
+            self.used += align(size)
+        return offset
+
     def release(self, name: str, offset: int, size: int) -> None:
         """Frees a replica's bytes (on a mounted or a suspended segment); a replica on an already
         dropped segment is simply forgotten."""

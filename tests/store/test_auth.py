@@ -48,6 +48,7 @@ def _example(kind: type) -> msgspec.Struct:
         p.Remove: p.Remove([b"k"], force=True),
         p.StatsRequest: p.StatsRequest(),
         p.ListKeys: p.ListKeys(True),
+        p.Repairs: p.Repairs("victim", [p.RepairResult(b"k", 1, True)]),
     }
     return examples[kind]
 

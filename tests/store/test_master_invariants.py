@@ -15,6 +15,7 @@ import logging
 import random
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from tests.store.rig import RpcFailed, ServiceRig
@@ -38,6 +39,7 @@ def _check_books(rig: ServiceRig) -> None:
     entries = [(k, m.size, m.replicas, m.held) for k, m in (*table.objects.items(), *table.suspended.items())]
     entries += [(k, m.size, m.replicas, ()) for k, m in table.upserts.items()]
     entries += [(b"<retired>", size, replicas, None) for _, size, replicas, _ in table.retired]
+    entries += [(k, r.size, (r.segment, r.offset), ()) for k, r in table.repairs.under_way.items()]
     for key, size, replicas, held in entries:
         flat = replicas if held is None else replicas + held
         for i in range(0, len(flat), 2):
@@ -55,6 +57,9 @@ def _check_books(rig: ServiceRig) -> None:
         assert seg.used == per_segment[name], f"segment {name}: allocator says {seg.used}, replicas {per_segment[name]}"
     assert segments.used == sum(per_segment[name] for name in segments.segments)
     assert all(not m.replicas and m.held and m.put is None for m in table.suspended.values())
+    for key, meta in (*table.objects.items(), *table.upserts.items(), *table.suspended.items()):
+        names = meta.all_replicas[::2]
+        assert len(set(names)) == len(names), f"{key!r} has two replicas on one segment: {names}"
     assert not table.suspended.keys() & table.objects.keys(), "a put of a suspended key supersedes it"
     pending = [m for m in table.objects.values() if m.put is not None] + list(table.upserts.values())
     assert all(m.put is not None for m in table.upserts.values())
@@ -97,6 +102,10 @@ def _step(rig: ServiceRig, rng: random.Random, tokens: list[tuple[str, bytes, in
     elif op < 0.86:
         rig.call(p.Disconnect(client))
         rig.hello(client)
+    elif op < 0.9:  # a holder reports its repairs (most succeed, some fail, some never) and takes new ones
+        mine = rig.__dict__.setdefault("repair_tasks", {}).pop(client, [])
+        done = [p.RepairResult(t.key, t.token, rng.random() < 0.8) for t in mine if rng.random() < 0.9]
+        rig.repair_tasks[client] = msgspec.convert(rig.call(p.Repairs(client, done)), list[p.RepairTask])
     else:
         for other in CLIENTS:
             if rng.random() < 0.97 and rig.heartbeat(other):
@@ -119,6 +128,7 @@ def test_random_operations_keep_the_books_balanced(seed: int, caplog: pytest.Log
         except RpcFailed as exc:
             assert exc.kind == "invalid", f"step {step}: {exc}"  # e.g. mounting a name another client owns
         _check_books(rig)
+    assert rig.service.objects.repairs.counters.started > 0, "the load has holders lapse and repair"
 
 
 def _check_tenants(rig: ServiceRig) -> None:

@@ -119,6 +119,7 @@ def test_a_tenant_cannot_touch_another_tenants_objects(rig: ServiceRig, kind: ty
         p.Remove: (p.Remove([b"k", b"p"], force=True), [Status.NOT_FOUND, Status.NOT_FOUND]),
         p.StatsRequest: (p.StatsRequest(), None),
         p.ListKeys: (p.ListKeys(True), ([], True)),
+        p.Repairs: (p.Repairs("b1", [p.RepairResult(b"k", alice.token, True)]), []),
     }
     body, expected = examples[kind]
     try:
