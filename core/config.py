@@ -168,13 +168,19 @@ def secret_from_env(environ: Mapping[str, str] | None = None) -> str | None:
         return secret
     if secret is not None:
         raise ConfigError(f"{ENV_PREFIX}SECRET and {SECRET_FILE_VARIABLE} are both set; set one")
+    return read_secret_file(path, SECRET_FILE_VARIABLE)
+
+
+def read_secret_file(path: str, what: str) -> str:
+    """The secret a file holds (trailing whitespace stripped); ``what`` names the setting that
+    gave the path. Raises ConfigError when it cannot be read or is empty."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read().rstrip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{SECRET_FILE_VARIABLE}={path!r} cannot be read: {exc}") from None
+        raise ConfigError(f"{what}={path!r} cannot be read: {exc}") from None
     if not text:
-        raise ConfigError(f"{SECRET_FILE_VARIABLE}={path!r} is empty")
+        raise ConfigError(f"{what}={path!r} is empty")
     return text
 
 

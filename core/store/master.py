@@ -42,75 +42,17 @@ class Session:
     """One client connection as the master sees it: the tenant it proved it acts for, the client
     it said hello as, and the key listing it is paging through (``ListKeys``)."""
 
-    __slots__ = ("__weakref__", "client_id", "listing", "listed", "tenant", "_prefix", "_key_prefix", "owns")
+    __slots__ = ("__weakref__", "client_id", "listing", "listed", "namespace")
 
     def __init__(self, tenant: str = t.DEFAULT) -> None:
         self.client_id: str | None = None  # as the master names it (in the tenant's namespace)
         self.listing: list[bytes] | None = None  # the keys present when the listing started
         self.listed = 0  # how many of them earlier pages covered
-        self.tenant = tenant
-        self._prefix = t.prefix(tenant)
-        self._key_prefix = self._prefix.encode()
-        self.owns = t.owns(tenant)
+        self.namespace = t.Namespace(tenant)
 
-    def enter(self, body: Any) -> str:
-        """Moves the names ``body`` carries into this session's namespace (in place); returns
-        why it may not come from this tenant ("" when it may). Only with tenants."""
-        pre, kpre = self._prefix, self._key_prefix
-        keys = getattr(body, "keys", None)
-        if not pre:  # the default tenant: no name may reach into a tenant's namespace
-            if keys and any(k[:1] == b"\0" for k in keys):
-                return "keys beginning with a NUL byte are reserved for tenants' namespaces on this master"
-            names = [getattr(body, f, "") for f in ("client_id", "name", "preferred_segment")]
-            names += getattr(body, "segments", None) or []
-            if any(n[:1] == t.SEP for n in names):
-                return "client ids and segment names beginning with a NUL character are reserved for tenants"
-            return ""
-        if keys:
-            body.keys = [kpre + k for k in keys]
-        if getattr(body, "client_id", None) is not None:
-            body.client_id = pre + body.client_id
-        if isinstance(body, (p.MountSegment, p.UnmountSegment)):
-            body.name = pre + body.name
-        elif isinstance(body, p.PutStart) and body.preferred_segment:
-            body.preferred_segment = pre + body.preferred_segment
-        elif isinstance(body, p.Heartbeat) and body.segments:
-            body.segments = [pre + n for n in body.segments]
-        elif isinstance(body, p.Repairs) and body.done:
-            body.done = [p.RepairResult(kpre + r.key, r.token, r.ok) for r in body.done]
-        return ""
-
-    def leave(self, body: Any, result: Any) -> Any:
-        """``result`` with this session's namespace taken out of the names it carries."""
-        pre = self._prefix
-        if not pre:
-            return result
-        if isinstance(body, p.PutStart):
-            for slot in result:
-                slot.locations = self._plain(slot.locations)
-        elif isinstance(body, p.Get):
-            for r in result[1]:
-                r.locations = self._plain(r.locations)
-        elif isinstance(body, p.ListKeys):
-            n = len(self._key_prefix)
-            result = [k[n:] for k in result[0]], result[1]
-        elif isinstance(body, p.Repairs):
-            n = len(self._key_prefix)
-            for task in result:
-                task.key, task.sources = task.key[n:], self._plain(task.sources)
-        return result
-
-    def text(self, message: str) -> str:
-        """An error message without this session's prefix in the names it quotes."""
-        if not self._prefix:
-            return message
-        return message.replace(repr(self._prefix)[1:-1], "").replace(self._prefix, "")
-
-
-    def _plain(self, locations: list[p.Location]) -> list[p.Location]:
-        pre = self._prefix
-        return [p.Location(loc.segment[len(pre):], loc.engine, loc.addr, loc.length)
-                if loc.segment.startswith(pre) else loc for loc in locations]
+    @property
+    def tenant(self) -> str:
+        return self.namespace.tenant
 
     def refusal(self, body: object, client_id: str) -> str:
         """Why a request naming ``client_id`` may not come on this connection ("" when it may)."""
@@ -258,7 +200,7 @@ class MasterService:
         if self.tenants is not None:
             # (a request on no connection - in-process callers - acts for the default tenant)
             self._session = session if session is not None else Session()
-            refusal = self._session.enter(body)
+            refusal = self._session.namespace.enter(body)
             if refusal:
                 self._failures.inc(reason="invalid")
                 return self._error(envelope.request_id, p.ErrorKind.INVALID, refusal)
@@ -268,7 +210,7 @@ class MasterService:
             refusal = session.refusal(body, client_id)
             if refusal:
                 self._failures.inc(reason="invalid")
-                return self._error(envelope.request_id, p.ErrorKind.INVALID, session.text(refusal))
+                return self._error(envelope.request_id, p.ErrorKind.INVALID, session.namespace.text(refusal))
         log = self.objects.journal
         if log is not None:
             before = len(log.ops)
@@ -285,7 +227,7 @@ class MasterService:
         except ConfigError as exc:
             self._failures.inc(reason="invalid")
             return self._error(envelope.request_id, p.ErrorKind.INVALID,
-                               session.text(str(exc)) if session is not None else str(exc))
+                               session.namespace.text(str(exc)) if session is not None else str(exc))
         except MasterNotReadyError as exc:
             self._failures.inc(reason="not_ready")
             return self._error(envelope.request_id, p.ErrorKind.NOT_READY, str(exc))
@@ -296,7 +238,7 @@ class MasterService:
         if log is not None and len(log.ops) > before:
             self.reply_seq = log.seq  # it changed something: its reply waits for this batch
         if self.tenants is not None:
-            result = self._session.leave(body, result)
+            result = self._session.namespace.leave(body, result)
         self._requests.inc(type=kind)
         self._latency.observe(time.perf_counter() - started, type=kind)
         try:
@@ -497,7 +439,7 @@ class MasterService:
                 raise ConfigError(f"{len(self._listings)} connections are listing keys already (at most "
                                   f"{MAX_LISTINGS}); retry once one has finished")
             keys = self.objects.objects
-            session.listing = list(keys) if self.tenants is None else [k for k in keys if session.owns(k)]
+            session.listing = list(keys) if self.tenants is None else [k for k in keys if session.namespace.owns(k)]
             session.listed = 0
             self._listings.add(session)
         elif session.listing is None:
@@ -565,7 +507,7 @@ class MasterService:
         return {
             "master_id": self.master_id,
             "tenant": tenant,
-            "keys": sum(1 for k, m in self.objects.objects.items() if m.put is None and session.owns(k)),
+            "keys": sum(1 for k, m in self.objects.objects.items() if m.put is None and session.namespace.owns(k)),
             "clients": sum(1 for c in self.segments.clients if t.tenant_of(c) == tenant),
             "segments": {t.plain(s.name): {"engine": s.engine, "capacity": s.capacity, "used": s.used} for s in own},
             "capacity_bytes": sum(s.capacity for s in own),

@@ -28,7 +28,7 @@ The file::
     secret_file = "/etc/tidekv/alice.secret"   # optional: the master's secret otherwise
     quota = "64 GiB"                            # optional: unlimited otherwise
 
-Neighbours: ``master`` (rewrites requests and replies), ``objects`` (usage and quotas),
+Neighbours: ``master`` (each connection's ``Namespace``), ``objects`` (usage and quotas),
 ``segments`` (placement), ``tidekv.auth`` (the Greeting's tenant).
 """
 
@@ -39,9 +39,11 @@ import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from tidekv.config import parse_size
+from tidekv.config import parse_size, read_secret_file
 from tidekv.errors import ConfigError
+from tidekv.store import protocol as p
 
 TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """A tenant's name: 1-64 letters, digits, '_', '.', '-', not starting with a punctuation mark."""
@@ -146,7 +148,7 @@ def load(path: str, master_secret: str | None) -> dict[str, Tenant]:
                               "known: secret_file, quota")
         secret = None
         if "secret_file" in settings:
-            secret = _read_secret(str(settings["secret_file"]), f"tenants.{name}.secret_file")
+            secret = read_secret_file(str(settings["secret_file"]), f"tenants.{name}.secret_file")
             if master_secret is None:
                 raise ConfigError(f"tenants file {path!r}: tenant {name!r} has a secret of its own but the master "
                                   "has none (TIDEKV_SECRET): anyone could connect as the default tenant; give the "
@@ -164,12 +166,76 @@ def load(path: str, master_secret: str | None) -> dict[str, Tenant]:
     return out
 
 
-def _read_secret(path: str, what: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read().rstrip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{what}={path!r} cannot be read: {exc}") from None
-    if not text:
-        raise ConfigError(f"{what}={path!r} is empty")
-    return text
+class Namespace:
+    """One tenant's names as a connection of that tenant sends and receives them: ``enter``
+    moves a request's keys, client ids and segment names into the tenant's namespace (in
+    place), ``leave`` takes it out of a reply, ``text`` out of an error message; ``owns``
+    tells whether an internal key is the tenant's. The default tenant's are refusals of names
+    reaching into a namespace, and no-ops."""
+
+    __slots__ = ("tenant", "_prefix", "_key_prefix", "owns")
+
+    def __init__(self, tenant: str = DEFAULT) -> None:
+        self.tenant = tenant
+        self._prefix = prefix(tenant)
+        self._key_prefix = self._prefix.encode()
+        self.owns = owns(tenant)
+
+    def enter(self, body: Any) -> str:
+        """Moves the names ``body`` carries into this session's namespace (in place); returns
+        why it may not come from this tenant ("" when it may). Only with tenants."""
+        pre, kpre = self._prefix, self._key_prefix
+        keys = getattr(body, "keys", None)
+        if not pre:  # the default tenant: no name may reach into a tenant's namespace
+            if keys and any(k[:1] == b"\0" for k in keys):
+                return "keys beginning with a NUL byte are reserved for tenants' namespaces on this master"
+            names = [getattr(body, f, "") for f in ("client_id", "name", "preferred_segment")]
+            names += getattr(body, "segments", None) or []
+            if any(n[:1] == SEP for n in names):
+                return "client ids and segment names beginning with a NUL character are reserved for tenants"
+            return ""
+        if keys:
+            body.keys = [kpre + k for k in keys]
+        if getattr(body, "client_id", None) is not None:
+            body.client_id = pre + body.client_id
+        if isinstance(body, (p.MountSegment, p.UnmountSegment)):
+            body.name = pre + body.name
+        elif isinstance(body, p.PutStart) and body.preferred_segment:
+            body.preferred_segment = pre + body.preferred_segment
+        elif isinstance(body, p.Heartbeat) and body.segments:
+            body.segments = [pre + n for n in body.segments]
+        elif isinstance(body, p.Repairs) and body.done:
+            body.done = [p.RepairResult(kpre + r.key, r.token, r.ok) for r in body.done]
+        return ""
+
+    def leave(self, body: Any, result: Any) -> Any:
+        """``result`` with this session's namespace taken out of the names it carries."""
+        pre = self._prefix
+        if not pre:
+            return result
+        if isinstance(body, p.PutStart):
+            for slot in result:
+                slot.locations = self._plain(slot.locations)
+        elif isinstance(body, p.Get):
+            for r in result[1]:
+                r.locations = self._plain(r.locations)
+        elif isinstance(body, p.ListKeys):
+            n = len(self._key_prefix)
+            result = [k[n:] for k in result[0]], result[1]
+        elif isinstance(body, p.Repairs):
+            n = len(self._key_prefix)
+            for task in result:
+                task.key, task.sources = task.key[n:], self._plain(task.sources)
+        return result
+
+    def text(self, message: str) -> str:
+        """An error message without this session's prefix in the names it quotes."""
+        if not self._prefix:
+            return message
+        return message.replace(repr(self._prefix)[1:-1], "").replace(self._prefix, "")
+
+
+    def _plain(self, locations: list[p.Location]) -> list[p.Location]:
+        pre = self._prefix
+        return [p.Location(loc.segment[len(pre):], loc.engine, loc.addr, loc.length)
+                if loc.segment.startswith(pre) else loc for loc in locations]
