@@ -360,6 +360,9 @@ class MasterConfig:
     max_buffered_bytes: int = 256 << 20
     """Bytes of unfinished requests the master holds over all connections; the connection that
     would pass it is closed. Default 256 MiB."""
+    max_pending_puts: int = 16384
+    """Puts one client may have started and not yet ended (each holds its bytes until put_end or
+    ``put_timeout_s``); a PutStart beyond it is refused with ``LimitExceededError``. Default 16384."""
     max_connections: int = 4096
     """Client connections open at once; more are closed as they come, with a logged reason. Default 4096."""
     tick_s: float = 0.1
@@ -430,6 +433,7 @@ class MasterConfig:
         _check_range("frame_timeout_s", self.frame_timeout_s, 0.05, 3600)
         _check_range("max_buffered_bytes", self.max_buffered_bytes, 1 << 16, 1 << 40)
         _check_range("max_connections", self.max_connections, 1, 1 << 20)
+        _check_range("max_pending_puts", self.max_pending_puts, 1, 1 << 24)
         _check_range("tick_s", self.tick_s, 0.001, 10)
         _check_range("busy_poll_us", self.busy_poll_us, 0, 100_000)
         if self.secret is not None and not self.secret:

@@ -90,6 +90,11 @@ class OutOfSpaceError(StoreError):
     """No segment has room even after evicting everything evictable."""
 
 
+class LimitExceededError(StoreError):
+    """The master refused a request of this client: it is at one of its per-client limits (the
+    message names it); nothing of the request was done."""
+
+
 class LeaseExpiredError(StoreError):
     """The read lease ran out before the read finished; the bytes may have been overwritten."""
 

@@ -89,6 +89,9 @@ def _add_master_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-buffered-bytes", type=int, default=None,
                         help=f"bytes of unfinished requests held over all connections; the connection that would "
                         f"pass it is closed (default {d.max_buffered_bytes})")
+    parser.add_argument("--max-pending-puts", type=int, default=None,
+                        help=f"puts one client may have started and not ended; more are refused (default "
+                        f"{d.max_pending_puts})")
     parser.add_argument("--max-connections", type=int, default=None,
                         help=f"client connections open at once; more are closed (default {d.max_connections})")
     parser.add_argument("--tick-s", type=float, default=None,

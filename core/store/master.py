@@ -38,6 +38,10 @@ from tidekv.store.segments import SegmentTable, SuspendedSegment
 logger = logging.getLogger(__name__)
 
 
+class _LimitError(Exception):
+    """A request beyond a per-client limit (answered with ``ErrorKind.LIMIT``)."""
+
+
 class Session:
     """One client connection as the master sees it: the tenant it proved it acts for, the client
     it said hello as, and the key listing it is paging through (``ListKeys``)."""
@@ -93,6 +97,8 @@ class MasterService:
         self._items = self.metrics.counter("tidekv_master_request_items_total", "keys carried by RPC requests, by type")
         self._failures = self.metrics.counter("tidekv_master_request_failures_total", "RPC requests refused, by reason")
         self._listings: weakref.WeakSet[Session] = weakref.WeakSet()  # sessions holding a key listing
+        self._limited = self.metrics.counter("tidekv_master_limit_refusals_total",
+                                             "requests refused for a per-client limit, by limit")
         self._latency = self.metrics.histogram("tidekv_master_request_seconds", "time to handle one RPC, by type")
         self._lease_expired = self.metrics.counter(
             "tidekv_lease_expiries_total", "reads that outlived their lease (reported by clients)"
@@ -228,6 +234,10 @@ class MasterService:
             self._failures.inc(reason="invalid")
             return self._error(envelope.request_id, p.ErrorKind.INVALID,
                                session.namespace.text(str(exc)) if session is not None else str(exc))
+        except _LimitError as exc:
+            self._failures.inc(reason="limit")
+            return self._error(envelope.request_id, p.ErrorKind.LIMIT,
+                               session.namespace.text(str(exc)) if session is not None else str(exc))
         except MasterNotReadyError as exc:
             self._failures.inc(reason="not_ready")
             return self._error(envelope.request_id, p.ErrorKind.NOT_READY, str(exc))
@@ -357,6 +367,11 @@ class MasterService:
             # the holders' next heartbeats re-mount theirs: "not yet", not "out of space".
             raise MasterNotReadyError(f"master {self.master_id} started {now - self.started:.1f} s ago and no holder "
                                       "has mounted a segment yet; holders re-mount within a heartbeat")
+        pending = self.objects.pending_by.get(m.client_id, 0)
+        if pending + len(m.keys) > self.config.max_pending_puts:
+            self._limited.inc(limit="max_pending_puts")
+            raise _LimitError(f"client {m.client_id!r} has {pending} puts started and not ended; {len(m.keys)} more "
+                              f"would pass max_pending_puts={self.config.max_pending_puts}: end or revoke some first")
         self.segments.touch(m.client_id, now)
         self._items.inc(len(m.keys), type="PutStart")
         put = self.objects.put_start

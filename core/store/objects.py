@@ -94,6 +94,7 @@ class ObjectTable:
         self.upserts: dict[bytes, ObjectMeta] = {}  # pending new versions of complete objects
         self.suspended: dict[bytes, ObjectMeta] = {}  # complete, every replica held: unreadable
         self.pending: dict[int, bytes] = {}  # token -> key of every pending put
+        self.pending_by: dict[str, int] = {}  # writer -> how many pending puts it has (``max_pending_puts``)
         # (free_at, size, replicas, tenant charged for them: None when not known, after a restore)
         self.retired: list[tuple[float, int, tuple[object, ...], str | None]] = []
         self.counters = TableCounters()
@@ -156,6 +157,7 @@ class ObjectTable:
                 if held is not None:  # a put of a suspended key replaces it (as the journal's Mirror does)
                     self._retire(key, held, now)
         self.pending[token] = key
+        self.pending_by[writer] = self.pending_by.get(writer, 0) + 1
         if self.journal is not None:
             self.journal.add(j.StartOp(token, key, size, list(flat), pin, existing is not None, writer, replicas), key)
         return PutSlot(Status.OK, token, self.locations(meta))
@@ -168,6 +170,7 @@ class ObjectTable:
             done = self.objects.get(key)
             return Status.OK if done is not None and done.put is None and done.token == token else Status.STALE
         del self.pending[token]
+        self._ended(meta.put.writer)
         if meta.put.is_upsert:
             del self.upserts[key]
             old = self.objects.pop(key, None)
@@ -299,6 +302,7 @@ class ObjectTable:
                 self.counters.objects_lost += 1
                 if meta.put is not None:
                     self.pending.pop(meta.put.token, None)
+                    self._ended(meta.put.writer)
         retired = []
         for t, size, r, tenant in self.retired:
             kept = _without(r, names)
@@ -331,6 +335,7 @@ class ObjectTable:
                     if not replicas:
                         del table[key]
                         del self.pending[meta.put.token]
+                        self._ended(meta.put.writer)
                         self.counters.puts_reclaimed += 1
                     continue
                 meta.held += tuple(v for pair in moved for v in pair)
@@ -411,6 +416,7 @@ class ObjectTable:
                               start.want)
             (self.upserts if start.is_upsert else self.objects)[start.key] = meta
             self.pending[start.token] = start.key
+            self.pending_by[start.writer] = self.pending_by.get(start.writer, 0) + 1
         self.quarantine_until = now + mirror.lease_ttl_s
         # Whose retired bytes these were is not kept: they count against no quota until freed.
         self.retired = [(max(t, self.quarantine_until), r.size, tuple(r.replicas), None) for t, r in mirror.retired]
@@ -509,10 +515,18 @@ class ObjectTable:
                 return meta
         return None
 
+    def _ended(self, writer: str) -> None:
+        left = self.pending_by[writer] - 1
+        if left:
+            self.pending_by[writer] = left
+        else:
+            del self.pending_by[writer]
+
     def _drop_pending(self, token: int) -> None:
         key = self.pending.pop(token)
         meta = self._pending_meta(key, token)
         assert meta is not None and meta.put is not None
+        self._ended(meta.put.writer)
         if meta.put.is_upsert:
             del self.upserts[key]
         else:

@@ -60,6 +60,7 @@ class ErrorKind(enum.StrEnum):
     NOT_READY = "not_ready"  # recovering its index, or not the leader (``result`` names the leader if known)
     INTERNAL = "internal"  # the master failed on this request (a bug; logged there); it keeps serving others
     AUTH = "auth"  # the connection failed authentication (request id 0); the master closes it
+    LIMIT = "limit"  # this client is at one of its limits (``MasterConfig.max_pending_puts``); retry after some end
 
 
 class Pin(enum.IntEnum):

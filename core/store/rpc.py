@@ -30,7 +30,7 @@ import msgspec
 
 from tidekv.config import DEFAULT_MAX_BATCH_KEYS, parse_host_port
 from tidekv.auth import ClientHandshake
-from tidekv.errors import (AuthenticationError, ConfigError, MasterNotReadyError, MasterUnavailableError,
+from tidekv.errors import (AuthenticationError, ConfigError, LimitExceededError, MasterNotReadyError, MasterUnavailableError,
                            ProtocolVersionError, RpcError)
 from tidekv.store import protocol as p
 
@@ -124,6 +124,8 @@ class MasterChannel:
             return ProtocolVersionError(reply.error)
         if reply.error_kind in (p.ErrorKind.INVALID, p.ErrorKind.OVERSIZED):
             return ConfigError(reply.error)
+        if reply.error_kind == p.ErrorKind.LIMIT:
+            return LimitExceededError(f"master {self.address} refused {type(body).__name__}: {reply.error}")
         return RpcError(f"master {self.address} refused {type(body).__name__}: {reply.error}")
 
     def close(self) -> None:

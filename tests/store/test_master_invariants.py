@@ -64,6 +64,11 @@ def _check_books(rig: ServiceRig) -> None:
     pending = [m for m in table.objects.values() if m.put is not None] + list(table.upserts.values())
     assert all(m.put is not None for m in table.upserts.values())
     assert sorted(table.pending) == sorted(m.put.token for m in pending if m.put is not None)
+    by_writer: dict[str, int] = {}
+    for m in pending:
+        assert m.put is not None
+        by_writer[m.put.writer] = by_writer.get(m.put.writer, 0) + 1
+    assert table.pending_by == by_writer, "max_pending_puts counts every pending put of each writer"
     stats = rig.stats()  # (with tenants: the default tenant's, the operator's view of all)
     assert stats["keys"] == sum(1 for m in table.objects.values() if m.put is None)
 
