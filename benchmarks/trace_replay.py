@@ -208,7 +208,7 @@ def main() -> int:
     ap.add_argument("--tbt-slo-ms", type=float, default=50.0)
     ap.add_argument("--columns", default=",".join(COLUMNS), help=f"any of {', '.join(COLUMNS)}")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--keep-logs", help="copy every server's log into this directory")
+    ap.add_argument("--keep-logs", help="copy every server's log and each replay's JSON (every request) here")
     ap.add_argument("--json", help="write every column's summary here")
     args = ap.parse_args()
     columns = args.columns.split(",")
@@ -237,7 +237,7 @@ def main() -> int:
         finally:
             if args.keep_logs:
                 Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
-                for log in logs.iterdir():
+                for log in [*logs.iterdir(), *tmp.glob("*-*.json")]:  # and each replay's every request
                     (Path(args.keep_logs) / log.name).write_bytes(log.read_bytes())
     report(rows)
     if args.json:
