@@ -257,7 +257,8 @@ def print_table(results: dict[str, Any]) -> None:
         if bar["ratio"] is None:
             print(f"  {bar['status']:<8}{what:<52} >= {bar['limit']:g}  ({bar['reason']})")
         else:
-            print(f"  {bar['status']:<8}{what:<52}{bar['ratio']:>6.2f}x >= {bar['limit']:g}")
+            digits = 3 if abs(bar["ratio"] - bar["limit"]) < 0.01 else 2  # 0.999 must not read as 1.00
+            print(f"  {bar['status']:<8}{what:<52}{bar['ratio']:>6.{digits}f}x >= {bar['limit']:g}")
 
 
 def all_checks_ok(results: dict[str, Any]) -> bool:
