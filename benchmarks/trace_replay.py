@@ -27,8 +27,11 @@ the replay. Reported per column: goodput (requests/s meeting both SLOs), SLO att
 TBT, both), TTFT p50/p90, errors by kind (``http_429``: shed by the conductor), the prefill
 servers' prefix-cache hit rates as vLLM counts them (``vllm:prefix_cache_*``: their own
 GPU-cache hits; ``vllm:external_prefix_cache_*``: tokens loaded from the store), over the
-replay, and the requests the proxy sent each prefill. ``--repeats N`` runs the columns N times
-in turn, to see the noise.
+replay, and the requests the proxy sent each prefill. For the conductor, its gauges are read from
+the proxy's /metrics every second (``conductor_gauges`` in the JSON: queued tokens, cost-model
+coefficients, decode leg and in-flight count, sheds, probes) and its estimated TTFT is compared
+with the one the proxy observed (``conductor_final``; a line under the table). ``--repeats N``
+runs the columns N times in turn, to see the noise.
 
 Usage: .venv-vllm/bin/python benchmarks/trace_replay.py [--sample-conversations 8] [--speedup 30]
            [--columns one,round_robin,prefix,store,conductor] [--repeats 1] [--json FILE]
@@ -43,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -117,6 +121,54 @@ def proxy_counts(url: str) -> dict[str, float]:
     return counts
 
 
+GAUGE = re.compile(r'^(tidekv_proxy_(?:prefill_queued_tokens|prefill_cost_\w+|decode_\w+|rejected_total|conductor_\w+))'
+                   r'(?:\{[^}]*"[^"]*:(\d+)"\}|\{[^}]*\})? (\S+)$')
+
+
+def conductor_gauges(text: str) -> dict[str, Any]:
+    """The conductor's gauges in a /metrics text: name -> value, or name -> {port: value} for
+    the per-instance ones."""
+    out: dict[str, Any] = {}
+    for line in text.splitlines():
+        m = GAUGE.match(line)
+        if m is None:
+            continue
+        name, port, value = m.group(1).removeprefix("tidekv_proxy_"), m.group(2), float(m.group(3))
+        if port is None:
+            out[name] = out.get(name, 0.0) + value
+        else:
+            out.setdefault(name, {})[port] = value
+    return out
+
+
+class GaugeRecorder:
+    """Reads the proxy's /metrics every ``interval_s`` while the replay runs (the conductor's
+    queued tokens, cost coefficients, decode leg, sheds and probes over time)."""
+
+    def __init__(self, url: str, interval_s: float = 1.0) -> None:
+        self.url, self.interval_s, self.samples = url, interval_s, []  # type: list[dict[str, Any]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._t0 = time.monotonic()
+
+    def __enter__(self) -> GaugeRecorder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                with urllib.request.urlopen(self.url + "/metrics", timeout=5) as resp:
+                    text = resp.read().decode()
+            except OSError:
+                continue
+            self.samples.append({"t_s": round(time.monotonic() - self._t0, 2), **conductor_gauges(text)})
+
+
 def replay(args: argparse.Namespace, target: str, metrics_urls: list[str], out: Path) -> dict[str, Any]:
     argv = [CLI_PYTHON, "-m", "tidekv", "trace", "replay", str(args.trace), "--target", target, "--model", "tiny",
             *slice_flags(args), "--speedup", str(args.speedup), "--scale-tokens",
@@ -157,10 +209,15 @@ def one_column(args: argparse.Namespace, name: str, model: str, logs: Path, out:
                 argv += ["--ttft-slo-ms", str(args.ttft_slo_ms)]
             with spawn(argv, "listening", "tidekv proxy"):
                 proxy = f"http://127.0.0.1:{port}"
-                summary = replay(args, proxy, [p0.url, p1.url], out)
+                with GaugeRecorder(proxy) as gauges:
+                    summary = replay(args, proxy, [p0.url, p1.url], out)
                 counts = proxy_counts(proxy)
                 summary["proxy_prefill_requests"] = [counts.get(str(p.port), 0.0) for p in (p0, p1)]
                 summary["proxy_rejected"] = counts.get("rejected", 0.0)
+                if name == "conductor":
+                    with urllib.request.urlopen(proxy + "/metrics", timeout=30) as resp:
+                        summary["conductor_final"] = conductor_gauges(resp.read().decode())
+                    summary["conductor_gauges"] = gauges.samples
                 return summary
 
 
@@ -170,7 +227,20 @@ def row(name: str, s: dict[str, Any]) -> dict[str, Any]:
             "ttft_attainment": s["ttft_attainment"], "tbt_attainment": s["tbt_attainment"],
             "ttft_p50_ms": s["ttft_ms"]["p50"], "ttft_p90_ms": s["ttft_ms"]["p90"], "errors": s["errors"],
             "local_hit_rate": rates.get("vllm:prefix_cache"), "store_hit_rate": rates.get("vllm:external_prefix_cache"),
-            "duration_s": s["duration_s"], "prefill_requests": s.get("proxy_prefill_requests")}
+            "duration_s": s["duration_s"], "prefill_requests": s.get("proxy_prefill_requests"),
+            "conductor": calibration(s.get("conductor_final"))}
+
+
+def calibration(final: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The conductor's estimates against what the proxy observed, from its last /metrics."""
+    if not final:
+        return None
+    n = final.get("conductor_observed_total", 0.0)
+    return {"observed": n, "probes": final.get("conductor_probes_total", 0.0),
+            "probes_met_slo": final.get("conductor_probes_met_slo_total", 0.0),
+            "mean_estimated_ttft_ms": final.get("conductor_estimated_ttft_seconds_sum", 0.0) / n * 1e3 if n else None,
+            "mean_observed_ttft_ms": final.get("conductor_observed_ttft_seconds_sum", 0.0) / n * 1e3 if n else None,
+            "mean_abs_error_ms": final.get("conductor_ttft_abs_error_seconds_sum", 0.0) / n * 1e3 if n else None}
 
 
 def report(rows: list[dict[str, Any]]) -> None:
@@ -186,6 +256,13 @@ def report(rows: list[dict[str, Any]]) -> None:
               f"{f(r['ttft_attainment'], '.1%')} / {f(r['tbt_attainment'], '.1%')} | {f(r['ttft_p50_ms'], '.0f')} / "
               f"{f(r['ttft_p90_ms'], '.0f')} | {f(r['local_hit_rate'], '.3f')} / {f(r['store_hit_rate'], '.3f')} | "
               f"{errors} | {' / '.join(f'{n:.0f}' for n in r['prefill_requests'] or []) or '-'} |")
+    for r in rows:
+        c = r.get("conductor")
+        if c and c["observed"]:
+            print(f"conductor ({r['column']}): TTFT estimated {c['mean_estimated_ttft_ms']:.0f} ms, observed at the "
+                  f"proxy {c['mean_observed_ttft_ms']:.0f} ms (mean over {c['observed']:.0f}; mean |error| "
+                  f"{c['mean_abs_error_ms']:.0f} ms); probes {c['probes']:.0f}, of them {c['probes_met_slo']:.0f} "
+                  f"met the TTFT SLO")
     by: dict[str, list[float]] = {}
     for r in rows:
         by.setdefault(r["column"], []).append(r["goodput_rps"] or 0.0)

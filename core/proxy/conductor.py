@@ -1,26 +1,46 @@
-"""The proxy's ``conductor`` policy (Mooncake's Conductor, FAST'25 §5): per request, estimate each
-prefill instance's time to first token and send the request to the smallest, or shed it early
-when even the smallest misses the TTFT SLO.
+"""The proxy's ``conductor`` policy (Mooncake's Conductor, FAST'25 §5): per request, estimate the
+time to first token through each prefill instance and send the request to the smallest, or shed
+it early when even the smallest misses the TTFT SLO.
 
-An instance's estimate is the prefill time of its queued work (prompt tokens it has been sent
-and not yet answered) plus the tokens this prompt would make it compute (the prompt minus the
-longest prefix it holds), through a per-instance cost model ``time = fixed + per_token * tokens``
-fitted online by least squares, with forgetting, to the instance's observed (tokens, seconds)
-pairs: for each answered prefill, the work ahead of it and its own uncached tokens at the time
-it was sent, and how long its answer took. Every answer, whichever instance gave it, ages every
-instance's observations by ``FORGET``, and each instance's coefficients are blended with those
-of the fit of all instances together (same model, same kind of machine), the fleet's counting as
-``PRIOR_WEIGHT`` observations against the weight of the instance's own: an
+The estimate has two legs, as the TTFT a client sees does. The prefill leg: the prefill time of
+the instance's queued work (prompt tokens it has been sent and not yet answered) plus the
+tokens this prompt would make it compute (the prompt minus the longest prefix it holds),
+through a per-instance cost model ``time = fixed + per_token * tokens`` fitted online by least
+squares, with forgetting, to the instance's observed (tokens, seconds) pairs: for each answered
+prefill, the work ahead of it and its own uncached tokens at the time it was sent, and how long
+its answer took. The decode leg: the time from handing the request to the decode instance to
+its first streamed token (pulling the KV, waiting for a slot, one step), through a model of the
+same form whose work is the number of requests that decode had in flight when it got the
+request; this is where a decode sharing cores with the prefills, or queueing behind its own
+requests, shows. Without a decode observation yet (or non-streaming requests only), the decode
+leg counts zero.
+
+Forgetting: every observation, whichever instance or leg gave it, ages every model's past
+observations by ``FORGET``, and by half every ``HALF_LIFE_S`` of time, so that after a quiet
+spell the next answers outweigh the old ones. Each prefill instance's coefficients are blended
+with those of the fit of all instances together (same model, same kind of machine), the
+fleet's counting as ``PRIOR_WEIGHT`` observations against the weight of the instance's own: an
 instance not yet observed takes the fleet's fit, and one that looked slow once and was then
-starved of requests drifts back to the fleet's instead of staying unchosen on stale evidence. What each instance holds comes from the
-store (``store_policy``: leading blocks in its segment, when the proxy has a master) and from the
-proxy's own memory of where prompts went (``routing.PrefixIndex``), whichever is longer.
+starved of requests drifts back to the fleet's instead of staying unchosen on stale evidence.
 
-When the prompt's token count is unknown, or no instance has been observed yet, the choice is
-the store policy's (most leading blocks held; ties and no holder take turns); so are ties
-between estimates (within ``TIE_S``). No I/O here and no clock: the server passes the times in.
-One event loop, no lock. Neighbours: ``routing`` (the Router and its turn), ``server`` (calls
-``choose``, ``sent`` and ``answered`` around each prefill request).
+Shedding only trusts fresh evidence. A model learns only from answers, and a shed request gives
+none: an estimate once over the SLO would stay there while nothing is in flight (benchmarks/
+trace_replay.py saw 750 requests in a row shed with empty queues). So a request whose best
+estimate is over the SLO is shed only while its estimate is fresh: the prefill instance has
+work in flight or answered within ``PROBE_AFTER_S``, and so has the decode. Otherwise it is
+sent as a probe, to the instance with the smallest stale estimate, and its answer renews the
+models. A probe costs little: it is a request the estimate had given up on. Probes, and whether
+they met the SLO (the proxy's TTFT: request in to first token out), are counted, as are the
+estimated and observed TTFTs of every admitted request, which says how far to trust a shed.
+
+What each instance holds comes from the store (``store_policy``: leading blocks in its
+segment, when the proxy has a master) and from the proxy's own memory of where prompts went
+(``routing.PrefixIndex``), whichever is longer. When the prompt's token count is unknown, or no
+instance has been observed yet, the choice is the store policy's (most leading blocks held;
+ties and no holder take turns); so are ties between estimates (within ``TIE_S``). No I/O here
+and no clock: the server passes the times in (``time.monotonic()``). One event loop, no lock.
+Neighbours: ``routing`` (the Router and its turn), ``server`` (calls ``choose``, ``sent``,
+``answered``, ``decode_sent``, ``first_token`` and ``finished`` around each request).
 """
 
 from __future__ import annotations
@@ -35,14 +55,19 @@ logger = logging.getLogger(__name__)
 TIE_S = 1e-3
 """Estimates this close to the best count as tied (then the store policy's rule picks)."""
 FORGET = 0.98
-"""Weight kept by past observations at each new answer of any instance: fits follow the last ~50."""
+"""Weight kept by past observations at each new observation of the same leg: fits follow the last ~50."""
+HALF_LIFE_S = 3.0
+"""Past observations also lose half their weight every this many seconds (a quiet spell ages them)."""
 PRIOR_WEIGHT = 1.0
-"""How many observations' worth of the fleet's fit is blended into each instance's own."""
+"""How many observations' worth of the fleet's fit is blended into each prefill instance's own."""
+PROBE_AFTER_S = 1.0
+"""An estimate is fresh this long after its leg's last observation (or while one is on its way)."""
 
 
 @dataclass
 class CostModel:
-    """Prefill seconds as ``fixed_s + per_token_s * tokens``, fitted to weighted observations."""
+    """Seconds as ``fixed_s + per_token_s * work``, fitted to weighted observations (work: prompt
+    tokens for a prefill, requests in flight for a decode)."""
 
     forget: float = FORGET
     _w: float = 0.0
@@ -103,12 +128,15 @@ class CostModel:
 
 @dataclass(frozen=True, slots=True)
 class Estimate:
-    """One instance's estimated TTFT for a request."""
+    """One instance's estimated TTFT for a request: ``ttft_s`` = prefill leg + ``decode_s``."""
 
     instance: int
     queued_tokens: int
     uncached_tokens: int
     ttft_s: float
+    decode_s: float = 0.0
+    fresh: bool = True
+    """Both legs' models saw an observation within PROBE_AFTER_S, or have one on its way."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +147,8 @@ class Decision:
         candidates: the instances the Router takes its turn among (with ``by_store``, the store
             policy's rule decides among them instead); one instance when the estimates decided.
         estimates: per instance, in order; empty when data was missing.
-        reject: the best estimate exceeds the SLO: answer 429 instead of prefilling.
+        reject: the best estimate exceeds the SLO and is fresh: answer 429 instead of prefilling.
+        probe: the best estimate exceeds the SLO but the candidate's is stale: send it anyway.
         reason: why, in words (logged; the 429's message).
     """
 
@@ -128,6 +157,7 @@ class Decision:
     by_store: bool
     reject: bool = False
     reason: str = ""
+    probe: bool = False
 
     @property
     def best_s(self) -> float | None:
@@ -137,29 +167,67 @@ class Decision:
 @dataclass
 class _Ticket:
     instance: int
+    decode: int
     work_tokens: int
     uncached_tokens: int
+    estimate_s: float | None
+    probe: bool
+    prefilling: bool = True
+    decode_work: int | None = None
+    """Requests the decode had in flight when it got this one; None: not sent to the decode."""
+    decode_sent_s: float = 0.0
+    awaiting_first_token: bool = False
+
+
+@dataclass
+class Calibration:
+    """How the estimates compared with what happened (the proxy's /metrics)."""
+
+    observed: int = 0
+    """Admitted requests whose first token the proxy saw, with an estimate made for them."""
+    estimated_s_sum: float = 0.0
+    observed_s_sum: float = 0.0
+    abs_error_s_sum: float = 0.0
+    probes: int = 0
+    probes_met_slo: int = 0
+    """Probes (requests the estimate would have shed) whose observed TTFT met the SLO."""
 
 
 @dataclass
 class Conductor:
-    """The estimator's state: queued work and cost model of each prefill instance."""
+    """The estimator's state: queued work and cost models of each prefill and decode instance."""
 
     num_instances: int
     ttft_slo_s: float | None = None
-    """Shed requests whose best estimate exceeds this; None: never shed."""
+    """Shed requests whose best estimate (fresh) exceeds this; None: never shed."""
+    num_decodes: int = 1
     queued_tokens: list[int] = field(default_factory=list)
     models: list[CostModel] = field(default_factory=list)
+    decode_models: list[CostModel] = field(default_factory=list)
+    decode_in_flight: list[int] = field(default_factory=list)
+    """Per decode: requests sent to it and not finished."""
+    calibration: Calibration = field(default_factory=Calibration)
+    _prefilling: list[int] = field(default_factory=list)
+    _awaiting_first_token: list[int] = field(default_factory=list)
+    _last_answer_s: list[float | None] = field(default_factory=list)
+    _last_first_token_s: list[float | None] = field(default_factory=list)
+    _last_observation_s: float | None = None
     _tickets: dict[int, _Ticket] = field(default_factory=dict)
     _next_ticket: int = 0
 
     def __post_init__(self) -> None:
         self.queued_tokens = [0] * self.num_instances
         self.models = [CostModel() for _ in range(self.num_instances)]
+        self._prefilling = [0] * self.num_instances
+        self._last_answer_s = [None] * self.num_instances
+        self.decode_models = [CostModel() for _ in range(self.num_decodes)]
+        self.decode_in_flight = [0] * self.num_decodes
+        self._awaiting_first_token = [0] * self.num_decodes
+        self._last_first_token_s = [None] * self.num_decodes
 
     def coefficients_of(self, instance: int) -> tuple[float, float] | None:
-        """(fixed_s, per_token_s) of the instance: its own fit and the fleet's, weighted by the
-        instance's observation weight and ``PRIOR_WEIGHT``; None before any observation."""
+        """(fixed_s, per_token_s) of the prefill instance: its own fit and the fleet's, weighted by
+        the instance's observation weight and ``PRIOR_WEIGHT``; None before any observation."""
         pooled = CostModel()
         for m in self.models:
             pooled = pooled.merged(m)
@@ -171,9 +239,19 @@ class Conductor:
         return ((w * f_own + PRIOR_WEIGHT * f_all) / (w + PRIOR_WEIGHT),
                 (w * k_own + PRIOR_WEIGHT * k_all) / (w + PRIOR_WEIGHT))
 
-    def estimates(self, prompt_tokens: int, cached_tokens: Sequence[int]) -> list[Estimate] | None:
+    def decode_leg_s(self, decode: int) -> float:
+        """The decode's estimated time from getting a request to its first token, at its present
+        number of requests in flight; 0 before any observation."""
+        model = self.decode_models[decode]
+        return model.predict(self.decode_in_flight[decode]) if model.is_calibrated else 0.0
+
+    def estimates(self, prompt_tokens: int, cached_tokens: Sequence[int], now_s: float,
+                  decode: int = 0) -> list[Estimate] | None:
         """Each instance's TTFT for a prompt of ``prompt_tokens`` of which instance ``i`` holds
-        ``cached_tokens[i]``; None when no instance has been observed yet."""
+        ``cached_tokens[i]``, its decode leg on ``decode``; None when no prefill has been observed yet."""
+        decode_s = self.decode_leg_s(decode)
+        decode_fresh = (not self.decode_models[decode].is_calibrated or self._awaiting_first_token[decode] > 0
+                        or _within(self._last_first_token_s[decode], now_s))
         out = []
         for i in range(self.num_instances):
             coefficients = self.coefficients_of(i)
@@ -181,50 +259,127 @@ class Conductor:
                 return None
             fixed_s, per_token_s = coefficients
             uncached = max(0, prompt_tokens - min(cached_tokens[i], prompt_tokens))
-            out.append(Estimate(i, self.queued_tokens[i], uncached,
-                                fixed_s + per_token_s * (self.queued_tokens[i] + uncached)))
+            prefill_s = fixed_s + per_token_s * (self.queued_tokens[i] + uncached)
+            fresh = decode_fresh and (self._prefilling[i] > 0 or _within(self._last_answer_s[i], now_s))
+            out.append(Estimate(i, self.queued_tokens[i], uncached, prefill_s + decode_s, decode_s, fresh))
         return out
 
-    def choose(self, prompt_tokens: int | None, cached_tokens: Sequence[int]) -> Decision:
+    def choose(self, prompt_tokens: int | None, cached_tokens: Sequence[int], now_s: float,
+               decode: int = 0) -> Decision:
         """Decides where a request goes (see the module docstring for the rule).
 
         Args:
             prompt_tokens: the prompt's length in tokens; None when unknown (the store rule decides).
             cached_tokens: per instance, the leading tokens of the prompt it holds.
+            now_s: the present time (monotonic seconds, as every time passed in).
+            decode: the decode instance the request will go to.
         """
         everyone = tuple(range(self.num_instances))
         if prompt_tokens is None:
             return Decision(everyone, (), by_store=True, reason="prompt length unknown")
-        estimates = self.estimates(prompt_tokens, cached_tokens)
+        estimates = self.estimates(prompt_tokens, cached_tokens, now_s, decode)
         if estimates is None:
             return Decision(everyone, (), by_store=True, reason="no prefill answer observed yet")
         best = min(e.ttft_s for e in estimates)
         tied = tuple(e.instance for e in estimates if e.ttft_s - best <= TIE_S)
+        shown = [round(e.ttft_s * 1e3) for e in estimates]
         if self.ttft_slo_s is not None and best > self.ttft_slo_s:
+            stale = [e for e in estimates if not e.fresh]
+            if stale:
+                probe = min(stale, key=lambda e: e.ttft_s)
+                return Decision((probe.instance,), tuple(estimates), by_store=False, probe=True,
+                                reason=f"estimated TTFT {shown} ms, over the SLO, but instance {probe.instance}'s "
+                                       f"estimate is stale: a probe")
             return Decision(tied, tuple(estimates), by_store=len(tied) > 1, reject=True,
                             reason=f"the best estimated TTFT is {best * 1e3:.0f} ms, over the SLO of "
                                    f"{self.ttft_slo_s * 1e3:.0f} ms (prefill queues "
-                                   f"{[e.queued_tokens for e in estimates]} tokens)")
-        return Decision(tied, tuple(estimates), by_store=len(tied) > 1,
-                        reason=f"estimated TTFT {[round(e.ttft_s * 1e3) for e in estimates]} ms")
+                                   f"{[e.queued_tokens for e in estimates]} tokens, decode leg "
+                                   f"{estimates[0].decode_s * 1e3:.0f} ms at {self.decode_in_flight[decode]} "
+                                   f"in flight)")
+        return Decision(tied, tuple(estimates), by_store=len(tied) > 1, reason=f"estimated TTFT {shown} ms")
 
-    def sent(self, instance: int, uncached_tokens: int) -> int:
-        """Notes a prefill request sent to ``instance``; returns its ticket for ``answered``."""
+    def sent(self, instance: int, uncached_tokens: int, decode: int = 0, estimate_s: float | None = None,
+             probe: bool = False) -> int:
+        """Notes a request sent to prefill ``instance`` (and later to ``decode``), estimated at
+        ``estimate_s``; returns its ticket for ``answered``, ``decode_sent``, ``first_token`` and
+        ``finished``."""
         self._next_ticket += 1
-        self._tickets[self._next_ticket] = _Ticket(instance, self.queued_tokens[instance] + uncached_tokens,
-                                                   uncached_tokens)
+        self._tickets[self._next_ticket] = _Ticket(instance, decode, self.queued_tokens[instance] + uncached_tokens,
+                                                   uncached_tokens, estimate_s, probe)
         self.queued_tokens[instance] += uncached_tokens
+        self._prefilling[instance] += 1
+        if probe:
+            self.calibration.probes += 1
         return self._next_ticket
 
-    def answered(self, ticket: int, elapsed_s: float | None) -> None:
+    def answered(self, ticket: int, elapsed_s: float | None, now_s: float) -> None:
         """The prefill of ``ticket`` ended after ``elapsed_s`` (None: it failed, nothing learned)."""
-        t = self._tickets.pop(ticket)
+        t = self._tickets[ticket]
+        if not t.prefilling:
+            return
+        t.prefilling = False
         self.queued_tokens[t.instance] -= t.uncached_tokens
+        self._prefilling[t.instance] -= 1
         if elapsed_s is not None and math.isfinite(elapsed_s) and elapsed_s >= 0:
+            self._age_by_time(now_s)
             for i, model in enumerate(self.models):
                 if i != t.instance:
                     model.age(FORGET)  # (observe ages the answering instance's own)
             self.models[t.instance].observe(t.work_tokens, elapsed_s)
+            self._last_answer_s[t.instance] = now_s
+
+    def decode_sent(self, ticket: int, now_s: float) -> None:
+        """The request of ``ticket`` goes to its decode now."""
+        t = self._tickets[ticket]
+        t.decode_work, t.decode_sent_s, t.awaiting_first_token = self.decode_in_flight[t.decode], now_s, True
+        self.decode_in_flight[t.decode] += 1
+        self._awaiting_first_token[t.decode] += 1
+
+    def first_token(self, ticket: int, now_s: float, ttft_s: float) -> None:
+        """The decode of ``ticket`` streamed its first token at ``now_s``; the client's request
+        came ``ttft_s`` before (the TTFT the proxy observed)."""
+        t = self._tickets[ticket]
+        if not t.awaiting_first_token or t.decode_work is None:
+            return
+        t.awaiting_first_token = False
+        self._awaiting_first_token[t.decode] -= 1
+        self._age_by_time(now_s)
+        for d, model in enumerate(self.decode_models):
+            if d != t.decode:
+                model.age(FORGET)
+        self.decode_models[t.decode].observe(t.decode_work, now_s - t.decode_sent_s)
+        self._last_first_token_s[t.decode] = now_s
+        c = self.calibration
+        if t.estimate_s is not None:
+            c.observed += 1
+            c.estimated_s_sum += t.estimate_s
+            c.observed_s_sum += ttft_s
+            c.abs_error_s_sum += abs(ttft_s - t.estimate_s)
+        if t.probe and self.ttft_slo_s is not None and ttft_s <= self.ttft_slo_s:
+            c.probes_met_slo += 1
+
+    def finished(self, ticket: int) -> None:
+        """The request of ``ticket`` is over, answered or failed at any stage."""
+        t = self._tickets.pop(ticket)
+        if t.prefilling:
+            self.queued_tokens[t.instance] -= t.uncached_tokens
+            self._prefilling[t.instance] -= 1
+        if t.decode_work is not None:
+            self.decode_in_flight[t.decode] -= 1
+        if t.awaiting_first_token:
+            self._awaiting_first_token[t.decode] -= 1
+
+    def _age_by_time(self, now_s: float) -> None:
+        last, self._last_observation_s = self._last_observation_s, now_s
+        if last is None or now_s <= last:
+            return
+        factor = 0.5 ** ((now_s - last) / HALF_LIFE_S)
+        for model in (*self.models, *self.decode_models):
+            model.age(factor)
+
+
+def _within(then_s: float | None, now_s: float) -> bool:
+    return then_s is not None and now_s - then_s <= PROBE_AFTER_S
 
 
 def reusable_tokens(prompt_tokens: int, cached_tokens: int, block_size: int | None) -> int:

@@ -286,6 +286,10 @@ class Router:
             self.prefix_index.record(choice, chain)
         return choice
 
+    def next_decode(self) -> int:
+        """The index of the decode instance ``pick_decode`` returns next (the conductor estimates its leg)."""
+        return self._next_decode % len(self.config.decode_urls)
+
     def pick_decode(self) -> str:
         """The next decode instance's base URL (round robin)."""
         urls = self.config.decode_urls

@@ -93,7 +93,8 @@ class ProxyServer:
         self._runner: web.AppRunner | None = None
         self._missing_kv_warning = WarnEvery()
         self._locator = StoreLocator(config.master, config.secret) if config.master else None
-        self.conductor = (Conductor(len(config.prefill_urls), config.ttft_slo_ms / 1e3 if config.ttft_slo_ms else None)
+        self.conductor = (Conductor(len(config.prefill_urls), config.ttft_slo_ms / 1e3 if config.ttft_slo_ms else None,
+                                    num_decodes=len(config.decode_urls))
                           if config.policy is RoutingPolicy.CONDUCTOR else None)
         self.metrics = Registry()
         self._requests = self.metrics.counter("tidekv_proxy_requests_total",
@@ -158,9 +159,30 @@ class ProxyServer:
         logger.info("proxy on %s stopped", self.address)
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
+        arrived_s = time.monotonic()
         body = await _client_json(request)
         headers = _forwarded_headers(request)
-        prefill_url, ticket = await self._pick_prefill(body, headers)
+        if self.conductor is None:
+            prefill_url, decode_url = await self._pick_prefill(body, headers), None
+            return await self._prefill_then_decode(request, body, headers, prefill_url, decode_url, None)
+        conductor = self.conductor
+        prefill_url, decode_url, ticket = await self._pick_conducted(body, headers, conductor)
+
+        def first_token() -> None:
+            now_s = time.monotonic()
+            conductor.first_token(ticket, now_s, now_s - arrived_s)
+
+        try:
+            return await self._prefill_then_decode(request, body, headers, prefill_url, decode_url,
+                                                   (ticket, first_token))
+        finally:
+            conductor.finished(ticket)
+
+    async def _prefill_then_decode(self, request: web.Request, body: dict[str, Any], headers: dict[str, str],
+                                   prefill_url: str, decode_url: str | None,
+                                   conducted: tuple[int, Callable[[], None]] | None) -> web.StreamResponse:
+        """The two legs of one request; ``decode_url`` None: the decode's turn is taken after the
+        prefill. ``conducted``: the conductor's ticket and what to call on the first token."""
         self._requests.inc(prefill=prefill_url)
         started_s = time.monotonic()
         elapsed_s: float | None = None
@@ -168,15 +190,16 @@ class ProxyServer:
             prefill = await self._call("prefill", prefill_url, "POST", request.path, prefill_request(body), headers)
             elapsed_s = time.monotonic() - started_s
         finally:
-            if ticket is not None and self.conductor is not None:
-                self.conductor.answered(ticket, elapsed_s)
+            if conducted is not None and self.conductor is not None:
+                self.conductor.answered(conducted[0], elapsed_s, time.monotonic())
         kv_params = prefill.get("kv_transfer_params")
         if not isinstance(kv_params, dict):
             self._warn_missing_kv(prefill_url)
             kv_params = None
         else:
             self.router.learn(prefill_url, kv_params)
-        decode_url = self.router.pick_decode()
+        if decode_url is None:
+            decode_url = self.router.pick_decode()
         logger.debug("request %s: prefill %s, decode %s, kv_transfer_params %s",
                      headers["X-Request-Id"], prefill_url, decode_url, kv_params)
         held = _held_blocks(kv_params)
@@ -185,6 +208,8 @@ class ProxyServer:
             if held is not None:
                 self._release(held, headers["X-Request-Id"], prefill_url, why, decode_took_it=decode_took_it)
 
+        if conducted is not None and self.conductor is not None:
+            self.conductor.decode_sent(conducted[0], time.monotonic())
         try:
             resp = await self._open("decode", decode_url, "POST", request.path, decode_request(body, kv_params),
                                     headers)
@@ -195,7 +220,8 @@ class ProxyServer:
             raise
         try:
             if body.get("stream") is True:
-                return await self._relay_stream(request, resp, decode_url, abandon)
+                return await self._relay_stream(request, resp, decode_url, abandon,
+                                                conducted[1] if conducted is not None else None)
             # A 200 answer without a stream comes when the decode has finished: it pulled.
             raw = await self._read("decode", decode_url, resp)
             return _passthrough(raw, resp)
@@ -221,18 +247,21 @@ class ProxyServer:
         timers.append(asyncio.get_running_loop().call_later(delay_s, fire))
         self._pending_releases.update(timers)
 
-    async def _pick_prefill(self, body: dict[str, Any], headers: dict[str, str]) -> tuple[str, int | None]:
-        """The prefill instance for a request, and the conductor's ticket for it (None under other policies)."""
-        if self.conductor is not None:
-            return await self._pick_conducted(body, headers, self.conductor)
+    async def _pick_prefill(self, body: dict[str, Any], headers: dict[str, str]) -> str:
+        """The prefill instance for a request under the policies other than the conductor."""
         if self._locator is None:
-            return self.router.pick_prefill(body), None
+            return self.router.pick_prefill(body)
         _, held = await self._held(body, headers)
-        return self.router.pick_prefill_held(held), None
+        return self.router.pick_prefill_held(held)
 
     async def _pick_conducted(self, body: dict[str, Any], headers: dict[str, str],
-                              conductor: Conductor) -> tuple[str, int]:
-        """conductor policy: estimates each instance's TTFT, sheds over the SLO (ProxyError 429)."""
+                              conductor: Conductor) -> tuple[str, str, int]:
+        """conductor policy: estimates each instance's TTFT, sheds over the SLO (ProxyError 429).
+
+        Returns:
+            The prefill's URL, the decode's (its turn taken now: its leg is in the estimate) and
+            the conductor's ticket.
+        """
         urls = self.config.prefill_urls
         tokens, held = await self._held(body, headers)
         text = prompt_text(body)
@@ -247,15 +276,21 @@ class ProxyServer:
                       cached_from_chars(n_tokens or 0, matched[i] * self.router.prefix_index.chunk_chars, len(text))),
                       cards[i].block_size if i in cards else block_size)
                   for i in range(len(urls))]
-        decision = conductor.choose(n_tokens, cached)
+        decode = self.router.next_decode()
+        decision = conductor.choose(n_tokens, cached, time.monotonic(), decode)
         if decision.reject:
             self._rejected.inc(reason="ttft_slo")
             raise ProxyError(f"request shed by the conductor policy: {decision.reason}; retry later or raise "
                              "--ttft-slo-ms", status=429, error_type="ttft_slo_exceeded")
+        if decision.probe:
+            logger.info("conductor policy: %s", decision.reason)
         choice = self.router.pick_prefill_conducted(decision, held, chain)
-        uncached = (decision.estimates[choice].uncached_tokens if decision.estimates
-                    else max(0, (n_tokens or 0) - cached[choice]))
-        return urls[choice], conductor.sent(choice, uncached)
+        decode_url = self.router.pick_decode()  # no await since next_decode(): the same one
+        estimate = decision.estimates[choice] if decision.estimates else None
+        uncached = estimate.uncached_tokens if estimate is not None else max(0, (n_tokens or 0) - cached[choice])
+        ticket = conductor.sent(choice, uncached, decode, estimate.ttft_s if estimate is not None else None,
+                                probe=decision.probe)
+        return urls[choice], decode_url, ticket
 
     async def _held(self, body: dict[str, Any], headers: dict[str, str]) -> tuple[list[int] | None, dict[int, int]]:
         """The prompt's token ids (None: unknown) and, from the store, how many leading blocks each
@@ -298,10 +333,12 @@ class ProxyServer:
         return None
 
     async def _relay_stream(self, request: web.Request, resp: aiohttp.ClientResponse, decode_url: str,
-                            abandon: Callable[..., None]) -> web.StreamResponse:
+                            abandon: Callable[..., None],
+                            first_chunk: Callable[[], None] | None = None) -> web.StreamResponse:
         """Passes the decode's stream on as it comes. A stream that breaks, or whose client
         leaves, before its first chunk ``abandon``s the request (vLLM streams the status line
-        before it schedules the request, so the decode may not have pulled yet)."""
+        before it schedules the request, so the decode may not have pulled yet). ``first_chunk``
+        is called when the first chunk (vLLM: the first token) arrives."""
         import aiohttp
         from aiohttp import web
 
@@ -327,6 +364,8 @@ class ProxyServer:
                     abandon(str(error), decode_took_it=True)
                 await out.write(b"data: " + json.dumps(error.to_json()).encode() + b"\n\n")
                 break
+            if not relayed and first_chunk is not None:
+                first_chunk()
             try:
                 await out.write(chunk)
             except ConnectionResetError:
@@ -385,6 +424,31 @@ class ProxyServer:
                            "queued or uncached token", per_instance(lambda i: coefficient(i, 1)))
         self.metrics.gauge("tidekv_proxy_prefill_observations_total", "conductor: prefill answers the cost model "
                            "learned from", per_instance(lambda i: conductor.models[i].samples), kind="counter")
+        decodes = self.config.decode_urls
+
+        def per_decode(value: Callable[[int], float]) -> Callable[[], dict[tuple[tuple[str, str], ...], float]]:
+            return lambda: {(("decode", url),): value(d) for d, url in enumerate(decodes)}
+
+        self.metrics.gauge("tidekv_proxy_decode_in_flight", "conductor: requests sent to a decode instance and not "
+                           "finished", per_decode(lambda d: conductor.decode_in_flight[d]))
+        self.metrics.gauge("tidekv_proxy_decode_leg_seconds", "conductor: the estimated time from handing a request "
+                           "to the decode to its first token, at its present load", per_decode(conductor.decode_leg_s))
+        self.metrics.gauge("tidekv_proxy_decode_observations_total", "conductor: first tokens the decode leg's model "
+                           "learned from", per_decode(lambda d: conductor.decode_models[d].samples), kind="counter")
+        c = conductor.calibration
+
+        def total(value: Callable[[], float]) -> Callable[[], dict[tuple[tuple[str, str], ...], float]]:
+            return lambda: {(): float(value())}
+
+        for name, text, value in (
+                ("observed_total", "admitted requests whose estimated and observed TTFT are both known", lambda: c.observed),
+                ("estimated_ttft_seconds_sum", "sum of the estimated TTFT of those requests", lambda: c.estimated_s_sum),
+                ("observed_ttft_seconds_sum", "sum of their TTFT seen by the proxy (request in to first token out)",
+                 lambda: c.observed_s_sum),
+                ("ttft_abs_error_seconds_sum", "sum of |observed - estimated| TTFT", lambda: c.abs_error_s_sum),
+                ("probes_total", "requests over the SLO by a stale estimate, sent to renew it", lambda: c.probes),
+                ("probes_met_slo_total", "probes whose observed TTFT met the SLO", lambda: c.probes_met_slo)):
+            self.metrics.gauge(f"tidekv_proxy_conductor_{name}", f"conductor: {text}", total(value), kind="counter")
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         url = self.router.pick_decode()

@@ -104,6 +104,8 @@ class FakeBackend:
     """prefill: the hold table its answers' contract names (where the proxy releases a failed decode's blocks)."""
     prefill_delay_s: float = 0.0
     """prefill: how long it takes to answer a generation request (its "prefill time")."""
+    first_chunk_delay_s: float = 0.0
+    """decode streams: how long after the status line the first chunk (token) comes."""
     url: str = ""
     _runner: web.AppRunner | None = None
 
@@ -158,6 +160,7 @@ class FakeBackend:
         await out.prepare(request)
         if self.mode is Mode.MUTE_STREAM:
             await asyncio.sleep(HANG_S)
+        await asyncio.sleep(self.first_chunk_delay_s)
         try:
             for i in range(self.stream_chunks):
                 event = {"choices": [{"text": f"tok{i}"}], "served_by": self.name}
