@@ -1,8 +1,9 @@
 """`tidekv proxy --policy conductor` in front of real vLLM: two prefill servers saving into their
 own store segments and a decode. Through the conductor the answers are the baseline's, every
 answered prefill calibrates the cost model (the proxy's /metrics), and with a TTFT SLO below
-any real prefill time the first request (no data yet) is served and the next one shed with 429
-before it reaches a prefill."""
+any real prefill time the first request (no data yet) is served, requests on stale estimates go
+as probes (counted), and the first one on fresh evidence is shed with 429 before it reaches a
+prefill."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def metrics(url: str) -> str:
 
 def test_conductor_on_real_vllm(tiny_model: str, prompts: list[str], baseline: PhaseResult, tmp_path: Path) -> None:
     """Answers through the conductor are the baseline's; each answered prefill is one observation
-    of the cost model; under an SLO no prefill can meet, the second request is shed with 429."""
+    of the cost model; under an SLO no prefill can meet, requests are shed with 429 once the
+    estimates are fresh (after at most a probe or two)."""
     segment = 64 << 20
     with tidekv_up() as master, \
             OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(master=master, store_segment_size=segment),
@@ -81,11 +83,22 @@ def test_conductor_on_real_vllm(tiny_model: str, prompts: list[str], baseline: P
                 assert len(fixed) == len(per_token) == 2, text
                 assert all(f + k * 1000 > 0 for f, k in zip(fixed, per_token)), text  # a prefill takes time
             with conductor_proxy([p0.url, p1.url], dec.url, master, "--ttft-slo-ms", "0.001") as proxy:
-                body = {"model": "tiny", "prompt": "the first of two prompts " * 8, "max_tokens": 2}
+                body = {"model": "tiny", "prompt": "the first of several prompts " * 8, "max_tokens": 2}
                 assert post(proxy + "/v1/completions", body)[0] == 200  # no answer observed yet: served
-                status, answer = post(proxy + "/v1/completions", {**body, "prompt": "and the second one " * 8})
-                assert status == 429 and answer["error"]["type"] == "ttft_slo_exceeded", answer
-                assert 'tidekv_proxy_rejected_total{reason="ttft_slo"} 1' in metrics(proxy)
+                # Over the SLO, a request whose estimate is stale (the other prefill has no answer of
+                # its own yet; an answer older than 1 s) goes as a probe; one on fresh evidence is shed.
+                statuses = []
+                for i in range(6):
+                    status, answer = post(proxy + "/v1/completions", {**body, "prompt": f"and prompt {i} " * 8})
+                    statuses.append(status)
+                    if status == 429:
+                        assert answer["error"]["type"] == "ttft_slo_exceeded", answer
+                        break
+                assert statuses[-1] == 429 and set(statuses[:-1]) <= {200}, statuses
+                text = metrics(proxy)
+                assert 'tidekv_proxy_rejected_total{reason="ttft_slo"} 1' in text, text
+                assert f"tidekv_proxy_conductor_probes_total {len(statuses) - 1}" in text, (statuses, text)
+                assert len(statuses) >= 2  # the second prefill, never observed, was probed first
         except BaseException:
             for name, server in servers.items():
                 print(f"----- {name} server log\n" + server.log()[-8000:])
