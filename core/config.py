@@ -365,6 +365,11 @@ class MasterConfig:
     ``put_timeout_s``); a PutStart beyond it is refused with ``LimitExceededError``. Default 16384."""
     max_connections: int = 4096
     """Client connections open at once; more are closed as they come, with a logged reason. Default 4096."""
+    verify_mounts: str = "auto"
+    """Whether a mount must prove its memory is the mounting process's own: the master asks the
+    named engine to vouch for the client's proof (``tidekv.store.mount_proof``) and refuses the
+    mount otherwise. "on", "off", or "auto" (default): on when the master has a secret (without
+    one anyone may do anything, and engines may be out of the master's reach)."""
     tick_s: float = 0.1
     """Period of housekeeping (liveness, reclaim, eviction). Default 0.1 s."""
     busy_poll_us: int = 200
@@ -434,6 +439,8 @@ class MasterConfig:
         _check_range("max_buffered_bytes", self.max_buffered_bytes, 1 << 16, 1 << 40)
         _check_range("max_connections", self.max_connections, 1, 1 << 20)
         _check_range("max_pending_puts", self.max_pending_puts, 1, 1 << 24)
+        if self.verify_mounts not in ("auto", "on", "off"):
+            raise ConfigError(f"verify_mounts={self.verify_mounts!r}: choose auto, on or off")
         _check_range("tick_s", self.tick_s, 0.001, 10)
         _check_range("busy_poll_us", self.busy_poll_us, 0, 100_000)
         if self.secret is not None and not self.secret:

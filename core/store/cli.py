@@ -92,6 +92,9 @@ def _add_master_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-pending-puts", type=int, default=None,
                         help=f"puts one client may have started and not ended; more are refused (default "
                         f"{d.max_pending_puts})")
+    parser.add_argument("--verify-mounts", choices=("auto", "on", "off"), default=None,
+                        help="refuse a mount unless the engine it names vouches that the memory is the mounting "
+                        "process's own; auto = on with a secret (default auto)")
     parser.add_argument("--max-connections", type=int, default=None,
                         help=f"client connections open at once; more are closed (default {d.max_connections})")
     parser.add_argument("--tick-s", type=float, default=None,

@@ -44,6 +44,7 @@ from tidekv.errors import (
     TidekvError,
     TransferError,
 )
+from tidekv.store import mount_proof
 from tidekv.store import protocol as p
 from tidekv.store import tenants
 from tidekv.store.protocol import Pin, Status
@@ -500,9 +501,10 @@ class Store:
 
     def _mount(self) -> p.MountResult:
         assert self._segment is not None
+        proof = mount_proof.prove(self.engine, self._segment, self._rpc.tenant, self.client_id, self.segment_name)
         result: p.MountResult = self._rpc.call(p.MountSegment(self.client_id, self.segment_name, self.engine.name,
                                                               self._segment.address, self._segment.length,
-                                                              self._incarnation))
+                                                              self._incarnation, proof))
         return result
 
     def _remount(self) -> None:

@@ -27,9 +27,11 @@ from collections.abc import Callable
 from typing import Any
 
 from tidekv.config import MasterConfig
-from tidekv.errors import ConfigError, MasterNotReadyError, ProtocolVersionError
+from tidekv.errors import (AuthenticationError, ConfigError, MasterNotReadyError, ProtocolVersionError,
+                           SegmentNotRegisteredError, TidekvError)
 from tidekv.metrics import Registry
 from tidekv.store import journal as j
+from tidekv.store import mount_proof
 from tidekv.store import protocol as p
 from tidekv.store import tenants as t
 from tidekv.store.objects import ObjectTable
@@ -100,6 +102,10 @@ class MasterService:
         self._limited = self.metrics.counter("tidekv_master_limit_refusals_total",
                                              "requests refused for a per-client limit, by limit")
         self._latency = self.metrics.histogram("tidekv_master_request_seconds", "time to handle one RPC, by type")
+        self.verify_mounts = config.verify_mounts == "on" or (config.verify_mounts == "auto" and bool(config.secret))
+        self._proven: tuple[str, str, str, int, int, bytes] | None = None  # the mount a check vouched for
+        self._mount_checks = self.metrics.counter("tidekv_master_mount_checks_total",
+                                                  "mounts checked with their engine (mount_proof), by outcome")
         self._lease_expired = self.metrics.counter(
             "tidekv_lease_expiries_total", "reads that outlived their lease (reported by clients)"
         )
@@ -166,11 +172,14 @@ class MasterService:
 
     # ---- entry points -------------------------------------------------------------------
 
-    def handle(self, data: bytes, session: Session | None = None) -> bytes:
+    def handle(self, data: bytes, session: Session | None = None) -> bytes | mount_proof.PendingMount:
         """Decodes one request, applies it, and returns the encoded reply (never raises).
 
         ``session``: the connection it came on. A request naming a client must come on the
         connection that client said hello on, so no connection acts for another client.
+
+        A mount that must be checked with its engine first (``verify_mounts``) is answered with a
+        ``PendingMount`` and nothing changed: run it, then pass it to ``checked``.
         """
         started = time.perf_counter()
         if len(data) > self.config.max_message_bytes:
@@ -241,6 +250,8 @@ class MasterService:
         except MasterNotReadyError as exc:
             self._failures.inc(reason="not_ready")
             return self._error(envelope.request_id, p.ErrorKind.NOT_READY, str(exc))
+        except mount_proof.Unproven as exc:
+            return mount_proof.PendingMount(data, envelope.request_id, session, exc)
         except Exception as exc:  # noqa: BLE001 - one request's failure must not take the master down
             return self._internal(envelope.request_id, kind, exc)
         if session is not None and isinstance(body, p.Hello):
@@ -255,6 +266,34 @@ class MasterService:
             return p.encode(p.Reply(envelope.request_id, result=result))
         except Exception as exc:  # noqa: BLE001 - e.g. a number beyond u64 in the reply
             return self._internal(envelope.request_id, kind, exc)
+
+    def checked(self, pending: mount_proof.PendingMount, error: BaseException | None) -> bytes:
+        """The reply to a mount once its check ran (``error``: what the check raised, None when
+        the engine vouched for it): the mount applied, or refused with ``ErrorKind.UNPROVEN``."""
+        u = pending.unproven
+        if error is None:
+            self._mount_checks.inc(outcome="vouched")
+            self._proven = u.key
+            try:
+                reply = self.handle(pending.data, pending.session)  # type: ignore[arg-type]
+            finally:
+                self._proven = None
+            if isinstance(reply, bytes):
+                return reply
+            return self._internal(pending.request_id, "MountSegment", RuntimeError("the check did not stick"))
+        segment, engine = t.plain(u.segment), u.engine
+        if isinstance(error, (AuthenticationError, SegmentNotRegisteredError)):
+            self._mount_checks.inc(outcome="refused")
+            why = f"engine {engine} does not vouch that [{u.base:#x}, +{u.capacity}) is the mounting process's own: {error}"
+        elif isinstance(error, TidekvError):
+            self._mount_checks.inc(outcome="unreachable")
+            why = (f"the master could not ask engine {engine} to vouch for the memory ({type(error).__name__}: {error}); "
+                   "it must reach every holder's engine, or run with verify_mounts off")
+        else:
+            return self._internal(pending.request_id, "MountSegment", error)  # type: ignore[arg-type]
+        self._failures.inc(reason="unproven")
+        logger.warning("refused the mount of segment %r by client %s: %s", segment, t.plain(u.client_id), why)
+        return self._error(pending.request_id, p.ErrorKind.UNPROVEN, f"mount of segment {segment!r} refused: {why}")
 
     def _internal(self, request_id: int, kind: str, exc: Exception) -> bytes:
         self._failures.inc(reason="internal")
@@ -313,6 +352,11 @@ class MasterService:
                               f"at most {MAX_INCARNATION_CHARS}")
         self.segments.check_mount(m.client_id, m.name, m.base, m.capacity)
         self.segments.check_memory(m.client_id, m.name, m.engine, m.base, m.capacity)
+        if self.verify_mounts:
+            unproven = mount_proof.Unproven(m.engine, self._engine_secret(), m.client_id, m.name, m.base, m.capacity,
+                                            m.proof)
+            if self._proven != unproven.key:
+                raise unproven
         held = self.segments.suspended.get(m.name)
         if held is not None:
             if held.matches(m.client_id, m.engine, m.base, m.capacity, m.incarnation):
@@ -545,6 +589,14 @@ class MasterService:
                            lambda: {(("tenant", n),): usage.get(n, 0) for n in (t.DEFAULT, *tenants)})
         self.metrics.gauge("tidekv_tenant_quota_bytes", "a tenant's quota",
                            lambda: {(("tenant", n),): q for n, q in (self.objects.quotas or {}).items()})
+
+    def _engine_secret(self) -> str | None:
+        """The secret the engines of the requesting client's tenant hold."""
+        if self.tenants is not None and self._session.tenant:
+            own = self.tenants[self._session.tenant].secret
+            if own is not None:
+                return own
+        return self.config.secret
 
     def tenant_secrets(self) -> dict[str, str | None] | None:
         """For ``tidekv.auth.ServerHandshake``: each tenant's own secret (None: the master's)."""

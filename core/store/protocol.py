@@ -15,16 +15,17 @@ from typing import Any, Generic, TypeVar, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 """v2: the ``not_ready`` error kind (a recovering master, a standby), idempotent put_end, and the
 replication stream between masters (``journal``). v3: ``MountSegment`` carries the holder's
 incarnation and is answered with a ``MountResult``: a holder declared dead has its segment
 suspended, not dropped, and gets its objects back by re-mounting (the journal's suspend/resume
 ops). v4: every connection opens with the ``tidekv.auth`` handshake (and the ``auth`` error kind).
 v5: ``ListKeys``. v6: tenants (``store.tenants``: the Greeting names one; ``Status.QUOTA`` and
-``PutSlot.detail``), and re-replication (``Repairs``)."""
+``PutSlot.detail``), and re-replication (``Repairs``). v7: ``MountSegment.proof``
+(``store.mount_proof``) and the ``unproven`` error kind."""
 
-MAGIC = b"tkv\x06"
+MAGIC = b"tkv\x07"
 """First bytes a client sends on a new connection (anything else is not a tidekv store client).
 The handshake (``tidekv.auth``: Greeting, Challenge, Proof, each a frame) follows it, before
 any request."""
@@ -61,6 +62,7 @@ class ErrorKind(enum.StrEnum):
     INTERNAL = "internal"  # the master failed on this request (a bug; logged there); it keeps serving others
     AUTH = "auth"  # the connection failed authentication (request id 0); the master closes it
     LIMIT = "limit"  # this client is at one of its limits (``MasterConfig.max_pending_puts``); retry after some end
+    UNPROVEN = "unproven"  # a mount whose engine did not vouch for its proof (``store.mount_proof``)
 
 
 class Pin(enum.IntEnum):
@@ -96,6 +98,7 @@ class MountSegment(msgspec.Struct, tag="mount", array_like=True):
     capacity: int
     incarnation: str = ""  # the holder's secret for its process's life (<= 128 chars): a segment
     # suspended after missed heartbeats comes back only to a mount quoting it; "" = never suspended
+    proof: bytes = b""  # the engine's region proof of [base, +capacity) (``store.mount_proof``)
 
 
 class UnmountSegment(msgspec.Struct, tag="unmount", array_like=True):

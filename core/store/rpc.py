@@ -124,6 +124,9 @@ class MasterChannel:
             return ProtocolVersionError(reply.error)
         if reply.error_kind in (p.ErrorKind.INVALID, p.ErrorKind.OVERSIZED):
             return ConfigError(reply.error)
+        if reply.error_kind == p.ErrorKind.UNPROVEN:
+            return AuthenticationError(f"master {self.address} refused {type(body).__name__}: {reply.error}",
+                                       peer=self.address)
         if reply.error_kind == p.ErrorKind.LIMIT:
             return LimitExceededError(f"master {self.address} refused {type(body).__name__}: {reply.error}")
         return RpcError(f"master {self.address} refused {type(body).__name__}: {reply.error}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import gc
 import json
 import logging
@@ -27,6 +28,7 @@ from tidekv.metrics import Counter
 from tidekv.store import protocol as p
 from tidekv.store.journal import JournalFile, Mirror, encode_ops
 from tidekv.store.master import MasterService, Session
+from tidekv.store.mount_proof import PendingMount
 from tidekv.store.replication import REPLICA_MAGIC, Replicator, decode_follow
 
 if TYPE_CHECKING:
@@ -68,6 +70,8 @@ class MasterServer:
             self._journal = JournalFile(config.state_dir)
             self.service.enable_journal()
             self.service.not_serving = f"is rebuilding its index from its journal in {config.state_dir}"
+        # Mount checks (mount_proof) wait on other processes' engines: never on the loop.
+        self.mount_checks = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="tidekv-mount-check")
         self.recovered = threading.Event()  # set once the index is back (at once without a journal)
         self.recovery_s = 0.0
         self.replicator: Replicator | None = None  # while leading a cluster
@@ -158,6 +162,7 @@ class MasterServer:
                 transport.close()
             if http is not None:
                 http.close()
+            self.mount_checks.shutdown(wait=False, cancel_futures=True)
             logger.info("tidekv master stopped")
 
     # ---- journal ------------------------------------------------------------------------
@@ -365,6 +370,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._is_standby = False  # a standby following this leader (replication.REPLICA_MAGIC)
         self._follows = False  # the standby's Follow was accepted: what comes now are acks
         self._queue: collections.deque[tuple[int, bytes]] = collections.deque()  # replies waiting for replication
+        self._checking: PendingMount | None = None  # a mount waiting for its engine to vouch for it
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -458,6 +464,8 @@ class _Connection(asyncio.BufferedProtocol):
         server = self._server
         if server.role is not None and not server.role.check_lease():
             return  # stepped down: this connection is closed
+        if self._checking is not None:
+            return  # its frames wait until the mount being checked is answered (in order)
         service = server.service
         handle = service.handle
         start, end = 0, len(buf)
@@ -471,19 +479,51 @@ class _Connection(asyncio.BufferedProtocol):
                 break
             payload = bytes(buf[start + p.FRAME_HEADER: start + p.FRAME_HEADER + size])
             start += p.FRAME_HEADER + size
-            reply = p.frame(handle(payload, self._session))
-            replies.append((reply, service.reply_seq))
+            reply = handle(payload, self._session)
+            if type(reply) is not bytes:  # a mount its engine must vouch for first (mount_proof)
+                del buf[:start]
+                self._answer(replies)
+                self._check(reply)
+                return
+            replies.append((p.frame(reply), service.reply_seq))
         del buf[:start]
-        if replies:
-            server._persist()
-            if server.role is not None and not server.role.check_lease():
-                return  # the lease may have passed while these were handled: no answer goes out
-            replicator = server.replicator
-            if replicator is None:
-                self._transport.write(b"".join(r for r, _ in replies) if len(replies) > 1 else replies[0][0])
-            else:
-                self._send_when_committed(replies, replicator.commit_seq)
-            server._handled()
+        self._answer(replies)
+
+    def _answer(self, replies: list[tuple[bytes, int]]) -> None:
+        """Persists what the requests changed and sends their replies (once replicated)."""
+        if not replies:
+            return
+        assert self._transport is not None
+        server = self._server
+        server._persist()
+        if server.role is not None and not server.role.check_lease():
+            return  # the lease may have passed while these were handled: no answer goes out
+        replicator = server.replicator
+        if replicator is None:
+            self._transport.write(b"".join(r for r, _ in replies) if len(replies) > 1 else replies[0][0])
+        else:
+            self._send_when_committed(replies, replicator.commit_seq)
+        server._handled()
+
+    def _check(self, pending: PendingMount) -> None:
+        """Runs a mount's check off the loop; this connection's later frames wait for its reply."""
+        assert self._transport is not None
+        self._checking = pending
+        self._transport.pause_reading()
+        service = self._server.service
+        future = asyncio.get_running_loop().run_in_executor(self._server.mount_checks, pending.run)
+        future.add_done_callback(lambda f: self._checked(pending, service, f))
+
+    def _checked(self, pending: PendingMount, service: MasterService, future: asyncio.Future[None]) -> None:
+        self._checking = None
+        transport = self._transport
+        if future.cancelled() or transport is None or transport.is_closing() or self._server.service is not service:
+            return  # the connection went, or this master stopped leading meanwhile
+        reply = service.checked(pending, future.exception())
+        self._answer([(p.frame(reply), service.reply_seq)])
+        transport.resume_reading()
+        if self._buf:
+            self._received(memoryview(b""))  # frames that came while it was checked
 
     def _authenticate(self) -> bool:
         """Runs the handshake (``tidekv.auth``) on the frames buffered so far: Greeting, then

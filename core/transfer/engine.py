@@ -196,6 +196,20 @@ class TransferEngine:
         with self._lock:
             self._regions.pop(region.address, None)
 
+    def region_proof(self, region: Region, context: bytes) -> bytes:
+        """This process's proof that ``region`` is its own memory, bound to ``context`` (32 bytes).
+
+        The proof is an HMAC under a key that never leaves this engine's process. A third party
+        asks this engine's listener whether it vouches for it (``_native.check_region_proof``),
+        so a process that names another engine's memory cannot prove it. The store's mounts use
+        it (``tidekv.store.mount_proof``).
+
+        Raises:
+            SegmentNotRegisteredError: the region is not registered on this engine.
+        """
+        self._check_open()
+        return self._native.region_proof(context, region.address, region.length)
+
     def transfer(self, requests: Sequence[TransferRequest]) -> TransferHandle:
         """Submits a batch of requests; returns at once with a handle (``wait()`` to block).
 

@@ -113,6 +113,7 @@ size_t ServerHandshake::wanted() const {
     case Step::kGreeting: return kGreetingBytes;
     case Step::kHello: return sizeof(wire::Hello) - kGreetingBytes;
     case Step::kAuth: return sizeof(wire::Auth);
+    case Step::kProof: return sizeof(wire::RegionProof);
     case Step::kDone: return 0;
   }
   return 0;
@@ -138,7 +139,7 @@ void ServerHandshake::feed(const uint8_t* data, const std::string& descriptor, A
   if (step_ == Step::kHello) {
     std::memcpy(reinterpret_cast<uint8_t*>(&hello_) + kGreetingBytes, data, sizeof(hello_) - kGreetingBytes);
     if (hello_.conn_type != uint32_t(wire::ConnType::kDescriptor) &&
-        hello_.conn_type != uint32_t(wire::ConnType::kData))
+        hello_.conn_type != uint32_t(wire::ConnType::kData) && hello_.conn_type != uint32_t(wire::ConnType::kRegionProof))
       TIDEKV_THROW(kPeerUnavailable, "unknown connection type " + std::to_string(hello_.conn_type) + " from " + what_);
     random_bytes(challenge_.nonce, sizeof(challenge_.nonce));
     append(reply, challenge_);
@@ -163,6 +164,15 @@ void ServerHandshake::feed(const uint8_t* data, const std::string& descriptor, A
   if (!secret_.empty()) std::memcpy(welcome.mac, server_mac(secret_, hello_.nonce, challenge_.nonce).mac, 32);
   append(reply, welcome);
   reply->append(descriptor);
+  if (hello_.conn_type == uint32_t(wire::ConnType::kRegionProof)) step_ = Step::kProof;
+}
+
+void ServerHandshake::feed_proof(const uint8_t* data, const RegionVerifier& verify, std::string* reply) {
+  wire::RegionProof proof{};
+  std::memcpy(&proof, data, sizeof(proof));
+  step_ = Step::kDone;
+  if (proof.magic != wire::kMagic) TIDEKV_THROW(kPeerUnavailable, "bad region proof magic from " + what_);
+  append(reply, wire::RegionVerdict{wire::kMagic, uint32_t(verify(proof))});
 }
 
 }  // namespace tidekv

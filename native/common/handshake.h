@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "common/descriptor.h"
@@ -27,11 +28,16 @@ Descriptor client_handshake(int fd, SocketReader& reader, wire::ConnType type, u
 // way; the reason is for the server's log and counters).
 enum class Admission { kAdmit, kLimit, kNoTransport };
 
+// What an engine answers a kRegionProof connection (common/region_proof.h): kOk, kNotRegistered
+// or kAuthFailed.
+using RegionVerifier = std::function<wire::Status(const wire::RegionProof&)>;
+
 class ServerHandshake {
  public:
   // kGreeting: magic and version only, so that a client of another version (whose Hello may
   // have another size) is answered with a version refusal instead of waiting for bytes.
-  enum class Step { kGreeting, kHello, kAuth, kDone };
+  // kProof: a kRegionProof connection, authenticated, sends its RegionProof (feed_proof).
+  enum class Step { kGreeting, kHello, kAuth, kProof, kDone };
   ServerHandshake(const std::string& secret, const std::string& what) : secret_(secret), what_(what) {}
   Step step() const { return step_; }
   // Bytes still expected before the next step (read no more than this: nothing may be read
@@ -41,6 +47,8 @@ class ServerHandshake {
   // server takes this connection (asked after the Hello: it has room for it, and serves the
   // transport it names); a refusal is sent as kRefused and thrown with its reason.
   void feed(const uint8_t* data, const std::string& descriptor, Admission admission, std::string* reply);
+  // Step kProof: consumes the RegionProof, appends `verify`'s verdict; the connection is done.
+  void feed_proof(const uint8_t* data, const RegionVerifier& verify, std::string* reply);
   const wire::Hello& hello() const { return hello_; }
 
  private:

@@ -8,9 +8,10 @@
 namespace tidekv::wire {
 
 constexpr uint32_t kMagic = 0x564b4454;  // "TDKV"
-constexpr uint32_t kProtocolVersion = 4;
+constexpr uint32_t kProtocolVersion = 5;
 
-enum class ConnType : uint32_t { kDescriptor = 1, kData = 2 };
+// kRegionProof: asks the engine to vouch for a range of its memory (RegionProof below), then closes.
+enum class ConnType : uint32_t { kDescriptor = 1, kData = 2, kRegionProof = 3 };
 
 enum class Status : uint32_t {
   kOk = 0,
@@ -82,6 +83,27 @@ struct SectionHeader {
 
 constexpr uint32_t kMaxDescriptorBytes = 64 << 10;
 
+// Client -> server on a kRegionProof connection, after the Welcome and its descriptor: does this
+// engine vouch for [base, base + length)? It does when a live region of its own covers the range
+// and `mac` is the engine's region proof for it (common/region_proof.h): an HMAC under a key that
+// never leaves the engine's process, so only that process can have made it. `context` binds the
+// proof to what it is for (a store master's digest of the mounting client and segment).
+struct RegionProof {
+  uint32_t magic;
+  uint32_t reserved;
+  uint64_t base;
+  uint64_t length;
+  uint8_t context[32];
+  uint8_t mac[32];
+};
+
+// Server -> client, then the connection closes. status: kOk (it vouches), kNotRegistered (no
+// live region of it covers the range), kAuthFailed (the proof is not this engine's).
+struct RegionVerdict {
+  uint32_t magic;
+  uint32_t status;
+};
+
 // One slice of a request. span_*: the whole request the slice belongs to; the server serves
 // the slice only when the whole span lies in one registered region, so a request that reaches
 // past its region fails whole and no slice of it lands.
@@ -109,6 +131,8 @@ static_assert(sizeof(Challenge) == 48);
 static_assert(sizeof(Welcome) == 48);
 static_assert(sizeof(DescriptorHeader) == 32);
 static_assert(sizeof(SectionHeader) == 8);
+static_assert(sizeof(RegionProof) == 88);
+static_assert(sizeof(RegionVerdict) == 8);
 static_assert(sizeof(RequestHeader) == 48);
 static_assert(sizeof(ResponseHeader) == 32);
 

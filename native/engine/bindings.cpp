@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/bindings_errors.h"
+#include "common/region_proof.h"
 #include "cuda/driver.h"
 #include "engine/engine.h"
 
@@ -136,6 +137,27 @@ void register_engine(py::module_& m) {
       "cuda_driver", [] { return py::make_tuple(cuda::Driver::get().available(), cuda::Driver::get().reason()); },
       "(available, reason): whether this process loaded and initialised the CUDA driver, and what it sees.");
 
+  m.def(
+      "check_region_proof",
+      [](const std::string& engine, const std::string& secret, const py::bytes& context, uint64_t base,
+         uint64_t length, const py::bytes& proof, int timeout_ms) {
+        std::string ctx = context, mac = proof;
+        if (ctx.size() != 32 || mac.size() != 32)
+          TIDEKV_THROW(kConfig, "a region proof and its context are 32 bytes each");
+        wire::RegionProof request{wire::kMagic, 0, base, length, {}, {}};
+        std::memcpy(request.context, ctx.data(), 32);
+        std::memcpy(request.mac, mac.data(), 32);
+        std::string host;
+        int port = 0;
+        split_host_port(engine, &host, &port);
+        py::gil_scoped_release release;
+        check_region_proof(host, port, secret, request, timeout_ms);
+      },
+      py::arg("engine"), py::arg("secret"), py::arg("context"), py::arg("base"), py::arg("length"), py::arg("proof"),
+      py::arg("timeout_ms"),
+      "Asks the engine at host:port whether it vouches for a region proof (common/region_proof.h); raises "
+      "SegmentNotRegisteredError, AuthenticationError or PeerUnavailableError when it does not.");
+
   py::class_<Engine>(m, "Engine")
       .def(py::init<EngineOptions>(), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("name", &Engine::name)
@@ -151,6 +173,12 @@ void register_engine(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("allocate", &Engine::allocate, py::arg("length"), py::arg("huge") = false, py::call_guard<py::gil_scoped_release>())
       .def("unregister", &Engine::unregister_region, py::arg("addr"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "region_proof",
+          [](const Engine& e, const py::bytes& context, uint64_t addr, uint64_t length) {
+            return py::bytes(e.region_proof(context, addr, length));
+          },
+          py::arg("context"), py::arg("addr"), py::arg("length"))
       .def("fetch_descriptor",
            [](Engine& e, const std::string& host, int port) {
              std::string d;

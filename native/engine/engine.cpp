@@ -11,6 +11,7 @@
 
 #include "common/errors.h"
 #include "common/handshake.h"
+#include "common/region_proof.h"
 #include "common/socket.h"
 #include "transport/registry.h"
 
@@ -77,12 +78,18 @@ Engine::Engine(EngineOptions options)
     }
     task->try_run();  // no workers any more: run it here (links are closed, it fails fast)
   };
-  listener_ = std::make_unique<Listener>(ctx_, [this](uint16_t id) -> Transport* {
-    for (size_t i = 0; i < transports_.size(); ++i)
-      if (uint16_t(transports_[i]->id()) == id && availability_[i].available && transports_[i]->accepts_connections())
-        return transports_[i].get();
-    return nullptr;
-  });
+  proof_key_.resize(32);
+  random_bytes(reinterpret_cast<uint8_t*>(proof_key_.data()), proof_key_.size());
+  listener_ = std::make_unique<Listener>(
+      ctx_,
+      [this](uint16_t id) -> Transport* {
+        for (size_t i = 0; i < transports_.size(); ++i)
+          if (uint16_t(transports_[i]->id()) == id && availability_[i].available &&
+              transports_[i]->accepts_connections())
+            return transports_[i].get();
+        return nullptr;
+      },
+      [this](const wire::RegionProof& proof) { return verify_region(proof); });
   Descriptor self;
   std::memcpy(self.instance, ctx_.instance, sizeof(self.instance));
   for (size_t i = 0; i < transports_.size(); ++i)
@@ -199,6 +206,23 @@ void Engine::unregister_region(uint64_t addr) {
     it->second.release();
     allocations_.erase(it);
   }
+}
+
+std::string Engine::region_proof(const std::string& context, uint64_t addr, uint64_t length) const {
+  if (context.size() != 32) TIDEKV_THROW(kConfig, "a region proof's context is 32 bytes, not " + std::to_string(context.size()));
+  if (length == 0 || !regions_.find(addr, length))
+    TIDEKV_THROW(kNotRegistered, "[" + hex(addr) + ", +" + std::to_string(length) +
+                                     ") is not inside a live region of this engine; only its own memory has a proof");
+  Digest mac = region_proof_mac(proof_key_, reinterpret_cast<const uint8_t*>(context.data()), addr, length);
+  return std::string(reinterpret_cast<const char*>(mac.data()), mac.size());
+}
+
+wire::Status Engine::verify_region(const wire::RegionProof& proof) const {
+  if (proof.length == 0 || !regions_.find(proof.base, proof.length)) return wire::Status::kNotRegistered;
+  Digest mac = region_proof_mac(proof_key_, proof.context, proof.base, proof.length);
+  uint8_t diff = 0;
+  for (size_t i = 0; i < mac.size(); ++i) diff |= uint8_t(mac[i] ^ proof.mac[i]);
+  return diff == 0 ? wire::Status::kOk : wire::Status::kAuthFailed;
 }
 
 std::string Engine::fetch_descriptor(const std::string& host, int port) {

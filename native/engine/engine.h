@@ -52,6 +52,12 @@ class Engine {
   // Unregisters (and frees, when allocate() made it) the region starting at addr.
   void unregister_region(uint64_t addr);
 
+  // This process's proof that [addr, +length) is its own memory, bound to `context` (32 bytes;
+  // common/region_proof.h). Throws kNotRegistered unless a live region of this engine covers it.
+  std::string region_proof(const std::string& context, uint64_t addr, uint64_t length) const;
+  // What the listener answers a peer that presents a region proof.
+  wire::Status verify_region(const wire::RegionProof& proof) const;
+
   // Asks host:port for its encoded descriptor (the direct handshake).
   std::string fetch_descriptor(const std::string& host, int port);
   // Adds or refreshes a peer from its encoded descriptor; returns its id for requests.
@@ -94,6 +100,7 @@ class Engine {
   int forced_ = -1;  // index into transports_, or -1 for auto
   std::unique_ptr<Listener> listener_;
   std::string descriptor_bytes_;
+  std::string proof_key_;  // random; never leaves this process (region proofs)
   std::mutex alloc_mu_;
   std::map<uint64_t, HostMemory> allocations_;  // by the registered address
 

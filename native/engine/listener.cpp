@@ -40,7 +40,8 @@ std::string peer_address(const sockaddr_storage& addr) {
 
 }  // namespace
 
-Listener::Listener(EngineContext& ctx, Router route) : ctx_(ctx), route_(std::move(route)) {
+Listener::Listener(EngineContext& ctx, Router route, RegionVerifier verify)
+    : ctx_(ctx), route_(std::move(route)), verify_(std::move(verify)) {
   listen_fd_ = listen_tcp(ctx.options.host, ctx.options.port, &port_);
   fcntl(listen_fd_, F_SETFL, fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
@@ -225,6 +226,11 @@ void Listener::advance(Pending* p) {
     }
     std::string reply;
     try {
+      if (p->handshake.step() == ServerHandshake::Step::kProof) {
+        p->handshake.feed_proof(p->buf, verify_, &reply);
+        (void)!::send(p->fd, reply.data(), reply.size(), MSG_NOSIGNAL);
+        return drop(p);
+      }
       if (p->handshake.step() == ServerHandshake::Step::kGreeting) {
         p->handshake.feed(p->buf, descriptor_, admission, &reply);
         continue;  // nothing to send yet, unless it threw
@@ -240,7 +246,7 @@ void Listener::advance(Pending* p) {
     // Replies are small and the socket is fresh: they fit its buffer, or the client is not
     // reading and is dropped.
     if (::send(p->fd, reply.data(), reply.size(), MSG_NOSIGNAL) != ssize_t(reply.size())) return drop(p);
-    if (p->handshake.step() != ServerHandshake::Step::kDone) continue;
+    if (p->handshake.step() != ServerHandshake::Step::kDone) continue;  // (kProof: its RegionProof comes next)
     if (hello.conn_type == uint32_t(wire::ConnType::kDescriptor)) return drop(p);
     Connection conn{p->fd, p->what, {}};
     std::memcpy(conn.instance, hello.instance, sizeof(conn.instance));

@@ -1,11 +1,12 @@
 // The engine's listener: one thread and an epoll set. It accepts connections, runs the server
 // half of the handshake on non-blocking sockets (a silent or slow client holds no thread and
-// is dropped at handshake_timeout), answers descriptor requests, and hands each authenticated
+// is dropped at handshake_timeout), answers descriptor requests and region proofs, and hands each authenticated
 // data connection to the transport its greeting names. Resource failures are refused and
 // counted, never fatal: out of descriptors, it sheds the backlog through a reserve descriptor
 // and logs once per interval; past max_connections it refuses.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -24,8 +25,8 @@ class Listener {
  public:
   // The transport that serves data connections with this wire id (nullptr: none).
   using Router = std::function<Transport*(uint16_t)>;
-  // Binds host:port (throws kConfig); serving starts with start().
-  Listener(EngineContext& ctx, Router route);
+  // Binds host:port (throws kConfig); serving starts with start(). `verify` answers region proofs.
+  Listener(EngineContext& ctx, Router route, RegionVerifier verify);
   ~Listener();
   int port() const { return port_; }
   // Starts the thread (throws kConfig when it cannot be had). `descriptor`: what descriptor
@@ -40,7 +41,7 @@ class Listener {
     int fd;
     std::string what;
     ServerHandshake handshake;
-    uint8_t buf[sizeof(wire::Hello)] = {};
+    uint8_t buf[std::max(sizeof(wire::Hello), sizeof(wire::RegionProof))] = {};
     size_t got = 0;
     std::chrono::steady_clock::time_point deadline;
   };
@@ -54,6 +55,7 @@ class Listener {
 
   EngineContext& ctx_;
   Router route_;
+  RegionVerifier verify_;
   std::string descriptor_;
   int listen_fd_ = -1;
   int epoll_fd_ = -1;

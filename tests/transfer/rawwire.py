@@ -17,12 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 MAGIC = 0x564B4454
-VERSION = 4
+VERSION = 5
 TRANSPORT_TCP = 1
 TRANSPORT_SHM = 2
 
 CONN_DESCRIPTOR = 1
 CONN_DATA = 2
+CONN_REGION_PROOF = 3
 
 STATUS_OK = 0
 STATUS_VERSION_MISMATCH = 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 
 import pytest
 
@@ -16,7 +17,7 @@ from tests.conftest import MakeEngine, SpawnTarget
 from tests.transfer import rawwire
 from tests.transfer.harness import TRANSPORTS, TargetProcess, initiator_config
 from tests.transfer.reference import pattern
-from tidekv import ProtocolVersionError, TransferEngine, TransferOp, TransferRequest
+from tidekv import ProtocolVersionError, TransferConfig, TransferEngine, TransferOp, TransferRequest
 from tidekv.errors import AuthenticationError
 
 pytestmark = pytest.mark.timeout(60)
@@ -192,3 +193,31 @@ def test_a_data_connection_for_a_transport_the_engine_lacks_is_refused_by_name(s
     engine = make_engine(initiator_config("tcp"))
     engine.connect(target.name)
     assert_serves(engine, target)
+
+
+def test_a_region_proof_connection_is_answered_once_and_only_after_the_secret(make_engine: MakeEngine) -> None:
+    """kRegionProof (common/region_proof.h) on the wire: with the secret, one RegionProof gets
+    one verdict and the connection closes; without it the Welcome refuses and no verdict comes;
+    a malformed proof is dropped and the engine goes on serving."""
+    secret = "proof-secret"
+    engine = make_engine(TransferConfig(secret=secret))
+    region = engine.allocate(1 << 16)
+    context = bytes(32)
+    proof = engine.region_proof(region, context)
+    verdict = struct.Struct("<II")
+
+    def ask(mac: bytes, magic: int = rawwire.MAGIC) -> bytes:
+        sock, status = rawwire.handshake(engine.name, secret, conn_type=rawwire.CONN_REGION_PROOF)
+        assert status == rawwire.STATUS_OK
+        with sock:
+            sock.sendall(struct.pack("<IIQQ32s32s", magic, 0, region.address, region.length, context, mac))
+            return sock.recv(64) + sock.recv(64)  # the verdict, then the close
+
+    assert ask(proof) == verdict.pack(rawwire.MAGIC, rawwire.STATUS_OK)
+    assert ask(bytes(32)) == verdict.pack(rawwire.MAGIC, rawwire.STATUS_AUTH_FAILED)
+    assert ask(proof, magic=0x1234) == b"", "a malformed proof is dropped without a verdict"
+    sock, status = rawwire.handshake(engine.name, None, conn_type=rawwire.CONN_REGION_PROOF)
+    with sock:
+        assert status == rawwire.STATUS_AUTH_FAILED
+        assert sock.recv(64) == b""
+    assert ask(proof) == verdict.pack(rawwire.MAGIC, rawwire.STATUS_OK), "the engine still serves"
