@@ -40,9 +40,11 @@ from tidekv.errors import (
     ObjectNotFoundError,
     OutOfSpaceError,
     PeerUnavailableError,
+    SegmentNotRegisteredError,
     StoreError,
     TidekvError,
     TransferError,
+    TransferTimeoutError,
 )
 from tidekv.store import mount_proof
 from tidekv.store import protocol as p
@@ -542,7 +544,10 @@ class Store:
                     warned = True
 
     def _put_spans(self, keys: list[bytes], spans: list[Span], pin: Pin, replicas: int | None, upsert: bool,
-                   preferred_segment: str | None = None) -> None:
+                   preferred_segment: str | None = None, avoid: tuple[str, ...] = ()) -> None:
+        """Puts each key's span. Keys whose writes failed because a holder is gone (dead,
+        stalled, restarted: the master has not noticed yet) are revoked and put once more with
+        those holders' engines avoided, so a holder's death costs a retry, not a failed put."""
         copies = self.config.replicas if replicas is None else replicas
         if isinstance(copies, bool) or not isinstance(copies, int) or not 1 <= copies <= 16:
             raise ConfigError(f"replicas={replicas!r} is out of range; allowed 1..16")
@@ -552,7 +557,7 @@ class Store:
                 raise ConfigError(f"object {show_key(key)} is empty; tidekv stores objects of at least 1 byte")
         if preferred_segment is None:
             preferred_segment = self.segment_name if self.config.prefer_local_segment else ""
-        request = p.PutStart(self.client_id, keys, sizes, copies, preferred_segment, int(pin), upsert)
+        request = p.PutStart(self.client_id, keys, sizes, copies, preferred_segment, int(pin), upsert, list(avoid))
         try:
             slots: list[p.PutSlot] = self._rpc.call(request)
         except MasterUnavailableError as exc:
@@ -584,6 +589,19 @@ class Store:
         revoked = [(k, s.token) for i, (k, s) in enumerate(zip(keys, slots)) if s.status == Status.OK and i in failed_writes]
         if revoked:
             self._rpc.call(p.PutRevoke(self.client_id, [k for k, _ in revoked], [t for _, t in revoked]))
+        again = [] if avoid else [i for i in sorted(failed_writes) if self._holder_gone(failures[keys[i]])]
+        if again:
+            lost = tuple(sorted({str(getattr(failures[keys[i]], "peer")) for i in again}))
+            first = {keys[i]: failures.pop(keys[i]) for i in again}
+            logger.info("store client %s: holder(s) %s unreachable; putting %d object(s) again elsewhere",
+                        self.client_id, ", ".join(lost), len(again))
+            try:
+                self._put_spans([keys[i] for i in again], [spans[i] for i in again], pin, replicas, upsert,
+                                preferred_segment, lost)
+            except (StoreError, TransferError) as exc:
+                # No room without those holders: the reason is the holder that is gone.
+                failures.update({k: first[k] if isinstance(e, OutOfSpaceError) else e
+                                 for k, e in (getattr(exc, "failed_keys", None) or {keys[again[0]]: exc}).items()})
         if ended:
             statuses = self._rpc.call(p.PutEnd(self.client_id, [k for k, _ in ended], [t for _, t in ended]))
             for (key, _), status in zip(ended, statuses):
@@ -593,6 +611,10 @@ class Store:
                         "holder died); retry", key=key)
         if failures:
             raise self._batch_error("put", failures)
+
+    def _holder_gone(self, error: StoreError | TransferError) -> bool:
+        """Whether a write failed because its holder (not this process) is gone or restarted."""
+        return isinstance(error, _HOLDER_GONE) and bool(error.peer) and error.peer != self.engine.name
 
     def _forget_unanswered_puts(self, keys: list[bytes]) -> None:
         """A put_start got no answer but may have been applied: its puts would stay pending (and
@@ -684,6 +706,10 @@ class Store:
         err = type(first)(f"{op} failed for {len(failures)} keys; first {show_key(first_key)}: {first}")
         err.failed_keys = failures  # type: ignore[union-attr]
         return err
+
+
+_HOLDER_GONE = (PeerUnavailableError, TransferTimeoutError, SegmentNotRegisteredError)
+"""Write failures that mean the holder is gone (or restarted) rather than that the put is wrong."""
 
 
 def _trim(parts: Span, size: int) -> Span:

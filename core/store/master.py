@@ -419,14 +419,15 @@ class MasterService:
         self.segments.touch(m.client_id, now)
         self._items.inc(len(m.keys), type="PutStart")
         put = self.objects.put_start
+        avoid = frozenset(m.avoid) if m.avoid else None
         if self.tenants is None:
             return [
-                put(m.client_id, key, size, m.replicas, m.preferred_segment, m.pin, m.upsert, now)
+                put(m.client_id, key, size, m.replicas, m.preferred_segment, m.pin, m.upsert, now, avoid=avoid)
                 for key, size in zip(m.keys, m.sizes)
             ]
         tenant = t.tenant_of(m.client_id)
         pool = self._pools[tenant]
-        slots = [put(m.client_id, key, size, m.replicas, m.preferred_segment, m.pin, m.upsert, now, pool)
+        slots = [put(m.client_id, key, size, m.replicas, m.preferred_segment, m.pin, m.upsert, now, pool, avoid)
                  for key, size in zip(m.keys, m.sizes)]
         refused = sum(1 for s in slots if s.status == p.Status.QUOTA)
         if refused:

@@ -112,9 +112,10 @@ class ObjectTable:
 
     def put_start(
         self, writer: str, key: bytes, size: int, replicas: int, preferred: str, pin: int, upsert: bool, now: float,
-        pool: Container[str] | None = None,
+        pool: Container[str] | None = None, avoid: Container[str] | None = None,
     ) -> PutSlot:
-        """``pool``: the tenants whose segments may hold the object (None: any segment)."""
+        """``pool``: the tenants whose segments may hold the object (None: any segment);
+        ``avoid``: engines whose segments may not (the writer could not reach them)."""
         if not key or len(key) > self.max_key_bytes or size <= 0 or replicas < 1 or pin not in (0, 1, 2):
             return PutSlot(Status.INVALID)
         existing = self.objects.get(key)
@@ -140,7 +141,7 @@ class ObjectTable:
             refusal = self._fit_quota(key, align(size) * replicas, now, keep, only)
             if refusal:
                 return PutSlot(Status.QUOTA, detail=refusal)
-        placed = self._allocate(size, replicas, preferred, now, keep, pool, only)
+        placed = self._allocate(size, replicas, preferred, now, keep, pool, only, avoid)
         if not placed:
             return PutSlot(Status.OUT_OF_SPACE)
         if self.quotas is not None:
@@ -492,10 +493,10 @@ class ObjectTable:
         self.usage[tenant] = self.usage.get(tenant, 0) + nbytes
 
     def _allocate(self, size: int, replicas: int, preferred: str, now: float, keep: bytes | None = None,
-                  pool: Container[str] | None = None,
-                  only: Callable[[bytes], bool] | None = None) -> list[tuple[str, int]]:
-        placed = self.segments.allocate(size, replicas, preferred, pool)
-        if placed or not self.segments.fits_anywhere(size, pool):
+                  pool: Container[str] | None = None, only: Callable[[bytes], bool] | None = None,
+                  avoid: Container[str] | None = None) -> list[tuple[str, int]]:
+        placed = self.segments.allocate(size, replicas, preferred, pool, avoid)
+        if placed or not self.segments.fits_anywhere(size, pool, avoid):
             return placed
         # Full: evict LRU objects and retry; fragmentation may need a few rounds.
         need = align(size) * replicas
@@ -503,7 +504,7 @@ class ObjectTable:
             self.free_retired(now)
             if self.evict(need, now, keep, only) == 0 and not self.retired:
                 break
-            placed = self.segments.allocate(size, replicas, preferred, pool)
+            placed = self.segments.allocate(size, replicas, preferred, pool, avoid)
             if placed:
                 return placed
             need *= 2

@@ -23,7 +23,7 @@ suspended, not dropped, and gets its objects back by re-mounting (the journal's 
 ops). v4: every connection opens with the ``tidekv.auth`` handshake (and the ``auth`` error kind).
 v5: ``ListKeys``. v6: tenants (``store.tenants``: the Greeting names one; ``Status.QUOTA`` and
 ``PutSlot.detail``), and re-replication (``Repairs``). v7: ``MountSegment.proof``
-(``store.mount_proof``) and the ``unproven`` error kind."""
+(``store.mount_proof``) and the ``unproven`` error kind; ``PutStart.avoid``."""
 
 MAGIC = b"tkv\x07"
 """First bytes a client sends on a new connection (anything else is not a tidekv store client).
@@ -124,6 +124,7 @@ class PutStart(msgspec.Struct, tag="put_start", array_like=True):
     preferred_segment: str = ""
     pin: int = Pin.NONE
     upsert: bool = False
+    avoid: list[str] = []  # engines to place no replica on (the writer's writes to them just failed)
 
 
 class PutEnd(msgspec.Struct, tag="put_end", array_like=True):

@@ -238,16 +238,16 @@ class SegmentTable:
 
     # ---- placement ----------------------------------------------------------------------
 
-    def allocate(self, size: int, replicas: int, preferred: str,
-                 pool: Container[str] | None = None) -> list[tuple[str, int]]:
+    def allocate(self, size: int, replicas: int, preferred: str, pool: Container[str] | None = None,
+                 avoid: Container[str] | None = None) -> list[tuple[str, int]]:
         """Places up to ``replicas`` copies of ``size`` bytes on distinct segments; with ``pool``,
-        only on segments of those tenants.
+        only on segments of those tenants; never on segments of the engines in ``avoid``.
 
         Returns (segment name, offset) pairs: as many as fit (best effort), possibly none.
         """
         placed: list[tuple[str, int]] = []
         pref = self.segments.get(preferred) if preferred else None
-        if pref is not None and pool is not None and pref.tenant not in pool:
+        if pref is not None and ((pool is not None and pref.tenant not in pool) or (avoid and pref.engine in avoid)):
             pref = None
         if pref is not None:
             offset = pref.allocator.allocate(size)
@@ -257,7 +257,7 @@ class SegmentTable:
             need = align(size)
             candidates = sorted(
                 (s for s in self.segments.values() if s is not pref and s.allocator.largest_free() >= need
-                 and (pool is None or s.tenant in pool)),
+                 and (pool is None or s.tenant in pool) and not (avoid and s.engine in avoid)),
                 key=lambda s: s.allocator.free,
                 reverse=True,
             )
@@ -290,9 +290,10 @@ class SegmentTable:
         seg.allocator.release(offset, size)
         self.used -= align(size)
 
-    def fits_anywhere(self, size: int, pool: Container[str] | None = None) -> bool:
+    def fits_anywhere(self, size: int, pool: Container[str] | None = None, avoid: Container[str] | None = None) -> bool:
         need = align(size)
-        return any(s.capacity >= need for s in self.segments.values() if pool is None or s.tenant in pool)
+        return any(s.capacity >= need for s in self.segments.values()
+                   if (pool is None or s.tenant in pool) and not (avoid and s.engine in avoid))
 
     def pool_usage(self, pool: Container[str]) -> tuple[int, int]:
         """(used, capacity) of the mounted segments of the tenants in ``pool``."""

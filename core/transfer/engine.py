@@ -20,7 +20,7 @@ from typing import Any
 
 from tidekv import _native
 from tidekv.config import TransferConfig
-from tidekv.errors import ConfigError, EngineClosedError
+from tidekv.errors import ConfigError, EngineClosedError, TransferError
 from tidekv.transfer.batch import TransferHandle, TransferRequest
 from tidekv.transfer.directory import DirectDirectory, PeerDirectory
 from tidekv.transfer.region import Region, memory_of
@@ -245,7 +245,12 @@ class TransferEngine:
             PeerUnavailableError, ProtocolVersionError, AuthenticationError: as for transfer().
         """
         self._check_open()
-        descriptor = self._directory.lookup(peer)
+        try:
+            descriptor = self._directory.lookup(peer)
+        except TransferError as exc:
+            if exc.peer is None:
+                exc.peer = peer  # (raised by the native handshake, which names it in the message only)
+            raise
         self._native.add_peer(peer, descriptor)
         reachable = self._native.peer_transports(peer)
         transport = reachable[0] if reachable else "none"
