@@ -520,7 +520,8 @@ class Store:
         result = self._mount()
         if result.outcome == p.MountOutcome.RESUMED:
             logger.warning("master %s had expired client %s; %d objects restored, %d superseded (re-put, upserted, "
-                           "removed or evicted meanwhile; their bytes in segment %s are free again)", self._rpc.address,
+                           "removed, evicted or copied elsewhere meanwhile; their bytes in segment %s are free again)",
+                           self._rpc.address,
                            self.client_id, result.restored, result.superseded, self.segment_name)
         elif result.outcome == p.MountOutcome.NEW:
             logger.warning("master %s had no record of segment %s (it restarted without its index, or dropped the "

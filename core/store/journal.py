@@ -278,6 +278,7 @@ class Mirror:
         elif isinstance(op, ResumeOp):
             held = self.suspended.pop(op.name, None)
             if held is not None:
+                self._trim_surplus(op.name)
                 self.segments[op.name] = held[0]
         elif isinstance(op, ObjectOp):
             self.objects[op.key] = op
@@ -297,6 +298,18 @@ class Mirror:
                 obj.replicas = [*obj.replicas, op.segment, op.offset]
             elif not op.ok:
                 self._retire(repair.size, [op.segment, op.offset], now)
+
+    def _trim_surplus(self, name: str) -> None:
+        """As ``ObjectTable.resume_segment``: an object whose replicas on mounted segments make up
+        its count drops its replica on the returning segment ``name``."""
+        for obj in self.objects.values():
+            segs = obj.replicas[::2]
+            if name not in segs:
+                continue
+            want = obj.want or len(segs)
+            if sum(1 for s in segs if s in self.segments) >= want:
+                obj.replicas = [v for i in range(0, len(obj.replicas), 2) if obj.replicas[i] != name
+                                for v in (obj.replicas[i], obj.replicas[i + 1])]
 
     def _retire(self, size: int, replicas: list[object], now: float) -> None:
         self.retired.append((now + self.lease_ttl_s, RetireOp(size, replicas)))

@@ -144,6 +144,9 @@ class MasterService:
                            lambda: {(): len(self.objects.repairs.under_way)})
         self.metrics.gauge("tidekv_objects_restored_total", "objects given back to a holder that returned",
                            lambda: {(): c.objects_restored}, kind="counter")
+        self.metrics.gauge("tidekv_replicas_trimmed_total",
+                           "replicas freed on a returning holder's segment: copies elsewhere had replaced them",
+                           lambda: {(): c.replicas_trimmed}, kind="counter")
         self.metrics.gauge("tidekv_objects_superseded_total",
                            "objects on a suspended segment replaced or removed before their holder returned",
                            lambda: {(): c.objects_superseded}, kind="counter")
@@ -378,7 +381,8 @@ class MasterService:
         if self.objects.journal is not None:
             self.objects.journal.add_everything(j.ResumeOp(name))
         logger.warning("client %s came back for its suspended segment %s: %d objects restored, %d superseded "
-                       "while it was away", client_id, name, restored, superseded)
+                       "while it was away (replaced, removed, evicted, or copied elsewhere)", client_id, name, restored,
+                       superseded)
         return p.MountResult(p.MountOutcome.RESUMED, restored, superseded)
 
     def _unmount(self, m: p.UnmountSegment, now: float) -> bool:

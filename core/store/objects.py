@@ -82,6 +82,7 @@ class TableCounters:
     replicas_lost: int = 0
     objects_lost: int = 0
     objects_restored: int = 0  # objects that got their held replicas back (their holder came back)
+    replicas_trimmed: int = 0  # held replicas freed when their holder came back: copies elsewhere had replaced them
     objects_superseded: int = 0  # objects held on a suspended segment that were replaced or removed meanwhile
     suspended_lost: int = 0  # objects lost because their holder did not come back within the grace
 
@@ -351,15 +352,24 @@ class ObjectTable:
 
     def resume_segment(self, name: str) -> int:
         """Gives the replicas held on ``name`` (a suspended segment mounted again) back to their
-        objects, which are readable again; returns how many objects got one back."""
+        objects, which are readable again; returns how many objects got one back. A replica an
+        object no longer needs (copies elsewhere made up its count meanwhile: ``repairs``) is
+        freed instead (``Mirror`` does the same on its ``ResumeOp``)."""
         restored = 0
         for table in (self.objects, self.suspended):
             for key in list(table):
                 meta = table[key]
                 if not meta.held or name not in meta.held[::2]:
                     continue
-                meta.replicas += tuple(v for s, o in _pairs(meta.held) if s == name for v in (s, o))
+                back = tuple(v for s, o in _pairs(meta.held) if s == name for v in (s, o))
                 meta.held = _without(meta.held, {name})
+                if len(meta.replicas) // 2 >= meta.want:
+                    self._release(meta.size, back)
+                    if self.quotas is not None:
+                        self.charge(key, -align(meta.size) * (len(back) // 2))
+                    self.counters.replicas_trimmed += 1
+                    continue
+                meta.replicas += back
                 restored += 1
                 if table is self.suspended:
                     del table[key]

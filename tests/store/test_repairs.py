@@ -161,3 +161,36 @@ def test_holders_killed_one_after_another_lose_nothing(spawn_master: SpawnMaster
         assert writer.get(key) == data, f"{key} lost with its holders"
     stats = writer.stats()
     assert stats["objects_lost"] == 0 and stats["repairs"]["failed"] == 0
+
+
+def test_a_returning_holder_gives_up_replicas_copied_elsewhere_meanwhile(rig: ServiceRig) -> None:
+    """a lapsed, c copied "k": when a comes back, k has its two replicas (b, c), so a's is freed
+    rather than making three; the same on a journal restore (Mirror's ResumeOp)."""
+    rig.service.enable_journal()
+    rig.service.take_ops()  # (the fixture's ops came before the journal: start from its snapshot)
+    mirror = Mirror(rig.config.lease_ttl_s)
+    mirror.apply(rig.service.snapshot(), rig.clock.now)
+    [task] = _repairs(rig, "c")
+    _repairs(rig, "c", [p.RepairResult(b"k", task.token, True)])
+    rig.put("b", b"only-b", 4096, replicas=2, preferred="seg-b")  # a is away: b and c
+    used_a = rig.service.segments.suspended["seg-a"].segment.used
+    assert used_a > 0
+    rig.hello("a")
+    result = rig.mount("a", "seg-a", SEG, incarnation="inc-a")
+    assert (result.outcome, result.restored, result.superseded) == (p.MountOutcome.RESUMED, 0, 1)
+    assert {loc.segment for loc in rig.get(b"k").locations} == {"seg-b", "seg-c"}
+    assert rig.service.segments.segments["seg-a"].used == 0, "a's copy of k is free again"
+    assert rig.service.objects.counters.replicas_trimmed == 1
+    mirror.apply(decode_ops(encode_ops(rig.service.take_ops()[1])), rig.clock.now)
+    restored = ServiceRig(client_ttl_s=1.0, put_timeout_s=5.0, lease_ttl_s=0.0)
+    restored.service.restore(mirror)
+    assert {loc.segment for loc in restored.get(b"k").locations} == {"seg-b", "seg-c"}
+    assert restored.service.segments.segments["seg-a"].used == 0
+
+
+def test_a_returning_holder_keeps_the_replicas_still_short(rig: ServiceRig) -> None:
+    """No copy was made while a was away: its replica of k comes back (k has two again)."""
+    rig.hello("a")
+    result = rig.mount("a", "seg-a", SEG, incarnation="inc-a")
+    assert (result.restored, result.superseded) == (1, 0)
+    assert {loc.segment for loc in rig.get(b"k").locations} == {"seg-a", "seg-b"}
