@@ -24,7 +24,7 @@ struct alignas(64) RegionSlot {
   uint64_t addr;
   uint64_t length;
   int32_t memfd;                   // engine-allocated shared memory, else -1
-  std::atomic<uint32_t> local_inflight;  // this engine's own socket I/O in progress
+  std::atomic<uint32_t> local_inflight;  // this engine's own socket I/O, and copies by this process, in progress
   MemoryKind memory_kind;
   int32_t device;
   uint8_t reserved[8];
@@ -87,7 +87,8 @@ class RegionTable {
   // Owner only. Throws kConfig on overlap with a live region or when the table is full.
   uint32_t add(uint64_t addr, uint64_t length, int32_t memfd, MemoryLocation location);
   // Owner only. Marks the region dead, then waits for copies in flight: this engine's own socket
-  // I/O always ends (each has an I/O timeout), a same-host peer's copy is waited for at most
+  // I/O always ends (each has an I/O timeout), and so does a copy by any engine of this
+  // process (its shm link takes local guards); a same-host peer's copy is waited for at most
   // peer_timeout_ms (a peer that died mid-copy never finishes it).
   // Returns the view of the removed region, nullopt when addr starts no live region.
   std::optional<RegionView> remove(uint64_t addr, int peer_timeout_ms);

@@ -44,8 +44,11 @@ std::shared_ptr<ShmLink> ShmLink::open(EngineContext& ctx, const std::string& pe
   }
   int pidfd = pidfd_open(d.pid);
   if (pidfd < 0) return nullptr;
+  // The table came through /proc/<our pid>/fd and carries the peer's token: the peer is an
+  // engine of this process, whose memory needs no cross-memory attach.
+  bool is_same_process = d.pid == getpid();
   bool cma_ok = false;
-  if (ctx.options.enable_cross_memory_attach) {
+  if (ctx.options.enable_cross_memory_attach && !is_same_process) {
     uint8_t probe[16] = {0};
     iovec local{probe, sizeof(probe)};
     iovec remote{reinterpret_cast<void*>(d.token_addr), sizeof(probe)};
@@ -58,12 +61,14 @@ std::shared_ptr<ShmLink> ShmLink::open(EngineContext& ctx, const std::string& pe
                             "; see /proc/sys/kernel/yama/ptrace_scope): same-host transfers into memory not "
                             "obtained from allocate() fall back to tcp");
   }
-  return std::shared_ptr<ShmLink>(new ShmLink(ctx, peer_name, d.pid, pidfd, std::move(*table), cma_ok));
+  return std::shared_ptr<ShmLink>(
+      new ShmLink(ctx, peer_name, d.pid, pidfd, std::move(*table), cma_ok, is_same_process));
 }
 
-ShmLink::ShmLink(EngineContext& ctx, std::string peer_name, int pid, int pidfd, RegionTable table, bool cma_ok)
+ShmLink::ShmLink(EngineContext& ctx, std::string peer_name, int pid, int pidfd, RegionTable table, bool cma_ok,
+                 bool is_same_process)
     : ctx_(ctx), peer_name_(std::move(peer_name)), pid_(pid), pidfd_(pidfd), table_(std::move(table)),
-      cma_ok_(cma_ok) {}
+      cma_ok_(cma_ok), is_same_process_(is_same_process) {}
 
 ShmLink::~ShmLink() {
   for (auto& [slot, m] : mappings_) munmap(m.base, m.length);
@@ -78,10 +83,11 @@ bool ShmLink::is_peer_alive() const {
 int ShmLink::preference(const Request& r, MemoryLocation local) const {
   constexpr int kSameHost = 10;  // beats any network transport
   if (local.kind != MemoryKind::kCpu) return 0;
+  bool reaches_any = cma_ok_ || is_same_process_;
   auto view = table_.find(r.remote_addr, r.length);
-  if (!view) return cma_ok_ ? kSameHost : 0;  // unregistered: the copy reports it the way tcp would
+  if (!view) return reaches_any ? kSameHost : 0;  // unregistered: the copy reports it the way tcp would
   if (view->location.kind != MemoryKind::kCpu) return 0;
-  return view->memfd >= 0 || cma_ok_ ? kSameHost : 0;
+  return view->memfd >= 0 || reaches_any ? kSameHost : 0;
 }
 
 std::string ShmLink::refusal(const Request& r, MemoryLocation local) const {
@@ -136,7 +142,7 @@ void ShmLink::run(Batch& batch, const std::vector<Slice>& slices) {
     batch.fail_slice(slices[i].request, e.kind(), std::string(e.what()) + describe(slices[i]));
   };
   // Cross-memory-attach slices in a row (a KV hand-off: a few KiB per layer and block) go in one
-  // process_vm_readv/writev; memfd-backed ones are copied on the spot.
+  // process_vm_readv/writev; memfd-backed ones and a same-process peer's are copied on the spot.
   std::vector<size_t> cma;
   std::vector<iovec> local, remote;
   std::vector<RegionTable::Guard> guards;
@@ -175,8 +181,13 @@ void ShmLink::run(Batch& batch, const std::vector<Slice>& slices) {
       // The whole request must lie in one region, not just this slice: no part of a request
       // that reaches past its region may land.
       const Request& q = batch.requests()[s.request];
-      auto guard = table_.acquire(q.remote_addr, q.length, /*is_local=*/false);
+      auto guard = table_.acquire(q.remote_addr, q.length, /*is_local=*/is_same_process_);
       if (!guard) TIDEKV_THROW(kNotRegistered, "peer " + peer_name_ + " has no registered region holding the range");
+      if (is_same_process_) {
+        copy_same_process(s);
+        copied[i] = 1;
+        continue;
+      }
       if (guard->view().memfd >= 0) {
         copy(s, guard->view());
         copied[i] = 1;
@@ -240,6 +251,15 @@ void* ShmLink::map_region(const RegionView& view) {
 void ShmLink::copy(const Slice& s, const RegionView& view) {
   auto* base = static_cast<uint8_t*>(map_region(view));
   uint8_t* remote = base + (s.remote - view.addr);
+  auto* local = reinterpret_cast<uint8_t*>(s.local);
+  if (s.op == wire::Op::kRead)
+    std::memcpy(local, remote, s.length);
+  else
+    std::memcpy(remote, local, s.length);
+}
+
+void ShmLink::copy_same_process(const Slice& s) {
+  auto* remote = reinterpret_cast<uint8_t*>(s.remote);
   auto* local = reinterpret_cast<uint8_t*>(s.local);
   if (s.op == wire::Op::kRead)
     std::memcpy(local, remote, s.length);

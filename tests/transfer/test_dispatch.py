@@ -190,3 +190,33 @@ def test_a_request_reaching_past_its_region_lands_nowhere(transport: str, spawn_
         engine.transfer([over]).wait(timeout_s=WAIT_S)
     assert target.read("mem", 0, 4 << 20) == pattern(1, size)[: 4 << 20]
     assert target.read("mem", size - (4 << 20), 4 << 20) == pattern(1, size)[size - (4 << 20):]
+
+
+@pytest.mark.parametrize("target", ["own huge allocation", "own plain buffer", "other engine's plain buffer"])
+def test_a_peer_in_this_process_is_copied_by_shm_without_cross_memory_attach(target: str,
+                                                                            make_engine: MakeEngine) -> None:
+    """An engine reaching itself (a store client writing into its own segment) or another engine
+    of its process copies that peer's memory in place, by shm, whatever the memory: it is this
+    process's own. With cross-memory attach off, a peer in another process would need tcp for
+    anything but allocate()d shared memory (test_one_peers_requests_take_different_transports)."""
+    config = TransferConfig(enable_cross_memory_attach=False)
+    engine = make_engine(config)
+    if target == "own huge allocation":
+        peer, region = engine, engine.allocate(SIZE, huge=True)
+    elif target == "own plain buffer":
+        peer, region = engine, engine.register(bytearray(SIZE))
+    else:
+        peer = make_engine(config)
+        region = peer.register(bytearray(SIZE))
+    buf = engine.register(bytearray(pattern(3, SIZE)))
+    back = engine.register(bytearray(SIZE))
+    assert engine.connect(peer.name) == "shm"
+    for op, local in ((TransferOp.WRITE, buf), (TransferOp.READ, back)):
+        engine.transfer([TransferRequest(op, local.addr(0), SIZE, peer.name, region.addr(0))]).wait(timeout_s=WAIT_S)
+    assert region.view()[:SIZE] == pattern(3, SIZE) and back.view()[:SIZE] == pattern(3, SIZE)
+    assert engine.stats()["shm_bytes"] == 2 * SIZE
+    assert peer.stats()["served_bytes"] == 0  # nothing went over its tcp listener
+    # Outside every registered region of the peer: refused, as for a peer in another process.
+    with pytest.raises(TransferError, match="no registered region"):
+        engine.transfer([TransferRequest(TransferOp.WRITE, buf.addr(0), SIZE, peer.name,
+                                         region.addr(0) + SIZE)]).wait(timeout_s=WAIT_S)
