@@ -278,7 +278,7 @@ class MasterService:
             self._mount_checks.inc(outcome="vouched")
             self._proven = u.key
             try:
-                reply = self.handle(pending.data, pending.session)  # type: ignore[arg-type]
+                reply = self.handle(pending.data, pending.session)
             finally:
                 self._proven = None
             if isinstance(reply, bytes):

@@ -31,6 +31,7 @@ from tidekv.errors import AuthenticationError
 from tidekv.store import tenants
 
 if TYPE_CHECKING:
+    from tidekv.store.master import Session
     from tidekv.transfer import Region, TransferEngine
 
 CHECK_TIMEOUT_S = 5.0
@@ -92,7 +93,7 @@ class PendingMount:
 
     __slots__ = ("data", "request_id", "session", "unproven")
 
-    def __init__(self, data: bytes, request_id: int, session: object, unproven: Unproven) -> None:
+    def __init__(self, data: bytes, request_id: int, session: Session | None, unproven: Unproven) -> None:
         self.data, self.request_id, self.session, self.unproven = data, request_id, session, unproven
 
     def run(self) -> None:

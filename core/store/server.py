@@ -469,7 +469,7 @@ class _Connection(asyncio.BufferedProtocol):
         service = server.service
         handle = service.handle
         start, end = 0, len(buf)
-        replies = []
+        replies: list[tuple[bytes, int]] = []
         while end - start >= p.FRAME_HEADER:
             size = int.from_bytes(buf[start: start + p.FRAME_HEADER], "little")
             if size > self._server._max_frame:
