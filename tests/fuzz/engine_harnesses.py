@@ -71,7 +71,7 @@ class EngineHandshake(Harness):
         try:
             if mode == 1:
                 nonce = os.urandom(32)
-                sock.sendall(rawwire.pack_hello(nonce, conn_type=1 + src.byte() % 2))
+                sock.sendall(rawwire.pack_hello(nonce, conn_type=1 + src.byte() % 3))  # descriptor, data, region proof
             try:
                 sock.sendall(src.rest())
                 sock.shutdown(socket.SHUT_WR)
