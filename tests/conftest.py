@@ -36,15 +36,16 @@ MakeEngine = Callable[..., TransferEngine]
 def spawn_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SpawnTarget]:
     """Factory: ``spawn_target(regions={name: (kind, size_bytes, seed)}, **config)`` starts a target.
 
-    Each target runs a TransferEngine on 127.0.0.1:0 in a child process; all are stopped (or
-    killed) at teardown.
+    Each target runs a TransferEngine on 127.0.0.1 (port 0, or ``port=``) in a child process; all
+    are stopped (or killed) at teardown.
     """
     started: list[TargetProcess] = []
     request.node.stash[_TARGETS] = started
     counter = itertools.count()
 
-    def spawn(regions: dict[str, tuple[str, int, int]], *, prefix: Sequence[str] = (), **config: Any) -> TargetProcess:
-        target = TargetProcess(regions, config, tmp_path / f"target-{next(counter)}.log", prefix=prefix)
+    def spawn(regions: dict[str, tuple[str, int, int]], *, prefix: Sequence[str] = (), port: int = 0,
+              **config: Any) -> TargetProcess:
+        target = TargetProcess(regions, config, tmp_path / f"target-{next(counter)}.log", prefix=prefix, port=port)
         started.append(target)
         return target
 

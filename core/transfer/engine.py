@@ -222,7 +222,7 @@ class TransferEngine:
             PeerUnavailableError, ProtocolVersionError, AuthenticationError: a new peer could
                 not be reached or refused us.
         """
-        self._check_open()
+        # (No _check_open(): the native submit refuses a closed engine itself, and this is the hot path.)
         reqs = requests if isinstance(requests, list) else list(requests)
         batch = self._native.submit(reqs)
         if isinstance(batch, list):  # the names of peers not known yet; nothing was submitted

@@ -1,7 +1,6 @@
 #include "cuda/cuda_link.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -69,11 +68,7 @@ CudaLink::~CudaLink() {
   if (pidfd_ >= 0) ::close(pidfd_);
 }
 
-bool CudaLink::is_peer_alive() const {
-  if (same_process_) return true;
-  pollfd p{pidfd_, POLLIN, 0};
-  return poll(&p, 1, 0) == 0;
-}
+bool CudaLink::is_peer_alive() const { return table_.is_owner_alive(); }
 
 bool CudaLink::is_current() const { return is_peer_alive(); }
 
@@ -389,7 +384,8 @@ void CudaLink::run(Batch& batch, const std::vector<Slice>& slices) {
       batch.fail_slice(s.request, ErrorKind::kTransfer, sync_error + describe(s));
     } else if (!alive) {
       batch.fail_slice(s.request, ErrorKind::kPeerUnavailable,
-                       "peer " + peer_name_ + " (pid " + std::to_string(pid_) + ") exited" + describe(s));
+                       "peer " + peer_name_ + " (pid " + std::to_string(pid_) + ") exited or closed its engine" +
+                           describe(s));
     } else {
       batch.complete_slice(s.request, s.length);
     }

@@ -142,6 +142,7 @@ void Engine::close() {
   }
   for (auto& task : leftover) task->try_run();
   if (listener_) listener_->stop();
+  regions_.retire();  // same-host peers see this engine gone (and look it up again) from here on
   for (auto& t : transports_) t->close();
   std::lock_guard<std::mutex> lock(alloc_mu_);
   for (auto& [addr, a] : allocations_) {

@@ -1,11 +1,16 @@
 #include "regions/region_table.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstddef>
+
 #include <chrono>
+#include <cerrno>
 #include <cstring>
+#include <system_error>
 #include <thread>
 
 #include "common/errors.h"
@@ -13,7 +18,13 @@
 namespace tidekv {
 namespace {
 
-constexpr uint64_t kTableMagic = 0x454c424154564b44ULL;  // "DKVTABLE"
+constexpr uint64_t kTableMagic = 0x324c424154564b44ULL;  // "DKVTABL2" (the header with the owner mutex)
+
+#ifdef __GLIBC__
+// Peers read the owner mutex's lock word (the owner's thread id, FUTEX_OWNER_DIED once the
+// kernel has seen that thread exit): it must be the word glibc's robust mutexes use.
+static_assert(offsetof(pthread_mutex_t, __data.__lock) == 0);
+#endif
 
 bool contains(uint64_t base, uint64_t len, uint64_t addr, uint64_t n) {
   return addr >= base && n <= len && addr - base <= len - n;
@@ -46,15 +57,51 @@ RegionTable::RegionTable(int fd, void* base, size_t size, bool is_owner)
     : fd_(fd), base_(base), size_(size), is_owner_(is_owner) {}
 
 RegionTable::RegionTable(RegionTable&& other) noexcept
-    : fd_(other.fd_), base_(other.base_), size_(other.size_), is_owner_(other.is_owner_) {
+    : fd_(other.fd_), base_(other.base_), size_(other.size_), is_owner_(other.is_owner_),
+      keeper_(std::move(other.keeper_)) {
   other.fd_ = -1;
   other.base_ = nullptr;
 }
 
 RegionTable::~RegionTable() {
+  keeper_.reset();
   if (base_) munmap(base_, size_);
   if (fd_ >= 0) close(fd_);
 }
+
+RegionTable::Keeper::Keeper(pthread_mutex_t* owner) {
+  try {
+    thread_ = std::thread([this, owner] {
+      int rc = pthread_mutex_lock(owner);
+      if (rc == EOWNERDEAD) pthread_mutex_consistent(owner);  // (never: the mutex is fresh)
+      std::unique_lock<std::mutex> lock(mu_);
+      held_ = true;
+      cv_.notify_all();
+      cv_.wait(lock, [this] { return stop_; });
+      pthread_mutex_unlock(owner);
+    });
+  } catch (const std::system_error& e) {
+    TIDEKV_THROW(kConfig, std::string("cannot start the region table's keeper thread: ") + e.what());
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return held_; });
+}
+
+RegionTable::Keeper::~Keeper() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    cv_.notify_all();
+  }
+  thread_.join();
+}
+
+bool RegionTable::is_owner_alive() const {
+  uint32_t word = __atomic_load_n(reinterpret_cast<const uint32_t*>(&header()->owner), __ATOMIC_SEQ_CST);
+  return (word & FUTEX_TID_MASK) != 0 && !(word & FUTEX_OWNER_DIED);
+}
+
+void RegionTable::retire() { keeper_.reset(); }
 
 RegionSlot* RegionTable::slots() const {
   return reinterpret_cast<RegionSlot*>(static_cast<uint8_t*>(base_) + sizeof(TableHeader));
@@ -79,6 +126,12 @@ RegionTable RegionTable::create(uint32_t capacity, const uint8_t token[16]) {
   std::memcpy(h->token, token, 16);
   h->high_water.store(0);
   h->capacity = capacity;
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(&h->owner, &attr);
+  pthread_mutexattr_destroy(&attr);
   for (uint32_t i = 0; i < capacity; ++i) {
     new (&table.slots()[i]) RegionSlot();
     table.slots()[i].state.store(0);
@@ -86,6 +139,7 @@ RegionTable RegionTable::create(uint32_t capacity, const uint8_t token[16]) {
     table.slots()[i].local_inflight.store(0);
     table.slots()[i].memfd = -1;
   }
+  table.keeper_ = std::make_unique<Keeper>(&h->owner);
   return table;
 }
 

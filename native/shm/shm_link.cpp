@@ -1,9 +1,7 @@
 #include "shm/shm_link.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -20,8 +18,6 @@ namespace {
 constexpr uint64_t kShmSliceBytes = 16ULL << 20;
 constexpr size_t kMaxIov = 1024;  // IOV_MAX
 constexpr uint64_t kMaxVectoredBytes = 64ULL << 20;
-
-int pidfd_open(int pid) { return int(syscall(SYS_pidfd_open, pid, 0)); }
 
 std::string describe(const Slice& s) {
   char range[80];
@@ -42,8 +38,7 @@ std::shared_ptr<ShmLink> ShmLink::open(EngineContext& ctx, const std::string& pe
                           std::to_string(d.pid) + ") cannot be opened; using tcp for it");
     return nullptr;
   }
-  int pidfd = pidfd_open(d.pid);
-  if (pidfd < 0) return nullptr;
+  if (!table->is_owner_alive()) return nullptr;  // a descriptor of an engine that is gone
   // The table came through /proc/<our pid>/fd and carries the peer's token: the peer is an
   // engine of this process, whose memory needs no cross-memory attach.
   bool is_same_process = d.pid == getpid();
@@ -62,22 +57,16 @@ std::shared_ptr<ShmLink> ShmLink::open(EngineContext& ctx, const std::string& pe
                             "obtained from allocate() fall back to tcp");
   }
   return std::shared_ptr<ShmLink>(
-      new ShmLink(ctx, peer_name, d.pid, pidfd, std::move(*table), cma_ok, is_same_process));
+      new ShmLink(ctx, peer_name, d.pid, std::move(*table), cma_ok, is_same_process));
 }
 
-ShmLink::ShmLink(EngineContext& ctx, std::string peer_name, int pid, int pidfd, RegionTable table, bool cma_ok,
+ShmLink::ShmLink(EngineContext& ctx, std::string peer_name, int pid, RegionTable table, bool cma_ok,
                  bool is_same_process)
-    : ctx_(ctx), peer_name_(std::move(peer_name)), pid_(pid), pidfd_(pidfd), table_(std::move(table)),
-      cma_ok_(cma_ok), is_same_process_(is_same_process) {}
+    : ctx_(ctx), peer_name_(std::move(peer_name)), pid_(pid), table_(std::move(table)), cma_ok_(cma_ok),
+      is_same_process_(is_same_process) {}
 
 ShmLink::~ShmLink() {
   for (auto& [slot, m] : mappings_) munmap(m.base, m.length);
-  if (pidfd_ >= 0) ::close(pidfd_);
-}
-
-bool ShmLink::is_peer_alive() const {
-  pollfd p{pidfd_, POLLIN, 0};
-  return poll(&p, 1, 0) == 0;  // the pidfd turns readable when the process exits
 }
 
 int ShmLink::preference(const Request& r, MemoryLocation local) const {
@@ -183,13 +172,12 @@ void ShmLink::run(Batch& batch, const std::vector<Slice>& slices) {
       const Request& q = batch.requests()[s.request];
       auto guard = table_.acquire(q.remote_addr, q.length, /*is_local=*/is_same_process_);
       if (!guard) TIDEKV_THROW(kNotRegistered, "peer " + peer_name_ + " has no registered region holding the range");
-      if (is_same_process_) {
-        copy_same_process(s);
-        copied[i] = 1;
-        continue;
-      }
-      if (guard->view().memfd >= 0) {
-        copy(s, guard->view());
+      if (is_same_process_ || guard->view().memfd >= 0) {
+        // A peer in this process is copied at its own addresses; engine-allocated memory through our mapping.
+        const RegionView& view = guard->view();
+        auto* remote = is_same_process_ ? reinterpret_cast<uint8_t*>(s.remote)
+                                        : static_cast<uint8_t*>(map_region(view)) + (s.remote - view.addr);
+        copy(s, remote);
         copied[i] = 1;
         continue;
       }
@@ -207,7 +195,9 @@ void ShmLink::run(Batch& batch, const std::vector<Slice>& slices) {
   flush();
   // One liveness check per task: a copy into the memory of a process that has exited may have
   // "succeeded" into pages nobody will read, so none of this task's copies can be trusted then.
-  bool alive = is_peer_alive();
+  // (Still alive after the copies also means the pid that cross-memory attach named was the
+  // peer's all along: a pid is reused only after its process is gone and reaped.)
+  bool alive = table_.is_owner_alive();
   if (alive) {
     // Counted before any slice completes: completing the last one wakes the waiter, who may
     // read stats() at once and must see these bytes.
@@ -223,7 +213,8 @@ void ShmLink::run(Batch& batch, const std::vector<Slice>& slices) {
     const Slice& s = slices[i];
     if (!alive) {
       batch.fail_slice(s.request, ErrorKind::kPeerUnavailable,
-                       "peer " + peer_name_ + " (pid " + std::to_string(pid_) + ") exited" + describe(s));
+                       "peer " + peer_name_ + " (pid " + std::to_string(pid_) + ") exited or closed its engine" +
+                           describe(s));
       continue;
     }
     batch.complete_slice(s.request, s.length);
@@ -248,18 +239,7 @@ void* ShmLink::map_region(const RegionView& view) {
   return base;
 }
 
-void ShmLink::copy(const Slice& s, const RegionView& view) {
-  auto* base = static_cast<uint8_t*>(map_region(view));
-  uint8_t* remote = base + (s.remote - view.addr);
-  auto* local = reinterpret_cast<uint8_t*>(s.local);
-  if (s.op == wire::Op::kRead)
-    std::memcpy(local, remote, s.length);
-  else
-    std::memcpy(remote, local, s.length);
-}
-
-void ShmLink::copy_same_process(const Slice& s) {
-  auto* remote = reinterpret_cast<uint8_t*>(s.remote);
+void ShmLink::copy(const Slice& s, uint8_t* remote) {
   auto* local = reinterpret_cast<uint8_t*>(s.local);
   if (s.op == wire::Op::kRead)
     std::memcpy(local, remote, s.length);

@@ -6,7 +6,8 @@
 // cross-memory copy of it moves ~1/1.5 of what memmove does per thread (256 x 1 MiB,
 // benchmarks/mooncake_store_api.py --probe).
 // Every copy holds the peer's region-table guard, so it is refused unless the bytes lie inside a
-// region registered there right now.
+// region registered there right now, and the peer's table says whether its engine is still open
+// (RegionTable::is_owner_alive) without a system call.
 #pragma once
 
 #include <sys/types.h>
@@ -34,7 +35,7 @@ class ShmLink final : public PeerLink, public std::enable_shared_from_this<ShmLi
   int host_preference() const override { return 10; }
   std::string refusal(const Request& r, MemoryLocation local) const override;
   void plan(const std::shared_ptr<Batch>& batch, const std::vector<uint32_t>& requests) override;
-  bool is_current() const override { return is_peer_alive(); }
+  bool is_current() const override { return table_.is_owner_alive(); }
   bool is_local_copy() const override { return true; }
   void close() override { closed_.store(true); }
 
@@ -45,20 +46,16 @@ class ShmLink final : public PeerLink, public std::enable_shared_from_this<ShmLi
     size_t length;
   };
 
-  ShmLink(EngineContext& ctx, std::string peer_name, int pid, int pidfd, RegionTable table, bool cma_ok,
-          bool is_same_process);
-  bool is_peer_alive() const;
+  ShmLink(EngineContext& ctx, std::string peer_name, int pid, RegionTable table, bool cma_ok, bool is_same_process);
   void run(Batch& batch, const std::vector<Slice>& slices);
-  // Copies one slice whose guard is held; throws a typed Error.
-  void copy(const Slice& s, const RegionView& view);
+  // Copies one slice whose guard is held, to or from `remote` as this process sees it.
+  void copy(const Slice& s, uint8_t* remote);
   void copy_cma(const Slice& s);
-  void copy_same_process(const Slice& s);
   void* map_region(const RegionView& view);
 
   EngineContext& ctx_;
   std::string peer_name_;
   int pid_;
-  int pidfd_;
   RegionTable table_;
   bool cma_ok_;
   // The peer is this process: copies are memcpy at the peer's own addresses, and their guards

@@ -81,6 +81,7 @@ class TargetProcess:
             "bytearray" or "numpy" (plain registered memory).
         config: TransferConfig keyword arguments (transport as its string value).
         log_path: where the child's stderr (its engine log) goes.
+        port: the engine's port (0: any free one).
     """
 
     def __init__(
@@ -89,10 +90,11 @@ class TargetProcess:
         config: dict[str, Any],
         log_path: Path,
         prefix: Sequence[str] = (),
+        port: int = 0,
     ) -> None:
         # prefix: a command the target runs under, e.g. ["prlimit", "--nofile=256"].
         self.log_path = log_path
-        spec = json.dumps({"regions": regions, "config": config})
+        spec = json.dumps({"regions": regions, "config": config, "port": port})
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 MAGIC = 0x564B4454
-VERSION = 5
+VERSION = 6
 TRANSPORT_TCP = 1
 TRANSPORT_SHM = 2
 

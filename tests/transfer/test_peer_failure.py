@@ -188,3 +188,48 @@ def test_close_with_batch_in_flight_returns_promptly(stalled_peer: StalledPeer, 
     assert time.monotonic() - started < 2.0, "close() waited for the stalled peer"
     with pytest.raises(TransferError):
         handle.wait(timeout_s=DEADLINE_S)
+
+
+@pytest.mark.parametrize("kind", ["alloc", "bytearray"])
+def test_same_host_peer_restarted_on_its_address(kind: str, spawn_target: SpawnTarget, make_engine: MakeEngine) -> None:
+    """A same-host peer SIGKILLed and started again on the same address is looked up again before
+    the next request, which reaches the new process's memory over shm: not the dead process's
+    mapped memory, not a refusal. Only the dead peer's region table tells the initiator (its owner
+    mutex, marked by the kernel when the process died), so this also checks that mark."""
+    size = 1 << 20
+    first = spawn_target({"mem": (kind, size, 1)})
+    engine = make_engine(initiator_config("shm"))
+    assert engine.connect(first.name) == "shm"
+    local = engine.register(bytearray(size))
+    engine.transfer([TransferRequest(TransferOp.READ, local.addr(0), size, first.name, first.regions["mem"].addr(0))]).wait(
+        timeout_s=DEADLINE_S
+    )
+    assert local.view() == pattern(1, size)
+
+    first.kill()
+    second = spawn_target({"mem": (kind, size, 2)}, port=int(first.name.rsplit(":", 1)[1]))
+    assert second.name == first.name
+    shm_before = engine.stats()["shm_bytes"]
+    engine.transfer(
+        [TransferRequest(TransferOp.READ, local.addr(0), size, second.name, second.regions["mem"].addr(0))]
+    ).wait(timeout_s=DEADLINE_S)
+    assert local.view() == pattern(2, size)
+    assert engine.stats()["shm_bytes"] - shm_before == size, "the request did not go by shm"
+
+
+def test_closed_in_process_peer_is_gone_at_once(make_engine: MakeEngine) -> None:
+    """An engine of this very process that closes is gone for its peers at their next request:
+    they fail it (typed, naming the peer) instead of copying into memory nobody serves."""
+    engine = make_engine(initiator_config("shm"))
+    other = make_engine(initiator_config("shm"))
+    remote = other.allocate(4096)
+    local = engine.register(bytearray(4096))
+    assert engine.connect(other.name) == "shm"
+    request = TransferRequest(TransferOp.WRITE, local.addr(0), 4096, other.name, remote.addr(0))
+    engine.transfer([request]).wait(timeout_s=DEADLINE_S)
+    other.close()
+    started = time.monotonic()
+    with pytest.raises(PeerUnavailableError) as info:
+        engine.transfer([request]).wait(timeout_s=DEADLINE_S)
+    assert info.value.peer == other.name
+    assert time.monotonic() - started < DEADLINE_S
