@@ -45,6 +45,9 @@ class Task {
  public:
   explicit Task(std::function<void(const Deadline&)> body) : body_(std::move(body)) {}
   bool is_claimed() const { return claimed_.load(std::memory_order_acquire); }
+  // A plain memory copy on the running thread (its link's is_local_copy()): it never waits on a peer.
+  bool is_local_copy() const { return is_local_copy_; }
+  void set_local_copy() { is_local_copy_ = true; }
   // A worker that dequeues the task before this time leaves it to the batch's waiter until then.
   void defer_until(std::chrono::steady_clock::time_point t) { defer_until_ = t; }
   std::chrono::steady_clock::time_point deferred_until() const { return defer_until_; }
@@ -58,6 +61,7 @@ class Task {
 
  private:
   std::atomic<bool> claimed_{false};
+  bool is_local_copy_ = false;
   std::function<void(const Deadline&)> body_;
   std::chrono::steady_clock::time_point defer_until_{};
 };
@@ -75,7 +79,8 @@ class Batch {
   MemoryLocation local_location(size_t request) const { return guards_[request].view().location; }
   void add_task(std::shared_ptr<Task> task) { tasks_.push_back(std::move(task)); }
   const std::vector<std::shared_ptr<Task>>& tasks() const { return tasks_; }
-  // Seals planning: requests with no slices (failed during planning) count as finished.
+  // Seals planning: requests with no slices (failed during planning) count as finished, and
+  // tasks that wait on peers go before local copies (see seal()).
   void seal();
 
   // Execution (any thread).

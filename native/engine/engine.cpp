@@ -450,8 +450,12 @@ void Engine::plan_peer(const std::shared_ptr<Batch>& batch, Peer& peer, const st
     group.clear();
     for (size_t k = 0; k < requests.size(); ++k)
       if (choice[k] == int8_t(j)) group.push_back(requests[k]);
+    size_t first_task = batch->tasks().size();
     peer.links[j]->plan(batch, group);
-    *all_local = *all_local && peer.links[j]->is_local_copy();
+    bool is_local = peer.links[j]->is_local_copy();
+    if (is_local)
+      for (size_t t = first_task; t < batch->tasks().size(); ++t) batch->tasks()[t]->set_local_copy();
+    *all_local = *all_local && is_local;
   }
 }
 
