@@ -60,6 +60,9 @@ class RequestStatus:
     error: errors.TransferError | None = None
 
 
+_DONE = RequestStatus(TransferState.DONE)
+
+
 class TransferHandle:
     """A submitted batch. Thread-safe; the requests' memory must stay registered until it is done.
 
@@ -69,13 +72,14 @@ class TransferHandle:
 
     __slots__ = ("_batch", "_requests")
 
-    def __init__(self, batch: _native.Batch, requests: list[TransferRequest]) -> None:
+    def __init__(self, batch: _native.Batch | None, requests: list[TransferRequest]) -> None:
+        # batch None: it finished, every request successfully, before transfer() returned.
         self._batch = batch
         self._requests = requests
 
     def done(self) -> bool:
         """True when every request finished (successfully or not)."""
-        return self._batch.done()
+        return self._batch is None or self._batch.done()
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Blocks until every request finished.
@@ -87,19 +91,23 @@ class TransferHandle:
             TransferTimeoutError: not finished within timeout_s.
             TransferError (or a subclass): a request failed; ``failures`` lists all of them.
         """
-        if not self._batch.wait(-1.0 if timeout_s is None else timeout_s):
+        batch = self._batch
+        if batch is None or batch.wait(-1.0 if timeout_s is None else timeout_s):
+            return  # finished, every request succeeded
+        if not batch.done():
             raise errors.TransferTimeoutError(
                 f"batch of {len(self._requests)} requests not finished after {timeout_s} s"
             )
-        if self._batch.has_failures():
-            raise self._first_failure()
+        raise self._first_failure()
 
     def statuses(self) -> list[RequestStatus]:
         """Per-request state, in the order the requests were given."""
+        if self._batch is None:
+            return [_DONE] * len(self._requests)
         out = []
         for result in self._batch.results():
             if result is True:
-                out.append(RequestStatus(TransferState.DONE))
+                out.append(_DONE)
             elif result is None:
                 out.append(RequestStatus(TransferState.PENDING))
             else:
@@ -109,6 +117,8 @@ class TransferHandle:
     @property
     def bytes_done(self) -> int:
         """Bytes moved so far."""
+        if self._batch is None:
+            return sum(r.length for r in self._requests)
         return self._batch.bytes_done()
 
     def _first_failure(self) -> errors.TransferError:

@@ -18,7 +18,8 @@ void Batch::seal() {
   // Workers take tasks in this order and a waiter starts with the last one: network tasks go
   // out first, so their requests are on the wire while local copies run (on the waiter, and on
   // workers as they come free), instead of copies holding the cores while peers sit idle.
-  std::stable_partition(tasks_.begin(), tasks_.end(), [](const auto& t) { return !t->is_local_copy(); });
+  if (tasks_.size() > 1)
+    std::stable_partition(tasks_.begin(), tasks_.end(), [](const auto& t) { return !t->is_local_copy(); });
   for (size_t i = 0; i < requests_.size(); ++i)
     if (slices_left_[i].load() == 0) finish_request(i);
 }

@@ -328,13 +328,17 @@ std::vector<std::string> Engine::peer_transports(const std::string& name) {
   return out;
 }
 
+bool Engine::has_stale_link(const Peer& peer) {
+  for (const auto& link : peer.links)
+    if (link && !link->is_current()) return true;
+  return false;
+}
+
 void Engine::refresh_if_stale(Peer& peer) {
-  bool stale = false;
   {
     std::lock_guard<std::mutex> lock(peer.mu);
-    for (auto& link : peer.links) stale = stale || (link && !link->is_current());
+    if (!has_stale_link(peer)) return;
   }
-  if (!stale) return;
   // The process behind the descriptor is gone; a new one may listen on the same address. Ask
   // it without holding the peer's lock (this can take up to the connect timeout).
   std::optional<Descriptor> fresh;
@@ -421,8 +425,12 @@ std::shared_ptr<Batch> Engine::submit(std::vector<Request> requests) {
 
 void Engine::plan_peer(const std::shared_ptr<Batch>& batch, Peer& peer, const std::vector<uint32_t>& requests,
                        const std::vector<MemoryLocation>& locations, bool* all_local) {
-  refresh_if_stale(peer);
-  std::lock_guard<std::mutex> plock(peer.mu);
+  std::unique_lock<std::mutex> plock(peer.mu);
+  if (has_stale_link(peer)) {  // (checked under the lock planning takes anyway: one lock per peer and batch)
+    plock.unlock();
+    refresh_if_stale(peer);
+    plock.lock();
+  }
   const auto& reqs = batch->requests();
   const size_t nlinks = peer.links.size();
   // Per request, the link that rates it highest; requests grouped by link in one pass each.

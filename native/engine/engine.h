@@ -87,6 +87,8 @@ class Engine {
   // Called with peer.mu held: rebuilds the links whose section changed.
   void relink(Peer& peer, const Descriptor& d);
   void refresh_if_stale(Peer& peer);
+  // Called with peer.mu held: whether a link no longer trusts what it knows of the peer.
+  static bool has_stale_link(const Peer& peer);
   // Why no link of `peer` takes request r (the per-request error).
   std::string no_route(const Peer& peer, const Request& r, MemoryLocation local) const;
   PeerAddress address_of(Peer& peer);
