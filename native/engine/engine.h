@@ -81,6 +81,9 @@ class Engine {
   };
   void worker_loop();
   void enqueue(const std::shared_ptr<Batch>& batch);
+  // Queues a small task for its batch's waiter to run, with a worker as the fallback after
+  // defer_grace_us.
+  void defer(const std::shared_ptr<Task>& task);
   // Chooses a link for each request and plans them; `locations` are the requests' local ones.
   void plan_peer(const std::shared_ptr<Batch>& batch, Peer& peer, const std::vector<uint32_t>& requests,
                  const std::vector<MemoryLocation>& locations, bool* all_same_host);
@@ -113,6 +116,9 @@ class Engine {
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
   std::deque<std::shared_ptr<Task>> queue_;
+  std::deque<std::shared_ptr<Task>> deferred_;  // in deadline order (one grace period for all)
+  std::condition_variable deferred_cv_;         // the watcher's: it sleeps to the next deadline
+  int watchers_ = 0;                            // workers watching deferred_ (0 or 1)
   std::vector<std::thread> workers_;
   std::atomic<bool> closed_{false};
 };

@@ -9,6 +9,8 @@ typed errors naming peer, op and byte range, mapped in one place. Neighbours: th
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.conftest import MakeEngine, SpawnTarget
@@ -220,3 +222,50 @@ def test_a_peer_in_this_process_is_copied_by_shm_without_cross_memory_attach(tar
     with pytest.raises(TransferError, match="no registered region"):
         engine.transfer([TransferRequest(TransferOp.WRITE, buf.addr(0), SIZE, peer.name,
                                          region.addr(0) + SIZE)]).wait(timeout_s=WAIT_S)
+
+
+def _until_done(handles: list, deadline_s: float) -> float:
+    """Polls done() (which runs nothing itself) until every handle is done; returns the seconds it took."""
+    started = time.monotonic()
+    while not all(h.done() for h in handles):
+        assert time.monotonic() - started < deadline_s, "batches nobody waited for did not finish"
+        time.sleep(0.001)
+    return time.monotonic() - started
+
+
+def test_small_batches_nobody_waits_for_still_finish(spawn_target: SpawnTarget, make_engine: MakeEngine) -> None:
+    """A small tcp batch is left to its waiter for a grace period; one nobody waits for is run by
+    the worker that watches those deadlines, also in a stream where most of them are waited for
+    (they are dropped by the watcher, the others must not be)."""
+    target = spawn_target({"mem": ("bytearray", 1 << 20, 3)})
+    engine = make_engine(initiator_config("tcp"))
+    local = engine.register(bytearray(1 << 20))
+    remote = target.regions["mem"].addr(0)
+    unwaited = []
+    for i in range(200):
+        handle = engine.transfer([TransferRequest(TransferOp.READ, local.addr(i * 4096), 4096, target.name,
+                                                  remote + i * 4096)])
+        if i % 7 == 0:
+            unwaited.append(handle)
+        else:
+            handle.wait(timeout_s=WAIT_S)
+    _until_done(unwaited, WAIT_S)
+    for handle in unwaited:
+        handle.wait(timeout_s=0)
+    assert local.view()[: 200 * 4096] == pattern(3, 1 << 20)[: 200 * 4096]
+
+
+def test_a_lone_worker_watching_deferred_work_still_serves_the_queue(spawn_target: SpawnTarget,
+                                                                    make_engine: MakeEngine) -> None:
+    """With one worker, which is watching a deferred request's deadline, a multi-task batch that
+    nobody waits for is still run at once: the watcher goes back to the queue when work arrives."""
+    target = spawn_target({"mem": ("bytearray", 4 << 20, 4)})
+    engine = make_engine(initiator_config("tcp", worker_threads=1, connections_per_peer=4))
+    local = engine.register(bytearray(4 << 20))
+    remote = target.regions["mem"].addr(0)
+    engine.transfer([TransferRequest(TransferOp.READ, local.addr(0), 4096, target.name, remote)]).wait(timeout_s=WAIT_S)
+    small = engine.transfer([TransferRequest(TransferOp.READ, local.addr(0), 4096, target.name, remote)])
+    large = engine.transfer([TransferRequest(TransferOp.READ, local.addr(1 << 20), 2 << 20, target.name, remote)])
+    _until_done([small, large], 10.0)
+    large.wait(timeout_s=0)
+    assert local.view()[1 << 20 : 3 << 20] == pattern(4, 4 << 20)[: 2 << 20]
