@@ -358,7 +358,11 @@ class MooncakeStoreDriver:
                  api: MooncakeApi = MooncakeApi.MOONCAKE) -> None:
         self.name = api.value
         with contextlib.ExitStack() as stack:
-            pool = MooncakePool(api, is_holder_in_client, segment_bytes, log_dir)
+            # The shortest lease Mooncake's gets work with, on both masters: the rows remove what they
+            # read right away, and the drop-in (like tidekv) frees a removed object's bytes only when
+            # its read lease runs out, so 10 s leases kept ~1 GiB of removed objects and the pool
+            # evicted the next row's objects before it could read them.
+            pool = MooncakePool(api, is_holder_in_client, segment_bytes, log_dir, lease_ttl_s=MIN_LEASE_TTL_S)
             stack.callback(pool.close)
             self._client = stack.enter_context(HelperProcess(
                 f"{api.value}-client", _client_main,
