@@ -541,7 +541,11 @@ void Engine::worker_loop() {
         deferred_cv_.wait_until(lock, until);
       }
       --watchers_;
-      if (deferred_.empty() || (!queue_.empty() && !closed_.load())) continue;
+      if (!queue_.empty() && !closed_.load()) {
+        if (!deferred_.empty()) queue_cv_.notify_one();  // an idle worker watches while this one works
+        continue;
+      }
+      if (deferred_.empty()) continue;
       task = std::move(deferred_.front());
       deferred_.pop_front();
     } else {
