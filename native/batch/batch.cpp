@@ -64,9 +64,10 @@ bool Batch::wait(double timeout_s) {
                std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
   // Run the last task here and leave the others to the workers woken for them, so that a
   // batch split over several connections runs them side by side; whatever is still unclaimed
-  // afterwards is run here too.
-  if (!tasks_.empty()) tasks_.back()->try_run(deadline);
-  for (const auto& task : tasks_) task->try_run(deadline);
+  // afterwards is run here too, from the back: workers take tasks from the front, and the back
+  // holds the batch's local copies (seal()), which this thread should do while the workers wait
+  // on peers, not after it has taken a network task of its own.
+  for (auto it = tasks_.rbegin(); it != tasks_.rend(); ++it) (*it)->try_run(deadline);
   if (is_done()) return true;
   // A short spin catches completions that arrive within microseconds; a futex sleep and
   // wake-up costs far more than that on a loaded or virtualised core.
