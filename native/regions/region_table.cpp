@@ -5,10 +5,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <cstddef>
-
-#include <chrono>
 #include <cerrno>
+#include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <system_error>
 #include <thread>
