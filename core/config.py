@@ -92,6 +92,10 @@ class TransferConfig:
     """Same-host batches up to this size are copied before transfer() returns. Default 64 KiB."""
     shm_parallelism: int = 2
     """Threads that share one large same-host batch. Default 2 (1..64)."""
+    stream_copy_bytes: int = 8 << 20
+    """Same-host batches of at least this many bytes are copied with streaming (non-temporal)
+    stores, which bypass the caches: about 2x memcpy per thread once a batch outgrows them
+    (``python benchmarks/copy_probe.py``). Default 8 MiB (0 = never)."""
     enable_cross_memory_attach: bool = True
     """Allow same-host peers to copy registered memory with process_vm_readv/writev. Default True."""
     busy_poll_us: int = 100
@@ -122,6 +126,7 @@ class TransferConfig:
         _check_range("unregister_timeout_s", self.unregister_timeout_s, 0, 600)
         _check_range("inline_bytes", self.inline_bytes, 0, 1 << 30)
         _check_range("shm_parallelism", self.shm_parallelism, 1, 64)
+        _check_range("stream_copy_bytes", self.stream_copy_bytes, 0, 1 << 50)
         _check_range("busy_poll_us", self.busy_poll_us, 0, 100_000)
         _check_range("server_threads", self.server_threads, 1, 256)
         _check_range("handshake_timeout_s", self.handshake_timeout_s, 0.05, 600)

@@ -5,7 +5,8 @@ the other plain registered memory; the initiator runs with cross-memory attach o
 to the second go over tcp. Each round times the shm half alone, the tcp half alone and both in
 one batch; the bar is the mixed batch's rate against the sum of parts (both halves' bytes over
 both halves' times added up): per-request dispatch must not cost a mixed batch more than running
-its parts one after the other. Neighbours: ``transfer`` (one transport per row), ``process``.
+its parts one after the other. ``TIDEKV_*`` settings apply to the targets as to the initiator.
+Neighbours: ``transfer`` (one transport per row), ``process``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ _WAIT_TIMEOUT_S = 120.0
 
 
 def _target_main(conn: Connection, region_bytes: int, is_shared: bool) -> None:
-    with TransferEngine(config=TransferConfig()) as engine:
+    with TransferEngine(config=TransferConfig.from_env()) as engine:
         keep = None
         if is_shared:
             region = engine.allocate(region_bytes)

@@ -29,6 +29,7 @@ struct EngineOptions {
   int defer_grace_us = 200;
   int reply_spin_us = 100;
   int shm_parallelism = 2;
+  uint64_t stream_copy_bytes = 8 << 20;  // same-host batches this large copy with streaming stores (0: never)
   bool enable_cross_memory_attach = true;
   int server_threads = 4;                // threads that serve peers' tcp data connections
   int handshake_timeout_ms = 5000;       // a connection that has not finished its handshake by then is dropped

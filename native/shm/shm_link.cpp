@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "common/copy.h"
 #include "common/errors.h"
 #include "common/host_identity.h"
 
@@ -104,10 +105,12 @@ void ShmLink::plan(const std::shared_ptr<Batch>& batch, const std::vector<uint32
   // Split by bytes into at most shm_parallelism tasks: memory bandwidth, not latency, is the limit.
   size_t tasks = std::min<size_t>(slices.size(), size_t(std::max(1, ctx_.options.shm_parallelism)));
   if (total < (1ULL << 20)) tasks = 1;  // below this, waking a second thread costs more than it saves
+  // A batch too large to stay in the caches is copied around them (common/copy.h).
+  const bool stream = ctx_.options.stream_copy_bytes > 0 && total >= ctx_.options.stream_copy_bytes;
   Batch* raw = batch.get();
   auto emit = [&](std::vector<Slice> part) {
-    batch->add_task(std::make_shared<Task>(
-        [self = shared_from_this(), raw, keep = batch, part = std::move(part)](const Deadline&) { self->run(*raw, part); }));
+    batch->add_task(std::make_shared<Task>([self = shared_from_this(), raw, keep = batch, part = std::move(part),
+                                            stream](const Deadline&) { self->run(*raw, part, stream); }));
   };
   if (tasks == 1) return emit(std::move(slices));
   uint64_t per_task = (total + tasks - 1) / tasks;
@@ -125,7 +128,7 @@ void ShmLink::plan(const std::shared_ptr<Batch>& batch, const std::vector<uint32
   if (!part.empty()) emit(std::move(part));
 }
 
-void ShmLink::run(Batch& batch, const std::vector<Slice>& slices) {
+void ShmLink::run(Batch& batch, const std::vector<Slice>& slices, bool stream) {
   std::vector<uint8_t> copied(slices.size(), 0);
   auto fail = [&](size_t i, const Error& e) {
     batch.fail_slice(slices[i].request, e.kind(), std::string(e.what()) + describe(slices[i]));
@@ -136,6 +139,7 @@ void ShmLink::run(Batch& batch, const std::vector<Slice>& slices) {
   std::vector<iovec> local, remote;
   std::vector<RegionTable::Guard> guards;
   uint64_t cma_bytes = 0;
+  uint64_t streamed = 0;
   auto flush = [&] {
     if (cma.empty()) return;
     ssize_t n = -1;
@@ -177,8 +181,9 @@ void ShmLink::run(Batch& batch, const std::vector<Slice>& slices) {
         const RegionView& view = guard->view();
         auto* remote = is_same_process_ ? reinterpret_cast<uint8_t*>(s.remote)
                                         : static_cast<uint8_t*>(map_region(view)) + (s.remote - view.addr);
-        copy(s, remote);
+        copy(s, remote, stream);
         copied[i] = 1;
+        if (stream) streamed += s.length;
         continue;
       }
       if (!cma_ok_) TIDEKV_THROW(kTransfer, "cross-memory attach to peer " + peer_name_ + " is not permitted");
@@ -205,6 +210,7 @@ void ShmLink::run(Batch& batch, const std::vector<Slice>& slices) {
     for (size_t i = 0; i < slices.size(); ++i)
       if (copied[i]) moved[slices[i].op == wire::Op::kWrite] += slices[i].length;
     ctx_.counters.shm_bytes.fetch_add(moved[0] + moved[1], std::memory_order_relaxed);
+    if (streamed) ctx_.counters.shm_streamed_bytes.fetch_add(streamed, std::memory_order_relaxed);
     ctx_.counters.bytes_read.fetch_add(moved[0], std::memory_order_relaxed);
     ctx_.counters.bytes_written.fetch_add(moved[1], std::memory_order_relaxed);
   }
@@ -239,12 +245,12 @@ void* ShmLink::map_region(const RegionView& view) {
   return base;
 }
 
-void ShmLink::copy(const Slice& s, uint8_t* remote) {
+void ShmLink::copy(const Slice& s, uint8_t* remote, bool stream) {
   auto* local = reinterpret_cast<uint8_t*>(s.local);
   if (s.op == wire::Op::kRead)
-    std::memcpy(local, remote, s.length);
+    copy_bytes(local, remote, s.length, stream);
   else
-    std::memcpy(remote, local, s.length);
+    copy_bytes(remote, local, s.length, stream);
 }
 
 void ShmLink::copy_cma(const Slice& s) {

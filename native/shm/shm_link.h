@@ -47,9 +47,10 @@ class ShmLink final : public PeerLink, public std::enable_shared_from_this<ShmLi
   };
 
   ShmLink(EngineContext& ctx, std::string peer_name, int pid, RegionTable table, bool cma_ok, bool is_same_process);
-  void run(Batch& batch, const std::vector<Slice>& slices);
+  // `stream`: the batch is large enough to copy with streaming stores (common/copy.h).
+  void run(Batch& batch, const std::vector<Slice>& slices, bool stream);
   // Copies one slice whose guard is held, to or from `remote` as this process sees it.
-  void copy(const Slice& s, uint8_t* remote);
+  void copy(const Slice& s, uint8_t* remote, bool stream);
   void copy_cma(const Slice& s);
   void* map_region(const RegionView& view);
 
