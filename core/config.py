@@ -273,6 +273,14 @@ def parse_size(value: Any, what: str, *, minimum: int = 0) -> int:
     return size
 
 
+def format_size(size_bytes: int) -> str:
+    """Formats a byte count with the largest binary unit that divides it: "4 KiB", "16 MiB"."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size_bytes >= scale and size_bytes % scale == 0:
+            return f"{size_bytes // scale} {unit}"
+    return f"{size_bytes} B"
+
+
 ETCD_SCHEME = "etcd://"
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from tidekv.config import format_size as format_size  # re-exported: the benches' tables use it
 from tidekv.config import parse_size as config_parse_size
 from tidekv.errors import ConfigError
 from tqdm import tqdm
@@ -33,14 +34,6 @@ def parse_size(text: str) -> int:
         ConfigError: the text is not a positive size.
     """
     return config_parse_size(text, "size", minimum=1)
-
-
-def format_size(size_bytes: int) -> str:
-    """Formats a byte count with the largest binary unit that divides it: "4 KiB", "16 MiB"."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size_bytes >= scale and size_bytes % scale == 0:
-            return f"{size_bytes // scale} {unit}"
-    return f"{size_bytes} B"
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tidekv.config import TransferConfig, TransportKind
+from tidekv.config import TransferConfig, TransportKind, format_size
 from tidekv.transfer import memory
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
@@ -93,9 +93,17 @@ def shm_status(config: TransferConfig) -> TransportStatus:
     except (AttributeError, OSError) as exc:
         return TransportStatus("shm", False, f"pidfd_open is unavailable ({exc}; Linux 5.3+ needed), so a "
                                              "same-host peer's death could not be noticed; same-host peers use tcp")
+    from tidekv import _native
+
     _, cma = cross_memory_attach(config)
-    return TransportStatus("shm", True, "same-host peers: memory from allocate() is mapped and copied with "
-                                        f"memcpy; {cma}")
+    kind = _native.stream_copy_kind()
+    if config.stream_copy_bytes and kind != "none":
+        copies = (f"memcpy, batches of {format_size(config.stream_copy_bytes)} or more with streaming "
+                  f"{kind} stores")
+    else:
+        copies = "memcpy" + (" (streaming stores off: stream_copy_bytes=0)" if kind != "none" else "")
+    return TransportStatus("shm", True, f"same-host peers: memory from allocate() is mapped and copied with "
+                                        f"{copies}; {cma}")
 
 
 def cross_memory_attach(config: TransferConfig) -> tuple[bool, str]:

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/bindings_errors.h"
+#include "common/copy.h"
 #include "common/region_proof.h"
 #include "cuda/driver.h"
 #include "engine/engine.h"
@@ -144,6 +145,8 @@ void register_engine(py::module_& m) {
   m.def(
       "cuda_device_of", [](uint64_t addr) { return cuda::Driver::get().device_of(addr); }, py::arg("addr"),
       "The ordinal of the GPU whose memory holds addr; -1 when it is not GPU memory (or no CUDA driver).");
+  m.def("stream_copy_kind", &stream_copy_kind,
+        "Which streaming copy large same-host batches use on this CPU: avx2, sse2 or none (memcpy only).");
   m.def(
       "cuda_driver", [] { return py::make_tuple(cuda::Driver::get().available(), cuda::Driver::get().reason()); },
       "(available, reason): whether this process loaded and initialised the CUDA driver, and what it sees.");

@@ -10,6 +10,7 @@ says which batches streamed (``shm_streamed_bytes``). Neighbours: the contract s
 
 from __future__ import annotations
 
+import platform
 import random
 
 import pytest
@@ -102,3 +103,20 @@ def test_stream_copy_setting_is_checked() -> None:
 
     with pytest.raises(ConfigError, match="stream_copy_bytes"):
         TransferConfig(stream_copy_bytes=-1)
+
+
+def test_doctor_says_how_same_host_batches_are_copied() -> None:
+    from tidekv import _native
+    from tidekv.transfer.transports import shm_status
+
+    kind = _native.stream_copy_kind()
+    if platform.machine() == "x86_64":
+        with open("/proc/cpuinfo") as f:
+            assert kind == ("avx2" if "avx2" in f.read().split() else "sse2"), kind
+    else:
+        assert kind == "none", kind
+        return
+    on = shm_status(TransferConfig(stream_copy_bytes=16 << 20))
+    assert on.available and f"batches of 16 MiB or more with streaming {kind} stores" in on.reason, on.reason
+    off = shm_status(TransferConfig(stream_copy_bytes=0))
+    assert "streaming stores off: stream_copy_bytes=0" in off.reason, off.reason
