@@ -47,7 +47,7 @@ from tidekv.errors import LeaseExpiredError, ObjectNotFoundError, TidekvError
 
 logger = logging.getLogger(__name__)
 
-MASTER = {"client_ttl_s": 3.0, "lease_ttl_s": 2.0, "busy_poll_us": 0, "metrics_port": 0}
+MASTER = {"port": 0, "client_ttl_s": 3.0, "lease_ttl_s": 2.0, "busy_poll_us": 0, "metrics_port": 0}  # any free ports
 """A killed holder is declared dead after 3 s (default 10), so puts stop choosing it sooner.
 No busy polling anywhere: eleven processes share this VM's two vCPUs."""
 CLIENT = {"rpc_timeout_s": 2.0, "heartbeat_interval_s": 0.5, "rpc_busy_poll_us": 0, "staging_size_bytes": 8 << 20}
