@@ -219,7 +219,12 @@ def _from_env(cls: type[T], environ: Mapping[str, str], overrides: Mapping[str, 
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         raw = environ.get(prefix + f.name.upper())
-        if raw is not None:
+        if raw is not None and f.name.endswith("_bytes") and f.type in (int, "int"):
+            try:
+                values[f.name] = int(raw, 0)
+            except ValueError:  # "16MB" as well as 16777216 (or 0x1000000)
+                values[f.name] = parse_size(raw, prefix + f.name.upper())
+        elif raw is not None:
             values[f.name] = _parse(prefix + f.name.upper(), raw, f.type)
     unknown = set(overrides) - names
     if unknown:

@@ -79,6 +79,9 @@ def test_wrong_types_are_config_errors(field: str, value: Any) -> None:
         ("TIDEKV_TRANSPORT", " SHM ", "transport", TransportKind.SHM),
         ("TIDEKV_WORKER_THREADS", "16", "worker_threads", 16),
         ("TIDEKV_SLICE_SIZE_BYTES", "0x10000", "slice_size_bytes", 1 << 16),
+        ("TIDEKV_STREAM_COPY_BYTES", "16MB", "stream_copy_bytes", 16 << 20),
+        ("TIDEKV_SOCKET_BUFFER_BYTES", "2MiB", "socket_buffer_bytes", 2 << 20),
+        ("TIDEKV_INLINE_BYTES", "32768", "inline_bytes", 32 << 10),
         ("TIDEKV_IO_TIMEOUT_S", "2.5", "io_timeout_s", 2.5),
         ("TIDEKV_SECRET", "s3cret", "secret", "s3cret"),
         ("TIDEKV_ENABLE_CROSS_MEMORY_ATTACH", "off", "enable_cross_memory_attach", False),
@@ -100,6 +103,7 @@ def test_from_env_parses(variable: str, raw: str, field: str, expected: Any) -> 
         ("TIDEKV_WORKER_THREADS", "4.0"),
         ("TIDEKV_IO_TIMEOUT_S", "soon"),
         ("TIDEKV_ENABLE_CROSS_MEMORY_ATTACH", "maybe"),
+        ("TIDEKV_STREAM_COPY_BYTES", "lots"),
     ],
 )
 def test_from_env_refuses_unparsable_values(variable: str, raw: str) -> None:
