@@ -1,7 +1,9 @@
 #include "common/copy.h"
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <string>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -10,7 +12,7 @@
 namespace tidekv {
 namespace {
 
-constexpr size_t kMinStreamBytes = 4096;  // below this the fence costs more than streaming saves
+constexpr size_t kMinStreamBytes = 4096;  // below a page streaming buys little, and each call pays a fence
 
 #if defined(__x86_64__)
 
@@ -50,20 +52,43 @@ const StreamFn kStream = pick();
 
 }  // namespace
 
+#if defined(__x86_64__)
+namespace {
+
+void stream_with(StreamFn fn, void* dst, const void* src, size_t n) {
+  auto* d = static_cast<uint8_t*>(dst);
+  auto* s = static_cast<const uint8_t*>(src);
+  // Streaming stores need aligned destinations: the head up to a 64-byte boundary is a memcpy.
+  size_t head = std::min<size_t>(n, (64 - (reinterpret_cast<uintptr_t>(d) & 63)) & 63);
+  std::memcpy(d, s, head);
+  fn(d + head, s + head, n - head);
+}
+
+}  // namespace
+#endif
+
 void copy_bytes(void* dst, const void* src, size_t n, bool stream) {
 #if defined(__x86_64__)
-  if (stream && n >= kMinStreamBytes) {
-    auto* d = static_cast<uint8_t*>(dst);
-    auto* s = static_cast<const uint8_t*>(src);
-    // Streaming stores need aligned destinations: the head up to a 64-byte boundary is a memcpy.
-    size_t head = (64 - (reinterpret_cast<uintptr_t>(d) & 63)) & 63;
-    std::memcpy(d, s, head);
-    kStream(d + head, s + head, n - head);
-    return;
-  }
+  if (stream && n >= kMinStreamBytes) return stream_with(kStream, dst, src, n);
 #endif
   (void)stream;
   std::memcpy(dst, src, n);
+}
+
+bool stream_copy_with(const char* kind, void* dst, const void* src, size_t n) {
+  std::string name(kind);
+  if (name == "memcpy") {
+    std::memcpy(dst, src, n);
+    return true;
+  }
+#if defined(__x86_64__)
+  StreamFn fn = name == "sse2" ? stream_sse2 : name == "avx2" && __builtin_cpu_supports("avx2") ? stream_avx2 : nullptr;
+  if (fn) {
+    stream_with(fn, dst, src, n);
+    return true;
+  }
+#endif
+  return false;
 }
 
 const char* stream_copy_kind() {

@@ -20,4 +20,8 @@ void copy_bytes(void* dst, const void* src, size_t n, bool stream);
 // Which streaming copy this CPU runs: "avx2", "sse2" or "none" (memcpy only).
 const char* stream_copy_kind();
 
+// Streaming copy with a named routine ("avx2", "sse2", "memcpy"), so tests reach the one this CPU
+// does not pick; false when this build or CPU lacks it.
+bool stream_copy_with(const char* kind, void* dst, const void* src, size_t n);
+
 }  // namespace tidekv

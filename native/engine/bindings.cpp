@@ -148,6 +148,14 @@ void register_engine(py::module_& m) {
   m.def("stream_copy_kind", &stream_copy_kind,
         "Which streaming copy large same-host batches use on this CPU: avx2, sse2 or none (memcpy only).");
   m.def(
+      "_stream_copy_with",
+      [](const std::string& kind, uint64_t dst, uint64_t src, uint64_t n) {
+        py::gil_scoped_release release;
+        return stream_copy_with(kind.c_str(), reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+      },
+      py::arg("kind"), py::arg("dst"), py::arg("src"), py::arg("n"),
+      "Tests only: copies n bytes with the named routine (avx2, sse2, memcpy); False if this CPU lacks it.");
+  m.def(
       "cuda_driver", [] { return py::make_tuple(cuda::Driver::get().available(), cuda::Driver::get().reason()); },
       "(available, reason): whether this process loaded and initialised the CUDA driver, and what it sees.");
 

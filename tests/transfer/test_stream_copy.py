@@ -120,3 +120,26 @@ def test_doctor_says_how_same_host_batches_are_copied() -> None:
     assert on.available and f"batches of 16 MiB or more with streaming {kind} stores" in on.reason, on.reason
     off = shm_status(TransferConfig(stream_copy_bytes=0))
     assert "streaming stores off: stream_copy_bytes=0" in off.reason, off.reason
+
+
+@pytest.mark.parametrize("kind", ["avx2", "sse2", "memcpy"])
+def test_each_copy_routine_moves_exactly_its_bytes(kind: str) -> None:
+    """Each routine, also the one this CPU does not pick (SSE2 where AVX2 is there), at every
+    destination alignment and at lengths around its block size, with guard bytes on both sides."""
+    import ctypes
+
+    from tidekv import _native
+
+    size = 1 << 16
+    src = ctypes.create_string_buffer(pattern(11, size), size)
+    for offset in (0, 1, 31, 32, 63, 64, 65):
+        for length in (0, 1, 127, 128, 129, 255, 256, 257, 4095, 4096, 12_345, size - 200):
+            dst = ctypes.create_string_buffer(b"\xee" * (size + 256), size + 256)
+            done = _native._stream_copy_with(kind, ctypes.addressof(dst) + 64 + offset,
+                                             ctypes.addressof(src) + 7, length)
+            if not done:  # only a routine this build or CPU cannot run may be missing
+                assert kind == "avx2" or (kind == "sse2" and platform.machine() != "x86_64"), kind
+                pytest.skip(f"no {kind} streaming copy on this {platform.machine()} CPU")
+            expected = b"\xee" * (64 + offset) + src.raw[7:7 + length]
+            expected += b"\xee" * (size + 256 - len(expected))
+            _check(dst.raw, expected, f"{kind}, destination offset {offset}, {length} bytes")
