@@ -33,8 +33,6 @@ from tidekv.transfer.batch import TransferOp, TransferRequest  # noqa: E402
 from tidekv.transfer.engine import TransferEngine  # noqa: E402
 
 PIECE = 1 << 20
-
-
 AREA_BYTES = 512 << 20
 
 

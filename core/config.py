@@ -16,6 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tidekv.errors import ConfigError
+from tidekv.values import (  # noqa: F401  (re-exported: tidekv.config is where callers find them)
+    ETCD_SCHEME,
+    MasterAddress,
+    format_size,
+    parse_etcd_endpoints,
+    parse_host_port,
+    parse_size,
+)
 
 ENV_PREFIX = "TIDEKV_"
 
@@ -231,107 +239,6 @@ def _from_env(cls: type[T], environ: Mapping[str, str], overrides: Mapping[str, 
         raise ConfigError(f"unknown setting(s) {sorted(unknown)}; allowed {sorted(names)}")
     values.update(overrides)
     return cls(**values)
-
-
-def parse_host_port(text: Any, what: str) -> tuple[str, int]:
-    """Splits "host:port" (or "[v6]:port") into (host, port): the one address parser of tidekv.
-
-    Raises:
-        ConfigError: naming ``what`` (the setting the text came from) and the text.
-    """
-    host, sep, port = text.rpartition(":") if isinstance(text, str) else ("", "", "")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or any(c.isspace() or c in "[]/" for c in host) or not port.isdigit() \
-            or not 0 < int(port) < 65536:
-        raise ConfigError(f"{what}={text!r} is not 'host:port' (e.g. 127.0.0.1:50051)")
-    return host, int(port)
-
-
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_size(value: Any, what: str, *, minimum: int = 0) -> int:
-    """A byte count from an int or a text such as "4096", "64KiB", "16MB", "1.5g": the one size
-    parser of tidekv. Units are binary whichever way they are written (K = KB = KiB = 1024, as
-    Mooncake's configs mean them), case-insensitive, with an optional fraction.
-
-    Raises:
-        ConfigError: naming ``what`` and the value, when it is not a size or is below ``minimum``.
-    """
-    size: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        size = value
-    elif isinstance(value, str):
-        text = value.strip().lower().removesuffix("ib").removesuffix("b")
-        number = text.rstrip("kmgt")
-        unit = text[len(number):]
-        try:
-            if unit in _SIZE_UNITS and number.strip() and not number.strip().startswith(("-", "+")):
-                size = int(float(number) * _SIZE_UNITS[unit])
-        except ValueError:
-            size = None
-    if size is None:
-        raise ConfigError(f"{what}={value!r} is not a size; use bytes or a number with K, M, G or T (binary "
-                          "units: 16MB = 16MiB = 16 << 20), e.g. 4096 or 16MB")
-    if size < minimum:
-        raise ConfigError(f"{what}={value!r} is out of range; allowed at least {minimum} bytes")
-    return size
-
-
-def format_size(size_bytes: int) -> str:
-    """Formats a byte count with the largest binary unit that divides it: "4 KiB", "16 MiB"."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size_bytes >= scale and size_bytes % scale == 0:
-            return f"{size_bytes // scale} {unit}"
-    return f"{size_bytes} B"
-
-
-ETCD_SCHEME = "etcd://"
-
-
-@dataclass(frozen=True, slots=True)
-class MasterAddress:
-    """Where a store client finds its master: one master's "host:port", or the leader of a
-    cluster of masters registered in etcd, written "etcd://HOST:PORT[,HOST:PORT...]/CLUSTER"."""
-
-    address: str | None
-    """The lone master's "host:port"; None for an etcd cluster."""
-    etcd_endpoints: tuple[str, ...] = ()
-    """etcd's client URLs ("http://host:port"), for a cluster."""
-    cluster: str = ""
-    """The cluster's name in etcd."""
-
-    @classmethod
-    def parse(cls, text: Any, what: str = "master") -> MasterAddress:
-        """Raises ConfigError naming ``what`` and the text unless it is one of the two forms."""
-        if isinstance(text, str) and text.startswith(ETCD_SCHEME):
-            hosts, _, cluster = text[len(ETCD_SCHEME):].partition("/")
-            if not cluster or not all(c.isalnum() or c in "-_." for c in cluster):
-                raise ConfigError(f"{what}={text!r} names no cluster; expected etcd://HOST:PORT[,HOST:PORT...]/NAME "
-                                  "(NAME of letters, digits, '-', '_' or '.')")
-            endpoints = tuple(f"http://{h}" for h in hosts.split(",") if parse_host_port(h, what))
-            return cls(None, endpoints, cluster)
-        parse_host_port(text, what)
-        return cls(text)
-
-    @property
-    def is_cluster(self) -> bool:
-        return self.address is None
-
-    def __str__(self) -> str:
-        if self.address is not None:
-            return self.address
-        return ETCD_SCHEME + ",".join(e[len("http://"):] for e in self.etcd_endpoints) + "/" + self.cluster
-
-
-def parse_etcd_endpoints(text: str, what: str = "--etcd") -> tuple[str, ...]:
-    """"http://H:P[,http://H:P...]" (the scheme may be left out) -> client URLs; raises ConfigError."""
-    out = []
-    for item in text.split(","):
-        hostport = item.strip().removeprefix("http://")
-        parse_host_port(hostport, what)
-        out.append("http://" + hostport)
-    return tuple(out)
 
 
 DEFAULT_MAX_BATCH_KEYS = 2048

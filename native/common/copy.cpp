@@ -1,7 +1,7 @@
 #include "common/copy.h"
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -12,9 +12,9 @@
 namespace tidekv {
 namespace {
 
-constexpr size_t kMinStreamBytes = 4096;  // below a page streaming buys little, and each call pays a fence
-
 #if defined(__x86_64__)
+
+constexpr size_t kMinStreamBytes = 4096;  // below a page streaming buys little, and each call pays a fence
 
 // SSE2 is part of x86-64: this one runs everywhere.
 void stream_sse2(uint8_t* d, const uint8_t* s, size_t n) {
@@ -48,13 +48,6 @@ StreamFn pick() {
 
 const StreamFn kStream = pick();
 
-#endif
-
-}  // namespace
-
-#if defined(__x86_64__)
-namespace {
-
 void stream_with(StreamFn fn, void* dst, const void* src, size_t n) {
   auto* d = static_cast<uint8_t*>(dst);
   auto* s = static_cast<const uint8_t*>(src);
@@ -64,8 +57,9 @@ void stream_with(StreamFn fn, void* dst, const void* src, size_t n) {
   fn(d + head, s + head, n - head);
 }
 
-}  // namespace
 #endif
+
+}  // namespace
 
 void copy_bytes(void* dst, const void* src, size_t n, bool stream) {
 #if defined(__x86_64__)
