@@ -112,13 +112,16 @@ class MasterServer:
             self._thread.join(timeout=10)
 
     def serve_forever(self) -> None:
-        """Serves in the calling thread until interrupted."""
+        """Serves in the calling thread until interrupted. Raises ConfigError if it cannot bind."""
         asyncio.run(self._main())
+        if self._error is not None:
+            raise self._error
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
         http = None
+        port, what = self.config.port, "its port"
         try:
             tls = self.config.server_tls()
             self._rpc = await self._loop.create_server(
@@ -126,10 +129,11 @@ class MasterServer:
                 ssl_handshake_timeout=min(self.config.frame_timeout_s, 10.0) if tls is not None else None)
             self.rpc_port = self._rpc.sockets[0].getsockname()[1]
             if self.config.metrics_port >= 0:
+                port, what = self.config.metrics_port, "its metrics port (--metrics-port; 0 = any free, -1 = off)"
                 http = await asyncio.start_server(self._http, self.config.host, self.config.metrics_port)
                 self.metrics_port = http.sockets[0].getsockname()[1]
-        except BaseException as exc:  # noqa: BLE001 - reported to start()'s caller
-            reason = f"master cannot listen on {self.config.host}:{self.config.port}: {exc}"
+        except BaseException as exc:  # noqa: BLE001 - reported to start()'s or serve_forever()'s caller
+            reason = f"master cannot listen on {self.config.host}:{port}, {what}: {exc}"
             self._error = exc if isinstance(exc, ConfigError) else ConfigError(reason)
             self._ready.set()
             if self._rpc is not None:

@@ -102,6 +102,22 @@ def test_bad_settings_exit_nonzero_naming_the_setting(args: list[str], needle: s
     assert needle in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("flag", ["--port", "--metrics-port"])
+def test_a_port_in_use_exits_2_naming_it(flag: str) -> None:
+    # A taken metrics port once made `tidekv master` exit 0 without a word.
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        other = {"--port": ["--metrics-port", "0"], "--metrics-port": ["--port", "0"]}[flag]
+        result = _tidekv("master", "--host", "127.0.0.1", flag, port, *other)
+    assert result.returncode == 2, result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr, result.stderr
+    assert ("metrics port" in result.stderr) == (flag == "--metrics-port"), result.stderr
+
+
 class CliMaster:
     """``python -m tidekv master ...`` as a process; its address is parsed from its "listening on" log line."""
 
