@@ -26,6 +26,7 @@ from tidekv.store import journal as j
 from tidekv.store import tenants
 from tidekv.store.allocator import align
 from tidekv.store.repairs import RepairBook
+from tidekv.store.retired import RetiredBytes
 from tidekv.store.protocol import GetResult, Location, PutSlot, Status
 from tidekv.store.segments import SegmentTable
 
@@ -96,8 +97,7 @@ class ObjectTable:
         self.suspended: dict[bytes, ObjectMeta] = {}  # complete, every replica held: unreadable
         self.pending: dict[int, bytes] = {}  # token -> key of every pending put
         self.pending_by: dict[str, int] = {}  # writer -> how many pending puts it has (``max_pending_puts``)
-        # (free_at, size, replicas, tenant charged for them: None when not known, after a restore)
-        self.retired: list[tuple[float, int, tuple[object, ...], str | None]] = []
+        self.retired = RetiredBytes()  # bytes freed once the leases on them end
         self.counters = TableCounters()
         self.last_token = 0  # tokens are never reused, across restores too
         self.journal: j.OpLog | None = None  # when set, every change is added as an op
@@ -262,18 +262,10 @@ class ObjectTable:
         return len(stale)
 
     def free_retired(self, now: float) -> None:
-        if not self.retired:
-            return
-        keep = []
-        for entry in self.retired:
-            free_at, size, replicas, tenant = entry
-            if free_at <= now:
-                self._release(size, replicas)
-                if tenant is not None and self.quotas is not None:
-                    self.usage[tenant] -= align(size) * (len(replicas) // 2)
-            else:
-                keep.append(entry)
-        self.retired = keep
+        for _, size, replicas, tenant in self.retired.pop_due(now):
+            self._release(size, replicas)
+            if tenant is not None and self.quotas is not None:
+                self.usage[tenant] -= align(size) * (len(replicas) // 2)
 
     def drop_segments(self, names: set[str]) -> None:
         """Forgets replicas on dropped segments (unmounted, or suspended ones whose grace ended);
@@ -311,7 +303,7 @@ class ObjectTable:
             if tenant is not None and self.quotas is not None and len(kept) != len(r):
                 self.usage[tenant] -= align(size) * ((len(r) - len(kept)) // 2)
             retired.append((t, size, kept, tenant))
-        self.retired = retired
+        self.retired = RetiredBytes(retired)
 
     def suspend_segments(self, names: set[str], now: float) -> dict[str, int]:
         """Holds the replicas on ``names`` (segments just suspended): complete objects keep them in
@@ -430,7 +422,8 @@ class ObjectTable:
             self.pending_by[start.writer] = self.pending_by.get(start.writer, 0) + 1
         self.quarantine_until = now + mirror.lease_ttl_s
         # Whose retired bytes these were is not kept: they count against no quota until freed.
-        self.retired = [(max(t, self.quarantine_until), r.size, tuple(r.replicas), None) for t, r in mirror.retired]
+        self.retired = RetiredBytes((max(t, self.quarantine_until), r.size, tuple(r.replicas), None)
+                                    for t, r in mirror.retired)
         self.last_token = mirror.max_token
         if self.quotas is not None:
             self.usage = self.count_usage()
@@ -512,8 +505,8 @@ class ObjectTable:
         need = align(size) * replicas
         for _ in range(4):
             self.free_retired(now)
-            if self.evict(need, now, keep, only) == 0 and not self.retired:
-                break
+            if self.evict(need, now, keep, only) == 0 and self.retired.next_due() > now:
+                break  # nothing evictable and nothing due: another round would find the same
             placed = self.segments.allocate(size, replicas, preferred, pool, avoid)
             if placed:
                 return placed
@@ -554,7 +547,7 @@ class ObjectTable:
         replicas = meta.all_replicas
         free_at = max(meta.lease_until, self.quarantine_until)
         if free_at > now:
-            self.retired.append((free_at, meta.size, replicas, tenants.tenant_of(key)))
+            self.retired.add(free_at, meta.size, replicas, tenants.tenant_of(key))
         else:
             self._release(meta.size, replicas)
             if self.quotas is not None:

@@ -176,8 +176,8 @@ class RepairBook:
 
     def _abandon(self, key: bytes, repair: Repair, now: float) -> None:
         table = self.table
-        table.retired.append((max(repair.deadline, now), repair.size, (repair.segment, repair.offset),
-                              tenants.tenant_of(key)))
+        table.retired.add(max(repair.deadline, now), repair.size, (repair.segment, repair.offset),
+                          tenants.tenant_of(key))
         self.counters.failed += 1
         meta = table.objects.get(key)
         if meta is not None:
