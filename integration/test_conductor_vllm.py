@@ -82,11 +82,15 @@ def test_conductor_on_real_vllm(tiny_model: str, prompts: list[str], baseline: P
                     r"^tidekv_proxy_prefill_cost_per_token_seconds\{[^}]*\} (\S+)", text, re.M)]
                 assert len(fixed) == len(per_token) == 2, text
                 assert all(f + k * 1000 > 0 for f, k in zip(fixed, per_token)), text  # a prefill takes time
-            with conductor_proxy([p0.url, p1.url], dec.url, master, "--ttft-slo-ms", "0.001") as proxy:
+            # --probe-after-s 30: an answer stays fresh evidence for the whole check however slow
+            # this machine answers (at the default 1 s, two prefills over 1 s apart made every
+            # request a probe on a loaded CI machine, and nothing was shed).
+            with conductor_proxy([p0.url, p1.url], dec.url, master, "--ttft-slo-ms", "0.001",
+                                 "--probe-after-s", "30") as proxy:
                 body = {"model": "tiny", "prompt": "the first of several prompts " * 8, "max_tokens": 2}
                 assert post(proxy + "/v1/completions", body)[0] == 200  # no answer observed yet: served
                 # Over the SLO, a request whose estimate is stale (the other prefill has no answer of
-                # its own yet; an answer older than 1 s) goes as a probe; one on fresh evidence is shed.
+                # its own yet) goes as a probe; one on fresh evidence is shed.
                 statuses = []
                 for i in range(6):
                     status, answer = post(proxy + "/v1/completions", {**body, "prompt": f"and prompt {i} " * 8})

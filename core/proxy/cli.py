@@ -31,7 +31,7 @@ def _run(args: argparse.Namespace) -> int:
         prefill_urls=tuple(args.prefill), decode_urls=tuple(args.decode), host=args.host, port=args.port,
         policy=RoutingPolicy(args.policy), timeout_s=args.timeout_s, prefix_chunk_chars=args.prefix_chunk_chars,
         prefix_capacity=args.prefix_capacity, master=args.master or "", release_grace_s=args.release_grace_s,
-        ttft_slo_ms=args.ttft_slo_ms, secret=secret_from_env())
+        ttft_slo_ms=args.ttft_slo_ms, probe_after_s=args.probe_after_s, secret=secret_from_env())
     asyncio.run(_serve(config))
     return 0
 
@@ -107,6 +107,10 @@ Decode instances always go round robin.""",
     parser.add_argument("--ttft-slo-ms", type=float, default=d.ttft_slo_ms,
                         help="conductor policy: answer 429 when every prefill's estimated TTFT exceeds this "
                              "(default 0: never shed)")
+    parser.add_argument("--probe-after-s", type=float, default=d.probe_after_s,
+                        help="conductor policy: a prefill's estimate is trusted for shedding this long after its "
+                             "last answer (or while it has work in flight); older, the request is sent to it as a "
+                             f"probe instead (default {d.probe_after_s:g})")
     parser.add_argument("--timeout-s", type=float, default=d.timeout_s,
                         help=f"a backend silent this long (connecting, or mid-answer) fails the request with "
                              f"504 (default {d.timeout_s:g})")

@@ -27,7 +27,8 @@ Shedding only trusts fresh evidence. A model learns only from answers, and a she
 none: an estimate once over the SLO would stay there while nothing is in flight (benchmarks/
 trace_replay.py saw 750 requests in a row shed with empty queues). So a request whose best
 estimate is over the SLO is shed only while its estimate is fresh: the prefill instance has
-work in flight or answered within ``PROBE_AFTER_S``, and so has the decode. Otherwise it is
+work in flight or answered within ``probe_after_s`` (``PROBE_AFTER_S`` unless the proxy's
+``--probe-after-s`` says otherwise), and so has the decode. Otherwise it is
 sent as a probe, to the instance with the smallest stale estimate, and its answer renews the
 models. A probe costs little: it is a request the estimate had given up on. Probes, and whether
 they met the SLO (the proxy's TTFT: request in to first token out), are counted, as are the
@@ -61,7 +62,8 @@ HALF_LIFE_S = 3.0
 PRIOR_WEIGHT = 1.0
 """How many observations' worth of the fleet's fit is blended into each prefill instance's own."""
 PROBE_AFTER_S = 1.0
-"""An estimate is fresh this long after its leg's last observation (or while one is on its way)."""
+"""Default ``probe_after_s``: an estimate is fresh this long after its leg's last observation (or
+while one is on its way)."""
 
 
 @dataclass
@@ -136,7 +138,7 @@ class Estimate:
     ttft_s: float
     decode_s: float = 0.0
     fresh: bool = True
-    """Both legs' models saw an observation within PROBE_AFTER_S, or have one on its way."""
+    """Both legs' models saw an observation within ``probe_after_s``, or have one on its way."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +203,9 @@ class Conductor:
     ttft_slo_s: float | None = None
     """Shed requests whose best estimate (fresh) exceeds this; None: never shed."""
     num_decodes: int = 1
+    probe_after_s: float = PROBE_AFTER_S
+    """An estimate over the SLO is trusted (the request shed) only this long after its legs' last
+    answers, or while they have work in flight; after that the request goes as a probe."""
     queued_tokens: list[int] = field(default_factory=list)
     models: list[CostModel] = field(default_factory=list)
     decode_models: list[CostModel] = field(default_factory=list)
@@ -251,7 +256,7 @@ class Conductor:
         ``cached_tokens[i]``, its decode leg on ``decode``; None when no prefill has been observed yet."""
         decode_s = self.decode_leg_s(decode)
         decode_fresh = (not self.decode_models[decode].is_calibrated or self._awaiting_first_token[decode] > 0
-                        or _within(self._last_first_token_s[decode], now_s))
+                        or _within(self._last_first_token_s[decode], now_s, self.probe_after_s))
         out = []
         for i in range(self.num_instances):
             coefficients = self.coefficients_of(i)
@@ -260,7 +265,8 @@ class Conductor:
             fixed_s, per_token_s = coefficients
             uncached = max(0, prompt_tokens - min(cached_tokens[i], prompt_tokens))
             prefill_s = fixed_s + per_token_s * (self.queued_tokens[i] + uncached)
-            fresh = decode_fresh and (self._prefilling[i] > 0 or _within(self._last_answer_s[i], now_s))
+            fresh = decode_fresh and (self._prefilling[i] > 0
+                                      or _within(self._last_answer_s[i], now_s, self.probe_after_s))
             out.append(Estimate(i, self.queued_tokens[i], uncached, prefill_s + decode_s, decode_s, fresh))
         return out
 
@@ -378,8 +384,8 @@ class Conductor:
             model.age(factor)
 
 
-def _within(then_s: float | None, now_s: float) -> bool:
-    return then_s is not None and now_s - then_s <= PROBE_AFTER_S
+def _within(then_s: float | None, now_s: float, window_s: float) -> bool:
+    return then_s is not None and now_s - then_s <= window_s
 
 
 def reusable_tokens(prompt_tokens: int, cached_tokens: int, block_size: int | None) -> int:

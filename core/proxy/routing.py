@@ -26,7 +26,7 @@ from typing import Any
 from tidekv.config import MasterAddress
 from tidekv.errors import ConfigError, TidekvError
 from tidekv.kvcache.contract import remote_decode_params
-from tidekv.proxy.conductor import Decision
+from tidekv.proxy.conductor import PROBE_AFTER_S, Decision
 from tidekv.proxy.store_policy import StoreCard
 
 logger = logging.getLogger(__name__)
@@ -74,6 +74,10 @@ class ProxyConfig:
     ttft_slo_ms: float = 0.0
     """conductor policy: answer 429 at once when every prefill instance's estimated TTFT exceeds
     this. Default 0: never shed (0..3600000). Refused by the other policies."""
+    probe_after_s: float = PROBE_AFTER_S
+    """conductor policy: how long an instance's last answer keeps its estimate trusted for
+    shedding; a request whose estimate is older goes to it as a probe instead of a 429. Default
+    1 s (0.01..3600)."""
     secret: str | None = field(default=None, repr=False)
     """Shared secret of the deployment: proved to the master (store policy) and to the prefills'
     hold tables (releases). ``tidekv proxy`` takes ``TIDEKV_SECRET`` / ``TIDEKV_SECRET_FILE``. Default None."""
@@ -104,12 +108,15 @@ class ProxyConfig:
         elif self.master:
             raise ConfigError(f"master={self.master!r} is set but policy={self.policy.value!r} does not use it; "
                               "use policy 'store' or 'conductor'")
+        if self.probe_after_s != PROBE_AFTER_S and self.policy is not RoutingPolicy.CONDUCTOR:
+            raise ConfigError(f"probe_after_s={self.probe_after_s!r} is set but policy={self.policy.value!r} does "
+                              "not use it; use policy 'conductor'")
         if self.ttft_slo_ms and self.policy is not RoutingPolicy.CONDUCTOR:
             raise ConfigError(f"ttft_slo_ms={self.ttft_slo_ms!r} is set but policy={self.policy.value!r} does not "
                               "use it; use policy 'conductor'")
         for name, low, high in (("port", 0, 65535), ("timeout_s", 0.1, 86400), ("release_grace_s", 0, 600),
                                 ("prefix_chunk_chars", 1, 65536), ("prefix_capacity", 1, 1 << 24),
-                                ("ttft_slo_ms", 0, 3_600_000)):
+                                ("ttft_slo_ms", 0, 3_600_000), ("probe_after_s", 0.01, 3600)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
                 raise ConfigError(f"{name}={value!r} is out of range; allowed {low}..{high}")

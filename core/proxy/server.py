@@ -94,7 +94,7 @@ class ProxyServer:
         self._missing_kv_warning = WarnEvery()
         self._locator = StoreLocator(config.master, config.secret) if config.master else None
         self.conductor = (Conductor(len(config.prefill_urls), config.ttft_slo_ms / 1e3 if config.ttft_slo_ms else None,
-                                    num_decodes=len(config.decode_urls))
+                                    num_decodes=len(config.decode_urls), probe_after_s=config.probe_after_s)
                           if config.policy is RoutingPolicy.CONDUCTOR else None)
         self.metrics = Registry()
         self._requests = self.metrics.counter("tidekv_proxy_requests_total",

@@ -165,6 +165,14 @@ def test_a_request_in_flight_keeps_the_estimate_fresh() -> None:
     conductor.finished(b)
 
 
+def test_probe_after_s_is_how_long_an_answer_keeps_a_shed_trusted() -> None:
+    for window_s, at_s, expect_shed in ((1.0, 0.9, True), (1.0, 1.5, False), (30.0, 20.0, True), (30.0, 31.0, False)):
+        conductor = calibrated([1e-3, 1e-3])  # both answered at t = 0
+        conductor.ttft_slo_s, conductor.probe_after_s = 0.5, window_s
+        decision = conductor.choose(800, [0, 0], at_s)
+        assert decision.reject == expect_shed and decision.probe != expect_shed, (window_s, at_s, decision)
+
+
 def decode_calibrated(first_token_s: dict[int, float], prefill_s: float = 0.05) -> Conductor:
     """One prefill answering 500 tokens in ``prefill_s``; the decode's first token after
     ``first_token_s[n]`` when it had n requests in flight (all at time 0)."""

@@ -113,6 +113,8 @@ def test_normalize_url() -> None:
     ({"port": 70000}, "port"),
     ({"prefix_chunk_chars": 0}, "prefix_chunk_chars"),
     ({"policy": "prefix"}, "policy"),
+    ({"policy": RoutingPolicy.CONDUCTOR, "probe_after_s": 0}, "probe_after_s"),
+    ({"probe_after_s": 5.0}, "probe_after_s=5.0 is set but policy='round_robin'"),
 ])
 def test_config_rejects_bad_values_naming_the_field(fields: dict[str, Any], needle: str) -> None:
     values: dict[str, Any] = {"prefill_urls": P, "decode_urls": D, **fields}
