@@ -11,19 +11,15 @@ gone), and refuses the bytes if the lease ran out before the read finished. The 
 take a buffer or a list of buffers (parts): the object is then the parts' concatenation, written
 by gathering them and read by scattering into them (one transfer request per part and replica).
 
-A holder the master declared dead (paused, partitioned, slower than ``client_ttl_s``) re-mounts
-at its next heartbeat, quoting the incarnation secret it mounted with: the master gives back the
-objects its segment still holds and says how many were superseded meanwhile (logged at WARNING).
-
-Neighbours: ``master_client`` (the master, followed across failovers), ``staging`` (scratch memory for bytes objects),
-``tidekv.transfer`` (the data path). Thread-safe.
+Neighbours: ``membership`` (the segment, mounted and heartbeated; re-mounts after the master lost
+this client), ``master_client`` (the master, followed across failovers), ``staging`` (scratch
+memory for bytes objects), ``tidekv.transfer`` (the data path). Thread-safe.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import secrets
 import threading
 import time
 import uuid
@@ -46,17 +42,15 @@ from tidekv.errors import (
     TransferError,
     TransferTimeoutError,
 )
-from tidekv.store import mount_proof
 from tidekv.store import protocol as p
 from tidekv.store import tenants
 from tidekv.store.protocol import Pin, Status
 from tidekv.store.keys import Buffer, Key, buffer_span, key_bytes, show_key
 from tidekv.store.master_client import MasterClient
-from tidekv.store.repair_worker import RepairWorker
+from tidekv.store.membership import Member
 from tidekv.store.staging import StagingArea
 from tidekv.transfer.batch import TransferOp, TransferRequest, TransferState
 from tidekv.transfer.engine import TransferEngine
-from tidekv.transfer.memory import huge_pages_shareable
 from tidekv.transfer.region import Region
 
 logger = logging.getLogger(__name__)
@@ -98,20 +92,6 @@ def _in_order(span: Span) -> Pieces:
     return out
 
 
-def _huge_segment(choice: str, engine: TransferEngine) -> bool:
-    """Resolves StoreConfig.segment_memory to whether the segment is allocated on huge pages.
-
-    Huge-page segments are read by cross-memory attach, so ``auto`` takes them only where the
-    host allows it and this engine's config has not turned it off."""
-    shareable = engine.config.enable_cross_memory_attach and huge_pages_shareable()
-    if choice == "auto":
-        return shareable
-    if choice == "huge" and not shareable:
-        logger.warning("segment_memory=huge: this host restricts cross-memory attach or has THP off, "
-                       "or enable_cross_memory_attach is off; same-host peers may have to read the segment over tcp")
-    return choice == "huge"
-
-
 class Store:
     """A connection to a tidekv master plus this process's share of the pool.
 
@@ -134,23 +114,12 @@ class Store:
         self._rpc = MasterClient(master, self.client_id, timeout_s=config.rpc_timeout_s,
                                  failover_timeout_s=config.failover_timeout_s, busy_poll_us=config.rpc_busy_poll_us,
                                  register=True, secret=engine.config.secret, tls=tls, tenant=tenant)
-        self._segment: Region | None = None
-        self.segment_name = ""
-        # Proves to the master that a re-mount comes from this very process (a new one, with the
-        # same engine address, must not get this one's objects back); never leaves this process
-        # but in MountSegment.
-        self._incarnation = secrets.token_hex(16)
-        self._lease_expired = 0
         self._closed = threading.Event()
-        self._heartbeat: threading.Thread | None = None
-        self._repairs: RepairWorker | None = None
+        self._member: Member | None = None
         self._staging: StagingArea | None = None
         try:
             self._rpc.connect()
-            if config.segment_size_bytes > 0:
-                self._segment = engine.allocate(config.segment_size_bytes, huge=_huge_segment(config.segment_memory, engine))
-                self.segment_name = f"{engine.name}/{self.client_id}"
-                self._mount()
+            self._member = Member(self._rpc, engine, self.client_id, config)
             self._staging = StagingArea(engine, config.staging_size_bytes)
         except BaseException:
             self._rpc.close()
@@ -159,13 +128,12 @@ class Store:
             else:
                 self._release_memory()
             raise
-        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name=f"tidekv-heartbeat-{self.client_id}", daemon=True)
-        self._heartbeat.start()
-        # A holder copies objects that lost replicas into its segment when the master asks.
-        self._repairs = RepairWorker(self._rpc, engine, self.client_id, config.heartbeat_interval_s, self._closed) \
-            if self._segment is not None else None
-        if self._repairs is not None:
-            self._repairs.start()
+        self._member.start()
+
+    @property
+    def segment_name(self) -> str:
+        """This client's segment in the pool ("" for a pure client): ``preferred_segment`` names it."""
+        return self._member.segment_name if self._member is not None else ""
 
     @classmethod
     def connect(
@@ -470,10 +438,8 @@ class Store:
         if self._closed.is_set():
             return
         self._closed.set()
-        if self._heartbeat is not None:
-            self._heartbeat.join(timeout=5)
-        if self._repairs is not None:
-            self._repairs.join(timeout_s=5)
+        assert self._member is not None
+        self._member.stop()
         try:
             self._rpc.call(p.Disconnect(self.client_id), timeout_s=min(self.config.rpc_timeout_s, 2.0),
                            failover_timeout_s=0)
@@ -497,52 +463,8 @@ class Store:
         if self._staging is not None:
             self._staging.close()
             self._staging = None
-        if self._segment is not None:
-            self.engine.unregister(self._segment)
-            self._segment = None
-
-    def _mount(self) -> p.MountResult:
-        assert self._segment is not None
-        proof = mount_proof.prove(self.engine, self._segment, self._rpc.tenant, self.client_id, self.segment_name)
-        result: p.MountResult = self._rpc.call(p.MountSegment(self.client_id, self.segment_name, self.engine.name,
-                                                              self._segment.address, self._segment.length,
-                                                              self._incarnation, proof))
-        return result
-
-    def _remount(self) -> None:
-        """The master does not know this client (it declared it dead, or restarted): hello again
-        and mount the segment again, saying what became of the objects it held."""
-        self._rpc.call(p.Hello(self.client_id, p.PROTOCOL_VERSION))
-        if self._segment is None:
-            logger.warning("master %s did not know client %s (restarted, or declared it dead): said hello again",
-                           self._rpc.address, self.client_id)
-            return
-        result = self._mount()
-        if result.outcome == p.MountOutcome.RESUMED:
-            logger.warning("master %s had expired client %s; %d objects restored, %d superseded (re-put, upserted, "
-                           "removed, evicted or copied elsewhere meanwhile; their bytes in segment %s are free again)",
-                           self._rpc.address,
-                           self.client_id, result.restored, result.superseded, self.segment_name)
-        elif result.outcome == p.MountOutcome.NEW:
-            logger.warning("master %s had no record of segment %s (it restarted without its index, or dropped the "
-                           "segment after its suspension grace): re-mounted empty, the objects it held are gone",
-                           self._rpc.address, self.segment_name)
-
-    def _heartbeat_loop(self) -> None:
-        warned = False
-        while not self._closed.wait(self.config.heartbeat_interval_s):
-            expired, self._lease_expired = self._lease_expired, 0
-            try:
-                mounted = [self.segment_name] if self._segment is not None else []
-                need_remount = self._rpc.call(p.Heartbeat(self.client_id, expired, mounted), failover_timeout_s=0)
-                if need_remount:
-                    self._remount()
-                warned = False
-            except TidekvError as exc:  # never let the heartbeat die: the master would drop us
-                self._lease_expired += expired
-                if not warned:
-                    logger.warning("store client %s: heartbeat failed: %s", self.client_id, exc)
-                    warned = True
+        if self._member is not None:
+            self._member.release()
 
     def _put_spans(self, keys: list[bytes], spans: list[Span], pin: Pin, replicas: int | None, upsert: bool,
                    preferred_segment: str | None = None, avoid: tuple[str, ...] = ()) -> None:
@@ -660,7 +582,8 @@ class Store:
                     failures[keys[i]] = round_failures[keys[i]]
             pending, attempt = next_pending, attempt + 1
         if time.monotonic() > lease_deadline:
-            self._lease_expired += 1
+            assert self._member is not None
+            self._member.lease_expired += 1
             expired = LeaseExpiredError(
                 f"read of {len(keys)} object(s) outlived its lease; the bytes may have been replaced - retry",
                 key=keys[0] if len(keys) == 1 else None,

@@ -123,7 +123,7 @@ def test_a_mount_of_another_engines_memory_is_refused(spawn_master: SpawnMaster)
                 attacker.call(p.MountSegment("attacker", "stolen", victim.name, kv_cache.address, kv_cache.length,
                                              "", proof))
         # 2. The legitimate holder's own segment, renamed: not mounted twice, and no proof for it.
-        seg = holder._segment
+        seg = holder._member.segment
         assert seg is not None
         with pytest.raises(ConfigError, match="overlaps a segment another client has mounted"):
             attacker.call(p.MountSegment("attacker", "copy", holder.engine.name, seg.address, seg.length, "",

@@ -44,12 +44,12 @@ def _mapping_of(address: int) -> str:
 def test_segment_memory_setting_picks_the_backing(connect: Connect, spawn_master: SpawnMaster, memory: str) -> None:
     master = spawn_master()
     st = connect(master.address, segment_size=4 * MIB, segment_memory=memory)
-    assert st._segment is not None
-    is_memfd = "memfd:tidekv-buffer" in _mapping_of(st._segment.address)
+    assert st._member.segment is not None
+    is_memfd = "memfd:tidekv-buffer" in _mapping_of(st._member.segment.address)
     huge = memory == "huge" or (memory == "auto" and huge_pages_shareable())
-    assert is_memfd == (not huge), f"segment_memory={memory}: {_mapping_of(st._segment.address)}"
+    assert is_memfd == (not huge), f"segment_memory={memory}: {_mapping_of(st._member.segment.address)}"
     if huge:
-        assert st._segment.address % (2 * MIB) == 0, "huge-page segments start on a 2 MiB boundary"
+        assert st._member.segment.address % (2 * MIB) == 0, "huge-page segments start on a 2 MiB boundary"
 
 
 def test_unknown_segment_memory_is_refused() -> None:
@@ -67,7 +67,7 @@ def test_auto_stays_shared_when_the_engine_turns_cross_memory_attach_off(spawn_m
     st = Store.connect(master.address, segment_size=4 * MIB, config=StoreConfig(staging_size_bytes=1 << 20),
                        transfer_config=TransferConfig(enable_cross_memory_attach=False))
     try:
-        assert st._segment is not None
-        assert "memfd:tidekv-buffer" in _mapping_of(st._segment.address), "peers could not attach to huge pages"
+        assert st._member.segment is not None
+        assert "memfd:tidekv-buffer" in _mapping_of(st._member.segment.address), "peers could not attach to huge pages"
     finally:
         st.close()
