@@ -77,7 +77,7 @@ class ObjectInfo:
 
 def _span(buffer: Buffer | Parts) -> Span:
     """A buffer, or a list of them (parts), as (address, length) pieces."""
-    if isinstance(buffer, list):
+    if type(buffer) is list:
         return [buffer_span(part) for part in buffer]
     return [buffer_span(buffer)]
 
@@ -318,11 +318,15 @@ class Store:
                 spans.append(None)
                 continue
             parts = _span(buf)
-            length = sum(n for _, n in parts)
+            if len(parts) == 1:  # one buffer: no need to cut it into pieces
+                address, length = parts[0]
+                spans.append([(address, min(length, r.size), 0)])
+            else:
+                length = sum(n for _, n in parts)
+                spans.append(_in_order(_trim(parts, r.size)))
             if length < r.size:
                 too_small[key] = ConfigError(  # type: ignore[assignment]
                     f"buffer of {length} bytes is too small for object {show_key(key)} of {r.size} bytes")
-            spans.append(_in_order(_trim(parts, r.size)))
         if too_small:
             raise self._batch_error("get", too_small)
         self._read(bkeys, results, spans, lease_deadline)
@@ -594,6 +598,8 @@ class Store:
             raise self._batch_error("get", failures)
 
     def _ordered(self, locations: list[p.Location]) -> list[p.Location]:
+        if len(locations) < 2:
+            return locations
         own = self.engine.name
         return sorted(locations, key=lambda loc: loc.engine != own)
 

@@ -148,7 +148,7 @@ class ObjectTable:
         if self.quotas is not None:
             self.charge(key, align(size) * len(placed))
         token = self.last_token = self.last_token + 1
-        flat = tuple(v for pair in placed for v in pair)
+        flat = placed[0] if len(placed) == 1 else tuple(v for pair in placed for v in pair)
         meta = ObjectMeta(size, flat, PendingPut(token, writer, now, existing is not None), pin, token, replicas)
         if existing is not None:
             self.upserts[key] = meta
@@ -558,10 +558,11 @@ class ObjectTable:
             self.segments.release(seg, offset, size)
 
     def locations(self, meta: ObjectMeta) -> list[Location]:
+        segments, r, size = self.segments.segments, meta.replicas, meta.size
         out = []
-        for name, offset in meta.replica_pairs():
-            seg = self.segments.segments[name]
-            out.append(Location(name, seg.engine, seg.base + offset, meta.size))
+        for i in range(0, len(r), 2):
+            seg = segments[r[i]]  # type: ignore[index]
+            out.append(Location(r[i], seg.engine, seg.base + r[i + 1], size))  # type: ignore[arg-type, operator]
         return out
 
 
