@@ -92,7 +92,7 @@ def _frames(data: bytes) -> list[bytes]:
 
 
 class MasterFrames(Harness):
-    """Bytes into a master connection (``store.server._Connection``), as the event loop delivers
+    """Bytes into a master connection (``store.connection.MasterConnection``), as the event loop delivers
     them, in chunks: raw; after the magic; after a real greeting; after a whole (right-secret)
     handshake. Every byte the master writes back must be whole frames: the Challenge, then
     replies a client decodes; on a secured master nothing but ``auth`` errors unless the
@@ -121,7 +121,7 @@ class MasterFrames(Harness):
 
     async def _one(self, data: bytes) -> None:
         from tidekv.store import protocol as p
-        from tidekv.store.server import _Connection
+        from tidekv.store.connection import MasterConnection
 
         src = Source(data)
         flags = src.byte()
@@ -130,7 +130,7 @@ class MasterFrames(Harness):
         self.note(("raw", "after the magic", "after a greeting", "after a whole handshake")[mode] + (", secured" if secret else ""))
         server = self._servers[secret]
         transport = _FakeTransport()
-        conn = _Connection(server)
+        conn = MasterConnection(server)
         conn.connection_made(transport)
         is_authenticated = False
         if mode >= 1:
