@@ -5,7 +5,11 @@ object count — the object table, allocator and eviction bookkeeping — not lo
 - bytes per object: the process's resident memory grown by filling the table with N objects
   (64-byte keys, one 4 KiB replica each), divided by N;
 - ops/s: encoded single-key Get and PutStart+PutEnd requests through ``MasterService.handle``
-  at 1k objects and at N objects, and their ratio.
+  at 1k objects and at N objects, and their ratio;
+- longest pause at N objects: the longest of N/2 single-key puts in a row (PutStart+PutEnd),
+  with Python's cycle collector as it comes and then kept off the index as ``tidekv master``
+  keeps it (``store.collector.FrozenHeap``, ticked every 0.1 s; a tick counts as a pause, since
+  the master's loop serves no request meanwhile), and the 99.9th percentile of each.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 from tidekv.bench.report import Column, format_table
 from tidekv.config import MasterConfig
 from tidekv.store import protocol as p
+from tidekv.store.collector import FrozenHeap
 from tidekv.store.master import MasterService
 
 _OBJECT_BYTES = 4096
@@ -75,6 +80,27 @@ def _rate(svc: MasterService, n_objects: int, seconds: float, next_new: int) -> 
     return get_rate, put_rate, next_new
 
 
+def _pauses(svc: MasterService, puts: int, next_new: int, heap: FrozenHeap | None) -> tuple[float, float, int]:
+    """(longest, 99.9th percentile) seconds of ``puts`` single-key puts and, with ``heap``, of its
+    ticks (every 0.1 s, as the master's timer); and the next unused key number."""
+    times = []
+    tick_at = time.perf_counter()
+    for _ in range(puts):
+        k = _key(next_new)
+        next_new += 1
+        t0 = time.perf_counter()
+        slot = _call(svc, 4, p.PutStart("bench", [k], [_OBJECT_BYTES]))[0]
+        _call(svc, 5, p.PutEnd("bench", [k], [slot[1]]))
+        t1 = time.perf_counter()
+        times.append(t1 - t0)
+        if heap is not None and t1 >= tick_at:
+            heap.tick()
+            times.append(time.perf_counter() - t1)
+            tick_at = t1 + 0.1
+    times.sort()
+    return times[-1], times[int(len(times) * 0.999)], next_new
+
+
 def run(objects: int, seconds: float) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
@@ -90,11 +116,26 @@ def run(objects: int, seconds: float) -> list[dict[str, Any]]:
         _fill(svc, 1000, objects, bar)
     gc.collect()
     per_object = (_rss_bytes() - before) / (objects - 1000)
-    get_big, put_big, _ = _rate(svc, objects, seconds, next_new)
+    get_big, put_big, next_new = _rate(svc, objects, seconds, next_new)
+    puts = max(10_000, objects // 2)
+    longest, p999, next_new = _pauses(svc, puts, next_new, None)
+    heap = FrozenHeap(freeze_every_s=1.0)
+    heap.tick()  # the first freeze takes the whole index at once (a master's first is at start, when it is empty)
+    try:
+        longest_frozen, p999_frozen, _ = _pauses(svc, puts, next_new, heap)
+    finally:
+        gc.unfreeze()
     return [
         {"metric": "get ops/s", "at_1k": get_small, "at_n": get_big, "ratio": get_big / get_small, "objects": objects},
         {"metric": "put ops/s", "at_1k": put_small, "at_n": put_big, "ratio": put_big / put_small, "objects": objects},
         {"metric": "bytes/object", "at_1k": None, "at_n": per_object, "ratio": None, "objects": objects},
+        {"metric": f"longest put ms, collector as it comes ({puts:,} puts)", "at_1k": None, "at_n": longest * 1e3,
+         "ratio": None, "objects": objects},
+        {"metric": "  p99.9 put ms", "at_1k": None, "at_n": p999 * 1e3, "ratio": None, "objects": objects},
+        {"metric": f"longest put or tick ms, index frozen ({puts:,} puts)", "at_1k": None,
+         "at_n": longest_frozen * 1e3, "ratio": None, "objects": objects},
+        {"metric": "  p99.9 put or tick ms", "at_1k": None, "at_n": p999_frozen * 1e3, "ratio": None,
+         "objects": objects},
     ]
 
 
@@ -116,7 +157,7 @@ def _main(args: argparse.Namespace) -> int:
     cols = [
         Column("metric", "metric", align="<"),
         Column("at_1k", "at 1k objects", ",.0f"),
-        Column("at_n", f"at {args.objects:,} objects", ",.0f"),
+        Column("at_n", f"at {args.objects:,} objects", ",.6g"),
         Column("ratio", "ratio", ".2f"),
     ]
     print(format_table(rows, cols, title="tidekv master scaling (in-process MasterService.handle, encoded RPCs)"))

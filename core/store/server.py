@@ -26,6 +26,7 @@ from tidekv.errors import ConfigError
 from tidekv.metrics import Counter
 from tidekv.store import protocol as p
 from tidekv.store.journal import JournalFile, Mirror, encode_ops
+from tidekv.store.collector import FrozenHeap
 from tidekv.store.connection import MasterConnection
 from tidekv.store.master import MasterService
 from tidekv.store.replication import Replicator
@@ -48,6 +49,7 @@ class MasterServer:
         self.auth_failures = self._count_auth_failures()
         self.rpc_port = 0
         self.metrics_port = 0
+        self.heap: FrozenHeap | None = None  # the cycle collector kept off the index (serve_forever only)
         self._rpc: asyncio.Server | None = None
         self._spin_until = 0.0
         self._spinning = False
@@ -111,7 +113,9 @@ class MasterServer:
             self._thread.join(timeout=10)
 
     def serve_forever(self) -> None:
-        """Serves in the calling thread until interrupted. Raises ConfigError if it cannot bind."""
+        """Serves in the calling thread until interrupted, owning the process (its cycle
+        collector is kept off the index: ``collector``). Raises ConfigError if it cannot bind."""
+        self.heap = FrozenHeap()
         asyncio.run(self._main())
         if self._error is not None:
             raise self._error
@@ -281,6 +285,8 @@ class MasterServer:
             try:
                 self._drop_stalled()
                 self.service.tick()
+                if self.heap is not None:
+                    self.heap.tick()
                 self._persist()
                 if self.replicator is not None:
                     self.replicator.check()
@@ -337,6 +343,9 @@ class MasterServer:
                     **stats}
             if self.replicator is not None:
                 body["insync"] = self.replicator.insync
+            if self.heap is not None:  # the cycle collector kept off the index (``collector``)
+                body["gc"] = {"frozen_objects": gc.get_freeze_count(), "freezes": self.heap.freezes,
+                              "thaws": self.heap.thaws}
             return "200 OK", "application/json", json.dumps(body).encode()
         return "404 Not Found", "text/plain", b"not found: try /metrics or /health\n"
 

@@ -171,6 +171,30 @@ def test_master_command_serves_clients_and_stops_on_sigint(connect: Connect) -> 
         master.close()
 
 
+def test_the_master_command_keeps_the_cycle_collector_off_its_index(connect: Connect) -> None:
+    """``tidekv master`` owns its process: its timer freezes the survivors (store.collector), which
+    /health reports; a master started inside another program (tests, ``tidekv up``) does not."""
+    import urllib.request
+
+    master = CliMaster("--port", "0", "--metrics-port", "0")
+    try:
+        port = int(re.search(rb"metrics http port (\d+)", master.log).group(1))  # type: ignore[union-attr]
+        st = connect(master.address, segment_size=1 << 20)
+        st.put_many([f"k{i}" for i in range(500)], [b"v"] * 500)
+        deadline = time.monotonic() + 10
+        while True:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+                health = json.loads(resp.read())
+            if health["gc"]["freezes"] >= 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert health["gc"]["freezes"] >= 1 and health["gc"]["frozen_objects"] > 0, health["gc"]
+        assert health["keys"] == 500
+        st.close()
+    finally:
+        master.close()
+
+
 @pytest.mark.parametrize(
     ("file_s", "env_s", "flag_s", "expected_s"),
     [(7.0, None, None, 7.0), (None, 8.0, None, 8.0), (7.0, 8.0, None, 8.0), (7.0, 8.0, 9.0, 9.0)],
