@@ -278,6 +278,8 @@ class MasterServer:
     async def _ticker(self) -> None:
         while True:
             await asyncio.sleep(self.config.tick_s)
+            if self.heap is not None and self.recovered.is_set():  # a standby's mirror too; not mid-replay
+                self.heap.tick()
             if self.role is not None and not self.role.check_lease():
                 continue
             if self.service.not_serving:
@@ -285,8 +287,6 @@ class MasterServer:
             try:
                 self._drop_stalled()
                 self.service.tick()
-                if self.heap is not None:
-                    self.heap.tick()
                 self._persist()
                 if self.replicator is not None:
                     self.replicator.check()
