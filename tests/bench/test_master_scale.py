@@ -8,11 +8,15 @@ from tidekv.bench import master_scale
 
 
 def test_rows_of_a_small_run() -> None:
-    rows = {r["metric"].strip(): r for r in master_scale.run(objects=20_000, seconds=0.1)}
+    listed = master_scale.run(objects=20_000, seconds=0.1)
+    rows = {r["metric"].strip(): r for r in listed}
     assert rows["get ops/s"]["at_n"] > 0 and rows["put ops/s"]["at_n"] > 0
     assert rows["bytes/object"]["at_n"] > 0
     longest = rows["longest put ms, collector as it comes (10,000 puts)"]["at_n"]
     frozen = rows["longest put or tick ms, index frozen (10,000 puts)"]["at_n"]
     assert longest >= rows["p99.9 put ms"]["at_n"] > 0
     assert frozen >= rows["p99.9 put or tick ms"]["at_n"] > 0
+    collections = [r["at_n"] for r in listed if r["metric"].strip() == "longest full collection ms"]
+    assert len(collections) == 2 and all(c >= 0 for c in collections)
     assert gc.get_freeze_count() == 0, "the bench thaws what it froze"
+    assert gc.callbacks == [] or all(cb.__name__ != "timed" for cb in gc.callbacks), "the bench's timer is gone"
