@@ -77,7 +77,7 @@ class ObjectInfo:
 
 def _span(buffer: Buffer | Parts) -> Span:
     """A buffer, or a list of them (parts), as (address, length) pieces."""
-    if type(buffer) is list:
+    if isinstance(buffer, list):
         return [buffer_span(part) for part in buffer]
     return [buffer_span(buffer)]
 

@@ -33,8 +33,6 @@ def show_key(key: Key) -> str:
 def buffer_span(buf: Buffer) -> tuple[int, int]:
     if isinstance(buf, Region):
         return buf.address, buf.length
-    if type(buf) is tuple and len(buf) == 2 and type(buf[0]) is int and type(buf[1]) is int:
-        return buf  # the common case, first: (address, length) of plain ints
     if isinstance(buf, tuple) and len(buf) == 2 and all(isinstance(v, int) for v in buf):
         return buf
     address, length, _ = buffer_address(buf)
