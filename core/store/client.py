@@ -118,9 +118,12 @@ class Store:
         self._member: Member | None = None
         self._staging: StagingArea | None = None
         try:
-            self._rpc.connect()
+            # Memory first: the master declares a client dead after client_ttl_s of silence, and
+            # a large segment can take longer than that to fault in.
             self._member = Member(self._rpc, engine, self.client_id, config)
             self._staging = StagingArea(engine, config.staging_size_bytes)
+            self._rpc.connect()
+            self._member.mount()
         except BaseException:
             self._rpc.close()
             if owns_engine:

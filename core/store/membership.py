@@ -31,6 +31,9 @@ from tidekv.transfer.memory import huge_pages_shareable
 
 logger = logging.getLogger(__name__)
 
+_SLOW_ALLOCATION_BYTES = 8 << 30
+"""Segments from this size up say that they are being allocated (it takes seconds)."""
+
 
 def _huge_segment(choice: str, engine: TransferEngine) -> bool:
     """Resolves StoreConfig.segment_memory to whether the segment is allocated on huge pages.
@@ -47,8 +50,11 @@ def _huge_segment(choice: str, engine: TransferEngine) -> bool:
 
 
 class Member:
-    """Mounts the segment (if any) when made; ``start`` the heartbeat, ``stop`` it, then
-    ``release`` the segment's memory when the engine outlives the store."""
+    """Allocates the segment (if any) when made, before the master knows this client: faulting
+    in a large segment can take longer than ``client_ttl_s``, and a client silent that long
+    would be declared dead between its hello and its mount. Then ``mount`` it, ``start`` the
+    heartbeat, ``stop`` it, and ``release`` the segment's memory when the engine outlives the
+    store."""
 
     def __init__(self, rpc: MasterClient, engine: TransferEngine, client_id: str, config: StoreConfig) -> None:
         self._rpc = rpc
@@ -67,13 +73,16 @@ class Member:
         self._heartbeat: threading.Thread | None = None
         self._repairs: RepairWorker | None = None
         if config.segment_size_bytes > 0:
+            if config.segment_size_bytes >= _SLOW_ALLOCATION_BYTES:
+                logger.info("allocating a segment of %.1f GiB (faulting it in now, not inside the first transfers)",
+                            config.segment_size_bytes / (1 << 30))
             self.segment = engine.allocate(config.segment_size_bytes, huge=_huge_segment(config.segment_memory, engine))
             self.segment_name = f"{engine.name}/{client_id}"
-            try:
-                self._mount()
-            except BaseException:
-                self.release()
-                raise
+
+    def mount(self) -> None:
+        """Mounts the segment at the master (after hello); nothing for a pure client."""
+        if self.segment is not None:
+            self._mount()
 
     def start(self) -> None:
         """Starts heartbeating and, on a holder, taking repairs."""

@@ -91,3 +91,30 @@ def test_a_killed_and_restarted_holder_does_not_get_its_old_objects(spawn_master
     assert (stats["objects_lost"], stats["suspended_objects_dropped"], stats["objects_restored"]) == (1, 1, 0)
     again.call("put", key="old", size=100, seed=8)
     assert st.get("old") == payload(8, 100)
+
+
+def test_a_segment_slower_to_allocate_than_client_ttl_still_mounts(spawn_master: SpawnMaster) -> None:
+    """A large segment takes seconds to fault in (64 GiB, or a VM that backs fresh memory
+    lazily): the client must not be declared dead meanwhile and then refused its own mount."""
+    from tidekv.config import StoreConfig
+    from tidekv.store import Store
+    from tidekv.transfer import TransferEngine
+
+    class SlowEngine(TransferEngine):
+        def allocate(self, size: int, *, huge: bool = False):  # type: ignore[no-untyped-def]
+            time.sleep(1.5)  # three client TTLs
+            return super().allocate(size, huge=huge)
+
+    master = spawn_master(client_ttl_s=0.5)
+    engine = SlowEngine("127.0.0.1")
+    try:
+        st = Store.connect(master.address, segment_size=4 * MIB, engine=engine,
+                           config=StoreConfig(staging_size_bytes=1 * MIB, heartbeat_interval_s=0.1))
+        try:
+            st.put("k", b"v" * 1000)
+            assert st.get("k") == b"v" * 1000
+            assert st.locate_many(["k"]) == [[engine.name]], "the put lands in the slow-to-allocate segment"
+        finally:
+            st.close()
+    finally:
+        engine.close()
