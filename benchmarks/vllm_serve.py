@@ -330,13 +330,20 @@ def spawn(argv: list[str], ready: str, name: str, timeout_s: float = 90.0,
 
 
 def server(model: str, log_dir: Path, name: str, *, kv: dict[str, Any] | None = None, mode: str = "mp",
-           cpus: set[int] | None = None, bind: str | None = None, python: str = sys.executable) -> OpenAIServer:
+           cpus: set[int] | None = None, bind: str | None = None, python: str = sys.executable,
+           reserve_as_plain: bool = True) -> OpenAIServer:
     """An OpenAI server. ``mode`` "mp" is vLLM's default on CPU: the model runs in a worker process
     of its own, which busy-polls vLLM's shared-memory queue for 1 s after every step. "in-process"
     (``VLLM_ENABLE_V1_MULTIPROCESSING=0 --distributed-executor-backend uni``) runs it in the
     engine-core process, which sleeps when idle. ``cpus``: the server's CPU affinity (every process
-    it starts inherits it); ``bind``: ``VLLM_CPU_OMP_THREADS_BIND`` (mp mode only)."""
+    it starts inherits it); ``bind``: ``VLLM_CPU_OMP_THREADS_BIND`` (mp mode only); ``reserve_as_plain``:
+    a server with a connector keeps back the cores a plain one does (``--vllm-default-reservation``)."""
     env = {} if bind is None else {"VLLM_CPU_OMP_THREADS_BIND": bind}
+    if kv is not None and bind is None and reserve_as_plain:
+        # With any kv_transfer_config vLLM keeps one core more back from its OpenMP threads; on
+        # 2 vCPUs that is more than it has, so it keeps none (tidekv_vllm.worker.
+        # cpu_reservation_warning). Keep back what a plain server does, as the README advises.
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "1"
     return OpenAIServer(model, kv_transfer_config=kv, env=env, log_path=log_dir / f"{name}.log", python=python,
                         cpus=cpus, in_process=mode == "in-process")
 
@@ -357,6 +364,9 @@ def main() -> int:
     ap.add_argument("--keep-logs", help="copy every server's log into this directory")
     ap.add_argument("--proxy-pairs", type=int, default=200, help="requests each way for the proxy's own overhead")
     ap.add_argument("--json", help="write the summary (and every probe sample) here")
+    ap.add_argument("--vllm-default-reservation", action="store_true",
+                    help="leave VLLM_CPU_NUM_OF_RESERVED_CPU unset for the store and LMCache servers (vLLM then keeps "
+                         "no core back on a 2-vCPU host; by default they keep one, as a plain server does)")
     ap.add_argument("--stub", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.stub:
@@ -429,11 +439,13 @@ def main() -> int:
             if handoff is not None:
                 print(f"== the proxy alone: {args.proxy_pairs} pairs against stub backends", flush=True)
                 results["probes"]["proxy_alone"] = probe_proxy_alone(handoff, args.proxy_pairs, out_tok)
+            reserve = not args.vllm_default_reservation
             if "store" in columns:
                 with spawn([sys.executable, "-m", "tidekv", "up", "--port", "0", "--metrics-port", "-1",
                             "--segment-size", "2GiB"], r'"master": "([^"]+)"', "tidekv up") as (_, m):
                     kv = {**TIDEKV, "kv_connector_extra_config": {"master": m.group(1)}}
-                    reuse_column(args, column, results, "store", lambda n: server(model, logs, n, kv=kv), n_tok)
+                    reuse_column(args, column, results, "store",
+                                 lambda n: server(model, logs, n, kv=kv, reserve_as_plain=reserve), n_tok)
             if "lmcache" in columns:
                 if not LMCACHE_PYTHON.exists():
                     note = f"lmcache column skipped: {LMCACHE_PYTHON} missing (run integration/setup_lmcache.sh)"
@@ -451,7 +463,8 @@ def main() -> int:
                               "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1",
                                                             "lmcache.mp.port": lm_port}}
                         reuse_column(args, column, results, "lmcache",
-                                     lambda n: server(model, logs, n, kv=kv, python=str(LMCACHE_PYTHON)), n_tok)
+                                     lambda n: server(model, logs, n, kv=kv, python=str(LMCACHE_PYTHON),
+                                                      reserve_as_plain=reserve), n_tok)
         finally:
             if args.keep_logs:
                 Path(args.keep_logs).mkdir(parents=True, exist_ok=True)

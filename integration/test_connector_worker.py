@@ -101,3 +101,17 @@ def test_saving_request_is_reported_even_without_a_store_client(worker: Any) -> 
     worker.save(meta)
     assert worker.get_finished({"s"})[0] == {"s"}
     assert worker.get_finished(set())[0] == set()
+
+
+def test_cpu_reservation_warning_names_the_setting_only_when_vllm_kept_no_core() -> None:
+    from tidekv_vllm.worker import cpu_reservation_warning
+
+    # 2 vCPUs, a connector: vLLM bound both cores to OpenMP (it wanted 2 reserved, could keep none)
+    warning = cpu_reservation_warning("cpu", 2, 2, {})
+    assert warning is not None and "VLLM_CPU_NUM_OF_RESERVED_CPU=1" in warning and "all 2 CPUs" in warning
+    assert cpu_reservation_warning("cpu", 2, 2, {"VLLM_CPU_OMP_THREADS_BIND": "auto"}) is not None
+    # a core was kept back, or the user chose: nothing to say
+    assert cpu_reservation_warning("cpu", 1, 2, {}) is None
+    assert cpu_reservation_warning("cpu", 2, 2, {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}) is None
+    assert cpu_reservation_warning("cpu", 2, 2, {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}) is None
+    assert cpu_reservation_warning("cuda:0", 64, 64, {}) is None

@@ -11,6 +11,8 @@ finished requests keep their blocks until their saves are done.
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +36,27 @@ logger = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.01
 """Longest sleep in an idle step while holding blocks; a release ends it at once."""
+
+
+def cpu_reservation_warning(location: str, omp_threads: int, cpus: int, env: Mapping[str, str]) -> str | None:
+    """What to tell a vLLM CPU user whose OpenMP threads took every CPU (None: nothing).
+
+    vLLM's CPU backend binds one spinning OpenMP thread per core and keeps cores back for the
+    engine core and the API server; with any ``kv_transfer_config`` it keeps one more
+    (``vllm/utils/ompmultiprocessing.py``: "for nixl_connector"). On a host without that many to
+    spare it keeps none, and the scheduler, the API server and the connector's threads then
+    wait behind spinning threads on every core: on 2 vCPUs decode ran 3-7x slower with any
+    connector (tidekv's or LMCache's) until ``VLLM_CPU_NUM_OF_RESERVED_CPU=1``
+    (``benchmarks/vllm_serve.py``). A binding the user chose is left alone."""
+    if location != "cpu" or "VLLM_CPU_NUM_OF_RESERVED_CPU" in env:
+        return None
+    if env.get("VLLM_CPU_OMP_THREADS_BIND", "auto") not in ("", "auto") or omp_threads < cpus:
+        return None
+    return (f"vLLM bound {omp_threads} OpenMP threads to all {cpus} CPUs of this host: with a KV connector it "
+            "reserves one core more than without, and this host has none to spare, so it reserved none. Its "
+            "scheduler, API server and this connector now wait behind spinning threads (decode 3-7x slower on "
+            "2 vCPUs). Set VLLM_CPU_NUM_OF_RESERVED_CPU=1 (or VLLM_CPU_OMP_THREADS_BIND) for vLLM's usual "
+            "reservation; see the README's vLLM section.")
 
 
 @dataclass
@@ -94,6 +117,13 @@ class TidekvWorker:
                     f"master {self.settings.master}" if self._link is not None else "none (no store)",
                     self.settings.load_mode, self.holds.address, len(self.layout.layers),
                     self.layout.layers[0].num_blocks if self.layout.layers else 0, self.layout.fingerprint)
+        if self.layout.location == "cpu":
+            import torch
+
+            warning = cpu_reservation_warning(self.layout.location, torch.get_num_threads(), os.cpu_count() or 1,
+                                              os.environ)
+            if warning:
+                logger.warning("tidekv connector: %s", warning)
 
     def handshake(self) -> TidekvHandshake:
         assert self.layout is not None, "register_kv_caches() comes first"
