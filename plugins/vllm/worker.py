@@ -45,7 +45,7 @@ def cpu_reservation_warning(location: str, omp_threads: int, cpus: int, env: Map
     engine core and the API server; with any ``kv_transfer_config`` it keeps one more
     (``vllm/utils/ompmultiprocessing.py``: "for nixl_connector"). On a host without that many to
     spare it keeps none, and the scheduler, the API server and the connector's threads then
-    wait behind spinning threads on every core: on 2 vCPUs decode ran 3-7x slower with any
+    wait behind spinning threads on every core: on 2 vCPUs decode ran 1.5-7x slower with any
     connector (tidekv's or LMCache's) until ``VLLM_CPU_NUM_OF_RESERVED_CPU=1``
     (``benchmarks/vllm_serve.py``). A binding the user chose is left alone."""
     if location != "cpu" or "VLLM_CPU_NUM_OF_RESERVED_CPU" in env:
@@ -54,7 +54,7 @@ def cpu_reservation_warning(location: str, omp_threads: int, cpus: int, env: Map
         return None
     return (f"vLLM bound {omp_threads} OpenMP threads to all {cpus} CPUs of this host: with a KV connector it "
             "reserves one core more than without, and this host has none to spare, so it reserved none. Its "
-            "scheduler, API server and this connector now wait behind spinning threads (decode 3-7x slower on "
+            "scheduler, API server and this connector now wait behind spinning threads (decode 1.5-7x slower on "
             "2 vCPUs). Set VLLM_CPU_NUM_OF_RESERVED_CPU=1 (or VLLM_CPU_OMP_THREADS_BIND) for vLLM's usual "
             "reservation; see the README's vLLM section.")
 
