@@ -148,3 +148,14 @@ def test_the_byte_check_finds_the_first_differing_byte() -> None:
     corrupted[5000] ^= 1
     assert _first_difference(memoryview(bytes(expected)), expected) is None
     assert _first_difference(memoryview(corrupted), expected) == 5000
+
+
+@pytest.mark.parametrize("cpus, names_the_setting", [(2, True), (1, False), (8, False)])
+def test_cpus_fact_names_vllms_reservation_setting_on_small_hosts(monkeypatch: pytest.MonkeyPatch, cpus: int,
+                                                                  names_the_setting: bool) -> None:
+    from tidekv.doctor import report
+
+    monkeypatch.setattr(report.os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    fact = next(f for f in report.host_facts() if f.name == "cpus")
+    assert fact.value == str(cpus)
+    assert ("VLLM_CPU_NUM_OF_RESERVED_CPU=1" in fact.note) is names_the_setting

@@ -134,6 +134,7 @@ def host_facts() -> list[HostFact]:
     thp = memory.thp_mode()
     scope = memory.yama_ptrace_scope()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    cpus = len(os.sched_getaffinity(0))
     scope_notes = {0: "any process of the same user may attach", 1: "a process may attach to its descendants "
                    "and to processes that allow it (engines do)", 2: "only CAP_SYS_PTRACE may attach",
                    3: "no process may attach"}
@@ -147,7 +148,9 @@ def host_facts() -> list[HostFact]:
         HostFact("open files (RLIMIT_NOFILE)", f"{_limit(soft)} soft, {_limit(hard)} hard",
                  "each tcp peer takes connections_per_peer sockets on both ends"),
         HostFact("kernel", platform.release(), platform.machine()),
-        HostFact("cpus", str(len(os.sched_getaffinity(0))), "usable by this process"),
+        HostFact("cpus", str(cpus), "usable by this process" if cpus != 2 else
+                 "usable by this process; vLLM's CPU backend with a KV connector keeps no core back for its "
+                 "scheduler on two: run it with VLLM_CPU_NUM_OF_RESERVED_CPU=1 (README: vLLM plugin)"),
     ]
 
 
