@@ -252,6 +252,24 @@ def test_connecting_to_no_master_raises_master_unavailable() -> None:
         Store.connect("no-port-here", config=StoreConfig(staging_size_bytes=1 << 20))
 
 
+def test_a_holder_that_finds_no_master_gives_its_memory_back() -> None:
+    """The segment is allocated before the master is asked (a large one takes seconds): a connect
+    that then fails leaves nothing registered on an engine the caller keeps."""
+    from tidekv.transfer import TransferEngine
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    engine = TransferEngine("127.0.0.1")
+    try:
+        with pytest.raises(MasterUnavailableError):
+            Store.connect(f"127.0.0.1:{port}", segment_size=8 << 20, engine=engine,
+                          config=StoreConfig(staging_size_bytes=1 << 20, rpc_timeout_s=0.3, failover_timeout_s=0.5))
+        assert not engine._regions, "the segment and the staging area must be unregistered"  # noqa: SLF001
+    finally:
+        engine.close()
+
+
 def _partial_request(master: MasterProcess, body_bytes: int) -> socket.socket:
     """A connection that greets and starts a request of body_bytes, sending all but its last byte."""
     host, port = master.address.rsplit(":", 1)
