@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+import time
 
 from tidekv.config import StoreConfig
 from tidekv.errors import TidekvError
@@ -33,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 _SLOW_ALLOCATION_BYTES = 8 << 30
 """Segments from this size up say that they are being allocated (it takes seconds)."""
+_SLOW_ALLOCATION_S = 1.0
+"""An allocation that took this long says so (some VMs back long-unused memory again on first touch)."""
 
 
 def _huge_segment(choice: str, engine: TransferEngine) -> bool:
@@ -73,10 +76,14 @@ class Member:
         self._heartbeat: threading.Thread | None = None
         self._repairs: RepairWorker | None = None
         if config.segment_size_bytes > 0:
+            gib = config.segment_size_bytes / (1 << 30)
             if config.segment_size_bytes >= _SLOW_ALLOCATION_BYTES:
-                logger.info("allocating a segment of %.1f GiB (faulting it in now, not inside the first transfers)",
-                            config.segment_size_bytes / (1 << 30))
+                logger.info("allocating a segment of %.1f GiB (faulting it in now, not inside the first transfers)", gib)
+            started = time.monotonic()
             self.segment = engine.allocate(config.segment_size_bytes, huge=_huge_segment(config.segment_memory, engine))
+            elapsed_s = time.monotonic() - started
+            if elapsed_s >= _SLOW_ALLOCATION_S:
+                logger.info("faulting in the %.1f GiB segment took %.1f s", gib, elapsed_s)
             self.segment_name = f"{engine.name}/{client_id}"
 
     def mount(self) -> None:
