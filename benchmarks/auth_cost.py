@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 
+from tidekv.bench.process import free_port
 from tidekv.bench.timing import percentile
 from tidekv.config import StoreConfig, TlsConfig, TransferConfig
 from tidekv.store.client import Store
@@ -52,12 +53,6 @@ def _holder(address: str, secret: str | None, ca_file: str | None) -> subprocess
     return proc
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _certificate(directory: str) -> tuple[str, str]:
     cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days",
@@ -67,7 +62,7 @@ def _certificate(directory: str) -> tuple[str, str]:
 
 
 def _master(secret: str | None, tls: tuple[str, str] | None) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEKV_")}
     if secret:
         env["TIDEKV_SECRET"] = secret

@@ -27,13 +27,8 @@ from typing import Any
 import numpy as np
 
 from tidekv import Store
+from tidekv.bench.process import free_port
 from tidekv.values import format_size, parse_size
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _holder(master: str, segment: int, ready: Any) -> None:
@@ -53,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     n, part = args.pages, args.part_size
     batch = 2 * n * part
     segment = 3 * batch + (64 << 20)
-    port = _free_port()
+    port = free_port()
     master = subprocess.Popen([sys.executable, "-m", "tidekv", "master", "--host", "127.0.0.1", "--port", str(port),
                                "--metrics-port", "-1", "--lease-ttl-s", "0.3"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -41,7 +41,7 @@ from typing import Any
 
 from tidekv.bench import mooncake_te
 from tidekv.bench.mooncake_te import INSTALL_HINT
-from tidekv.bench.process import HelperProcess, send_ready, serve
+from tidekv.bench.process import HelperProcess, free_port, send_ready, serve
 from tidekv.bench.store_ops import KeyMaker, Span, StoreOp, time_op
 from tidekv.bench.timing import Budget
 from tidekv.errors import ConfigError, TidekvError
@@ -113,20 +113,13 @@ def check_available() -> None:
     master_executable()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((_HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _die_with_parent() -> None:
     # Runs in the child between fork and exec: a SIGKILLed bench must not leave a master behind.
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _master_command(api: MooncakeApi, rpc_port: int, lease_ttl_s: float | None) -> list[str]:
-    flags = [f"--rpc_port={rpc_port}", f"--rpc_address={_HOST}", f"--metrics_port={_free_port()}"]
+    flags = [f"--rpc_port={rpc_port}", f"--rpc_address={_HOST}", f"--metrics_port={free_port(_HOST)}"]
     if lease_ttl_s is not None:
         flags.append(f"--default_kv_lease_ttl={round(lease_ttl_s * 1000)}")
     if api == MooncakeApi.SHIM:  # its flags are Mooncake's; it refuses the three below, which it has no use for
@@ -155,7 +148,7 @@ class MooncakeMaster:
             raise ConfigError(f"lease_ttl_s={lease_ttl_s} is under {MIN_LEASE_TTL_S} s; Mooncake's gets then fail "
                               "with -707")
         self.api = api
-        self.rpc_port = _free_port()
+        self.rpc_port = free_port(_HOST)
         self.log_path = Path(log_dir) / f"{api.value}-master.log"
         command = _master_command(api, self.rpc_port, lease_ttl_s)
         with open(self.log_path, "wb") as log:

@@ -19,6 +19,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -33,6 +34,13 @@ logger = logging.getLogger(__name__)
 
 _POLL_S = 0.2
 _LOG_TAIL_BYTES = 4000
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now, for a server a bench starts on ``host``."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def _entry(main: Callable[..., None], log_path: str, conn: Connection, args: tuple[Any, ...]) -> None:
