@@ -117,13 +117,12 @@ class TidekvWorker:
                     f"master {self.settings.master}" if self._link is not None else "none (no store)",
                     self.settings.load_mode, self.holds.address, len(self.layout.layers),
                     self.layout.layers[0].num_blocks if self.layout.layers else 0, self.layout.fingerprint)
-        if self.layout.location == "cpu":
-            import torch
+        import torch
 
-            warning = cpu_reservation_warning(self.layout.location, torch.get_num_threads(), os.cpu_count() or 1,
-                                              os.environ)
-            if warning:
-                logger.warning("tidekv connector: %s", warning)
+        warning = cpu_reservation_warning(self.layout.location, torch.get_num_threads(), os.cpu_count() or 1,
+                                          os.environ)
+        if warning:
+            logger.warning("tidekv connector: %s", warning)
 
     def handshake(self) -> TidekvHandshake:
         assert self.layout is not None, "register_kv_caches() comes first"
