@@ -34,6 +34,7 @@ from tidekv.store import journal as j
 from tidekv.store import mount_proof
 from tidekv.store import protocol as p
 from tidekv.store import tenants as t
+from tidekv.store.master_metrics import index_gauges
 from tidekv.store.objects import ObjectTable
 from tidekv.store.segments import SegmentTable, SuspendedSegment
 
@@ -109,50 +110,7 @@ class MasterService:
         self._lease_expired = self.metrics.counter(
             "tidekv_lease_expiries_total", "reads that outlived their lease (reported by clients)"
         )
-        self.metrics.gauge("tidekv_keys", "complete objects", lambda: {(): self._complete_keys()})
-        self.metrics.gauge("tidekv_pending_puts", "puts started but not ended", lambda: {(): len(self.objects.pending)})
-        self.metrics.gauge("tidekv_clients", "live clients", lambda: {(): len(self.segments.clients)})
-        self.metrics.gauge(
-            "tidekv_segment_used_bytes",
-            "bytes allocated per segment",
-            lambda: {(("segment", s.name),): s.used for s in self.segments.segments.values()},
-        )
-        self.metrics.gauge(
-            "tidekv_segment_capacity_bytes",
-            "capacity per segment",
-            lambda: {(("segment", s.name),): s.capacity for s in self.segments.segments.values()},
-        )
-        c = self.objects.counters
-        self.metrics.gauge("tidekv_evictions_total", "objects evicted", lambda: {(): c.evictions}, kind="counter")
-        self.metrics.gauge("tidekv_evicted_bytes_total", "bytes of objects evicted", lambda: {(): c.evicted_bytes},
-                           kind="counter")
-        self.metrics.gauge("tidekv_puts_reclaimed_total", "unfinished puts reclaimed", lambda: {(): c.puts_reclaimed},
-                           kind="counter")
-        self.metrics.gauge("tidekv_objects_lost_total", "objects lost with their last replica",
-                           lambda: {(): c.objects_lost}, kind="counter")
-        self.metrics.gauge("tidekv_suspended_segments", "segments of clients declared dead, kept for their return",
-                           lambda: {(): len(self.segments.suspended)})
-        self.metrics.gauge("tidekv_suspended_keys", "objects unreadable until their holder returns",
-                           lambda: {(): len(self.objects.suspended)})
-        rc = self.objects.repairs.counters
-        for name, what in (("started", "repairs handed to holders (copies of objects that lost replicas)"),
-                           ("done", "repairs whose copy became a replica"),
-                           ("failed", "repairs that failed or missed their deadline (retried)"),
-                           ("stale", "repairs of objects removed or replaced meanwhile")):
-            self.metrics.gauge(f"tidekv_repairs_{name}_total", what, lambda n=name: {(): getattr(rc, n)}, kind="counter")
-        self.metrics.gauge("tidekv_repairs_under_way", "repairs handed out and not yet reported",
-                           lambda: {(): len(self.objects.repairs.under_way)})
-        self.metrics.gauge("tidekv_objects_restored_total", "objects given back to a holder that returned",
-                           lambda: {(): c.objects_restored}, kind="counter")
-        self.metrics.gauge("tidekv_replicas_trimmed_total",
-                           "replicas freed on a returning holder's segment: copies elsewhere had replaced them",
-                           lambda: {(): c.replicas_trimmed}, kind="counter")
-        self.metrics.gauge("tidekv_objects_superseded_total",
-                           "objects on a suspended segment replaced or removed before their holder returned",
-                           lambda: {(): c.objects_superseded}, kind="counter")
-        self.metrics.gauge("tidekv_suspended_objects_dropped_total",
-                           "objects dropped because their holder did not return within suspend_grace_s",
-                           lambda: {(): c.suspended_lost}, kind="counter")
+        index_gauges(self.metrics, self.segments, self.objects, self._complete_keys)
         self._pools: dict[str, frozenset[str]] = {}  # per tenant: whose segments may hold its objects
         if self.tenants is not None:
             self._enable_tenants(self.tenants)
