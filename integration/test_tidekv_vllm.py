@@ -265,13 +265,16 @@ def test_proxy_store_policy_on_real_vllm(tiny_model: str, prompts: list[str], ba
     from tidekv.proxy.routing import prefill_request
     from tidekv.proxy.store_policy import StoreCard, StoreLocator, tokenize_request
 
+    # Engine cores run the model themselves (in_process): no worker process to import vLLM a third
+    # time and busy-poll a core; the multiprocess path has test_pd_online_through_the_proxy[mp].
     segment = 64 << 20  # each prefill's own share of the pool, where its saves go
     with tidekv_up() as master, \
             OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(master=master, store_segment_size=segment),
-                         log_path=tmp_path / "prefill0.log") as p0, \
+                         log_path=tmp_path / "prefill0.log", in_process=True) as p0, \
             OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(master=master, store_segment_size=segment),
-                         log_path=tmp_path / "prefill1.log") as p1, \
-            OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(), log_path=tmp_path / "decode.log") as dec:
+                         log_path=tmp_path / "prefill1.log", in_process=True) as p1, \
+            OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(), log_path=tmp_path / "decode.log",
+                         in_process=True) as dec:
         servers = {"prefill0": p0, "prefill1": p1, "decode": dec}
         locator = StoreLocator(master)
         port = free_port()
