@@ -49,7 +49,8 @@ def test_dead_decode_frees_the_prefills_kv_within_a_second(tiny_model: str, prom
     to zero within 1 s (not after hold_timeout_s, 120 s): the proxy released the hold. Control:
     a prefill request nobody releases keeps its blocks."""
     dead = f"http://127.0.0.1:{free_port()}"
-    with OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(), log_path=tmp_path / "prefill.log") as prefill:
+    with OpenAIServer(tiny_model, kv_transfer_config=tidekv_config(), log_path=tmp_path / "prefill.log",
+                      in_process=True) as prefill:
         port = free_port()
         proxy = subprocess.Popen(
             [sys.executable, "-m", "tidekv", "proxy", "--prefill", prefill.url, "--decode", dead, "--port", str(port)],
@@ -93,7 +94,8 @@ def test_master_started_after_the_server_is_used_once_up(tiny_model: str, prompt
     master = f"127.0.0.1:{free_port()}"
     env = {"TIDEKV_MASTER": master, "VLLM_SERVER_DEV_MODE": "1"}  # dev mode: POST /reset_prefix_cache
     config = tidekv_config(store_timeout_s=0.5)
-    with OpenAIServer(tiny_model, kv_transfer_config=config, env=env, log_path=tmp_path / "server.log") as server:
+    with OpenAIServer(tiny_model, kv_transfer_config=config, env=env, log_path=tmp_path / "server.log",
+                      in_process=True) as server:
         try:
             log = server.log()
             assert f"store master {master}, load mode sync" in log and "tidekv connector: role kv_both, tp rank 0" \
