@@ -247,7 +247,8 @@ def test_connecting_to_no_master_raises_master_unavailable() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(MasterUnavailableError, match=f"127.0.0.1:{port}"):
-        Store.connect(f"127.0.0.1:{port}", config=StoreConfig(staging_size_bytes=1 << 20, rpc_timeout_s=0.3))
+        Store.connect(f"127.0.0.1:{port}",
+                      config=StoreConfig(staging_size_bytes=1 << 20, rpc_timeout_s=0.3, failover_timeout_s=0.5))
     with pytest.raises(ConfigError, match="host:port"):
         Store.connect("no-port-here", config=StoreConfig(staging_size_bytes=1 << 20))
 
