@@ -141,6 +141,10 @@ class Member:
                            "segment after its suspension grace): re-mounted empty, the objects it held are gone",
                            self._rpc.address, self.segment_name)
 
+    def count_lease_expiry(self) -> None:
+        """A read outlived its lease: the next heartbeat tells the master."""
+        self.lease_expired += 1
+
     def _heartbeat_loop(self) -> None:
         warned = False
         while not self._closed.wait(self._interval_s):
