@@ -37,8 +37,28 @@ class build_ext_and_capi(build_ext):
     editable builds, where the source tree is the package)."""
 
     def run(self):
+        if self.built_in_place_is_current():
+            print("tidekv._native and libtransfer_engine.so in the source tree are newer than every file they are "
+                  "built from: not rebuilt (delete core/_native*.so to force a build)")
+            return
         super().run()
         self.build_capi()
+
+    def built_in_place_is_current(self):
+        """Editable and in-place builds: whether both libraries in the source tree are newer than
+        every file under native/ and plugins/trtllm/capi and the build files (make's rule). Their
+        names carry this interpreter's ABI (EXT_SUFFIX), so another Python builds its own. This is
+        what lets a second venv of the same checkout (integration/setup_*.sh) skip the compile."""
+        if not (self.inplace or getattr(self, "editable_mode", False)) or self.force:
+            return False
+        package_dir = self.get_finalized_command("build_py").get_package_dir("tidekv")
+        outputs = [os.path.join(package_dir, os.path.basename(self.get_ext_filename(native.name))),
+                   os.path.join("plugins/trtllm/lib", CAPI_LIB)]
+        inputs = [f for f in glob("native/**", recursive=True) + glob(f"{CAPI_DIR}/*") + ["setup.py", "pyproject.toml"]
+                  if os.path.isfile(f)]
+        if not all(os.path.exists(f) for f in outputs):
+            return False
+        return min(os.path.getmtime(f) for f in outputs) > max(os.path.getmtime(f) for f in inputs)
 
     def build_capi(self):
         data_path = [s for s in native.sources if s not in PYTHON_BINDINGS]

@@ -26,9 +26,10 @@ tidekv_current() {  # tidekv_current [MODULE]: tidekv (and MODULE) import, and t
 }
 
 install_tidekv_editable() {  # install_tidekv_editable [PIP ARGS...]
-  # The editable install rebuilds tidekv._native and writes it over core/_native*.so in place,
-  # which would crash processes (say, a test run from .venv) that have it loaded. Swapping in a
-  # copy first leaves them on the old inode and gives pip a file nobody has mapped.
+  # The editable install rebuilds tidekv._native when native/ changed since core/_native*.so was
+  # built (setup.py: built_in_place_is_current) and writes it over that file in place, which would
+  # crash processes (say, a test run from .venv) that have it loaded. Swapping in a copy first
+  # leaves them on the old inode and gives pip a file nobody has mapped.
   local so
   for so in core/_native*.so; do
     [ -e "$so" ] && cp -p "$so" "$so.detach" && mv -f "$so.detach" "$so"
