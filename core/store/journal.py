@@ -37,7 +37,7 @@ from typing import Union
 import msgspec
 
 from tidekv.store import protocol as p
-from tidekv.store.allocator import align
+from tidekv.store.retired import KeptBytes
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ class Mirror:
     suspended: dict[str, tuple[MountOp, float]] = field(default_factory=dict)  # name -> (mount, grace ends)
     objects: dict[bytes, ObjectOp] = field(default_factory=dict)  # complete, in LRU order
     pending: dict[int, StartOp] = field(default_factory=dict)
-    retired: list[tuple[float, RetireOp]] = field(default_factory=list)  # (keep until, bytes)
+    retired: KeptBytes = field(default_factory=KeptBytes)  # freed bytes kept for the leases it cannot know
     repairs: dict[tuple[str, int], RepairOp] = field(default_factory=dict)  # (segment, offset) -> copy under way
     max_token: int = 0
 
@@ -246,7 +246,7 @@ class Mirror:
             self.pending[op.token] = op
             self.max_token = max(self.max_token, op.token)
             if self.retired:
-                self._reused(op.size, op.replicas)
+                self.retired.reused(op.size, op.replicas)
             if not op.is_upsert and op.key in self.objects:
                 # A put (not an upsert) of a complete key: the key was suspended on the leader,
                 # and a put of it supersedes the suspended version (``ObjectTable.put_start``).
@@ -288,6 +288,8 @@ class Mirror:
         elif isinstance(op, TokensOp):
             self.max_token = max(self.max_token, op.last)
         elif isinstance(op, RepairOp):
+            if self.retired:  # placed like a put: on bytes whose leases were over by the leader's clock
+                self.retired.reused(op.size, [op.segment, op.offset])
             self.repairs[(op.segment, op.offset)] = op
         elif isinstance(op, RepairedOp):
             repair = self.repairs.pop((op.segment, op.offset), None)
@@ -312,29 +314,11 @@ class Mirror:
                                 for v in (obj.replicas[i], obj.replicas[i + 1])]
 
     def _retire(self, size: int, replicas: list[object], now: float) -> None:
-        self.retired.append((now + self.lease_ttl_s, RetireOp(size, replicas)))
-
-    def _reused(self, size: int, replicas: list[object]) -> None:
-        """The leader placed a put on bytes it had freed (their leases were over by its clock):
-        the mirror stops keeping them."""
-        taken = [(replicas[i], replicas[i + 1], align(size)) for i in range(0, len(replicas), 2)]
-
-        def overlaps(seg: object, off: int, n: int) -> bool:
-            return any(seg == s and off < o + m and o < off + n for s, o, m in taken)  # type: ignore[operator]
-
-        kept = []
-        for t, r in self.retired:
-            flat = r.replicas
-            left = [v for i in range(0, len(flat), 2) if not overlaps(flat[i], flat[i + 1], align(r.size))  # type: ignore[arg-type]
-                    for v in (flat[i], flat[i + 1])]
-            if left:
-                kept.append((t, r if len(left) == len(flat) else RetireOp(r.size, left)))
-        self.retired = kept
+        self.retired.add(now + self.lease_ttl_s, size, replicas)
 
     def forget_expired(self, now: float) -> None:
         """Drops freed bytes whose lease TTL has passed."""
-        if self.retired and self.retired[0][0] <= now:
-            self.retired = [r for r in self.retired if r[0] > now]
+        self.retired.expire(now)
 
     def _suspend(self, names: set[str], until: float, now: float) -> None:
         """As ``ObjectTable.suspend_segments``: objects keep their replicas there, pending puts do not."""
@@ -380,7 +364,7 @@ class Mirror:
                 del self.pending[token]
             elif len(left) != len(start.replicas):
                 start.replicas = left
-        self.retired = [(t, RetireOp(r.size, kept(r.replicas))) for t, r in self.retired]
+        self.retired.drop_segments(names)
 
     def ops(self, now: float) -> list[Op]:
         """Ops that rebuild this mirror from nothing (a snapshot; ``now`` for the graces left)."""
@@ -389,7 +373,7 @@ class Mirror:
             out += [mount, SuspendOp([name], max(0.0, until - now))]
         out += self.objects.values()
         out += self.pending.values()
-        out += [r for _, r in self.retired]
+        out += [RetireOp(size, replicas) for _, size, replicas in self.retired]
         out += self.repairs.values()
         return out
 

@@ -637,7 +637,7 @@ class MasterService:
         now = self.clock()
         used: dict[str, list[tuple[int, int]]] = {name: [] for name in (*mirror.segments, *mirror.suspended)}
         held: list[j.ObjectOp | j.StartOp | j.RetireOp] = [*mirror.objects.values(), *mirror.pending.values(),
-                                                           *(r for _, r in mirror.retired)]
+                                                           *(j.RetireOp(size, replicas) for _, size, replicas in mirror.retired)]
         held += [j.RetireOp(r.size, [r.segment, r.offset]) for r in mirror.repairs.values()]  # their bytes
         for op in held:
             flat, size = op.replicas, op.size

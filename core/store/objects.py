@@ -422,8 +422,8 @@ class ObjectTable:
             self.pending_by[start.writer] = self.pending_by.get(start.writer, 0) + 1
         self.quarantine_until = now + mirror.lease_ttl_s
         # Whose retired bytes these were is not kept: they count against no quota until freed.
-        self.retired = RetiredBytes((max(t, self.quarantine_until), r.size, tuple(r.replicas), None)
-                                    for t, r in mirror.retired)
+        self.retired = RetiredBytes((max(t, self.quarantine_until), size, tuple(replicas), None)
+                                    for t, size, replicas in mirror.retired)
         self.last_token = mirror.max_token
         if self.quotas is not None:
             self.usage = self.count_usage()

@@ -6,15 +6,25 @@ they may be freed. A full pool looks for due bytes on every allocation it cannot
 entries sit in a heap by that time: finding that nothing is due is O(1) and freeing what is due
 O(log n) per entry (a list scanned on every allocation made puts into a full pool quadratic).
 
+A standby's (or a restarting master's) ``journal.Mirror`` knows no leases, so it keeps every
+freed range for a lease TTL after it learnt of the free (``KeptBytes``), unless the leader places a
+put over it first (by the leader's clock the leases had ended). Standbys check every put the
+leader places against these ranges, so they are indexed by segment and offset: a scan of all
+of them per put made each put cost a standby milliseconds under churn.
+
 Neighbours: ``objects`` retires and frees (it owns the allocator calls and the tenants' usage);
-``repairs`` retires the range of a repair it abandons.
+``repairs`` retires the range of a repair it abandons; ``journal`` keeps bytes in its mirror.
 """
 
 from __future__ import annotations
 
+import bisect
+import collections
 import heapq
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+
+from tidekv.store.allocator import align
 
 Entry = tuple[float, int, tuple[object, ...], str | None]
 """(free_at, size, replicas (flat: segment, offset, ...), tenant charged for them: None when not known)."""
@@ -52,3 +62,76 @@ class RetiredBytes:
 
     def __bool__(self) -> bool:
         return bool(self._heap)
+
+
+class KeptBytes:
+    """Freed replica ranges a mirror keeps until a time, or until the leader places a put (or
+    a repair's copy) over them. Ranges of one segment never overlap. Iteration yields
+    ``(keep until, size, [segment, offset])`` per range."""
+
+    __slots__ = ("_by_place", "_starts", "_order")
+
+    def __init__(self) -> None:
+        self._by_place: dict[tuple[object, int], tuple[float, int]] = {}  # (segment, offset) -> (until, size)
+        self._starts: dict[object, list[int]] = {}  # segment -> its kept offsets, sorted
+        self._order: collections.deque[tuple[float, object, int]] = collections.deque()  # by until; stale ones skipped
+
+    def add(self, until: float, size: int, replicas: Sequence[object]) -> None:
+        """Keeps each replica (flat: segment, offset, ...) of ``size`` bytes until ``until``.
+        Kept ranges it overlaps go (the leader had placed something there since: their leases
+        were over by its clock), so kept ranges never overlap."""
+        self.reused(size, replicas)
+        for i in range(0, len(replicas), 2):
+            segment, offset = replicas[i], replicas[i + 1]
+            assert isinstance(offset, int)
+            bisect.insort(self._starts.setdefault(segment, []), offset)
+            self._by_place[(segment, offset)] = (until, size)
+            self._order.append((until, segment, offset))
+
+    def reused(self, size: int, replicas: Sequence[object]) -> None:
+        """The leader placed ``size`` bytes at each replica: kept ranges they overlap are dropped."""
+        for i in range(0, len(replicas), 2):
+            segment, offset = replicas[i], replicas[i + 1]
+            starts = self._starts.get(segment)
+            if not starts:
+                continue
+            assert isinstance(offset, int)
+            # Disjoint ranges sorted by start end in the same order: walk left from the last one
+            # starting before this range's end while they end after its start.
+            j = bisect.bisect_left(starts, offset + align(size)) - 1
+            while j >= 0:
+                start = starts[j]
+                if start + align(self._by_place[(segment, start)][1]) <= offset:
+                    break
+                del self._by_place[(segment, start)]
+                del starts[j]
+                j -= 1
+
+    def expire(self, now: float) -> None:
+        """Drops the ranges kept until ``now`` or earlier."""
+        order = self._order
+        while order and order[0][0] <= now:
+            until, segment, offset = order.popleft()
+            kept = self._by_place.get((segment, offset))
+            if kept is not None and kept[0] == until:
+                self._drop(segment, offset)
+
+    def drop_segments(self, names: set[str]) -> None:
+        """Forgets every range on those segments (unmounted)."""
+        for name in names:
+            for offset in self._starts.pop(name, []):
+                del self._by_place[(name, offset)]
+
+    def _drop(self, segment: object, offset: int) -> None:
+        del self._by_place[(segment, offset)]
+        starts = self._starts[segment]
+        del starts[bisect.bisect_left(starts, offset)]
+
+    def __iter__(self) -> Iterator[tuple[float, int, list[object]]]:
+        return ((until, size, [segment, offset]) for (segment, offset), (until, size) in self._by_place.items())
+
+    def __len__(self) -> int:
+        return len(self._by_place)
+
+    def __bool__(self) -> bool:
+        return bool(self._by_place)

@@ -27,6 +27,10 @@ from tests.store.procs import AgentProcess, MasterProcess, wait_until
 MASTER = {"leader_ttl_s": 2, "sync_timeout_s": 0.5, "client_ttl_s": 10.0, "lease_ttl_s": 2.0}
 """Settings of a cluster's masters in tests: leaders replaced within seconds."""
 CLIENT = {"rpc_timeout_s": 1.0, "failover_timeout_s": 15.0}
+HOLDER_BYTES = 64 << 20
+"""The churn's holder segment: room for its live keys (200 per client, 4 KiB each) and for what
+its writes and removes retire for a lease TTL (kept longer after a failover: the new leader's
+quarantine), so nothing is evicted: an evicted key reads back absent, which churn counts stale."""
 """Settings of a cluster's store clients in tests."""
 
 

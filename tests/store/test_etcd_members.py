@@ -18,13 +18,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.store.cluster_rig import CLIENT, MASTER, TcpRelay, churn, in_sync, leader_of, verify
+from tests.store.cluster_rig import CLIENT, HOLDER_BYTES, MASTER, TcpRelay, churn, in_sync, leader_of, verify
 from tests.store.conftest import SpawnAgent, SpawnMaster
 from tests.store.procs import wait_until
 from tidekv.store.etcd import EtcdClient, EtcdUnavailableError
 from tidekv.store.etcd_server import EtcdServer
 
-MIB = 1 << 20
 FAILURES = ["sigkill", "cut"]
 
 
@@ -98,7 +97,7 @@ def test_masters_and_clients_survive_the_loss_of_their_etcd_member(
     address = links.store_address("t")
     masters = [spawn_master(etcd=links.etcd, cluster="t", **MASTER) for _ in range(3)]
     leader_of(masters)
-    spawn_agent(address, 16 * MIB, **CLIENT)
+    spawn_agent(address, HOLDER_BYTES, **CLIENT)
     clients = [spawn_agent(address, 0, **CLIENT) for _ in range(2)]
     in_sync(masters, 2)
 
