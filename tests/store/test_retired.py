@@ -14,7 +14,7 @@ from tidekv.store import eviction
 from tidekv.store.protocol import Status
 from tidekv.store.allocator import align
 from tidekv.store.journal import Mirror, RetireOp, StartOp
-from tidekv.store.retired import KeptBytes, RetiredBytes
+from tidekv.store.retired import KeptBytes, RetiredBytes, _Offsets
 
 PAGE = 4096
 
@@ -90,6 +90,49 @@ def test_kept_bytes_match_a_scan_of_every_range(seed: int) -> None:
             kept.drop_segments({seg})
             model = [m for m in model if m[1] != seg]
         assert sorted((r[0], r[2][0], r[2][1], r[1]) for r in kept) == sorted(model)
+
+
+def test_ranges_freed_over_each_other_before_the_index_keep_the_last_freed() -> None:
+    kept = KeptBytes()
+    kept.add(2.0, 8192, ["s", 0])
+    kept.add(3.0, 4096, ["s", 4096])  # over the first one's second half, freed later
+    kept.add(1.0, 4096, ["s", 12288])
+    kept.reused(64, ["s", 1 << 20])  # the first put on s indexes it; lands on nothing
+    assert sorted((r[2][1], r[0]) for r in kept) == [(4096, 3.0), (12288, 1.0)]
+    kept.reused(64, ["s", 12288 + 4032])  # the last 64 bytes of the third
+    assert [r[2][1] for r in kept] == [4096]
+
+
+def test_offsets_stay_sorted_across_blocks() -> None:
+    rng = random.Random(7)
+    offsets, model = _Offsets(), []
+    for _ in range(6000):  # well past a block's 1024, so blocks split and empty out
+        if model and rng.random() < 0.3:
+            x = model.pop(rng.randrange(len(model)))
+            offsets.remove(x)
+        else:
+            x = rng.randrange(1 << 40)
+            if x in model:
+                continue
+            offsets.add(x)
+            model.append(x)
+        if rng.random() < 0.05:
+            probe = rng.randrange(1 << 40)
+            assert list(offsets.below(probe)) == sorted((m for m in model if m < probe), reverse=True)
+    assert list(offsets) == sorted(model)
+
+
+def test_a_replayed_mass_remove_costs_each_range_once() -> None:
+    """A restart replays every range a remove freed before any put indexes them: each is
+    recorded, not inserted into a sorted list (which moves half the list per range)."""
+    offsets = random.Random(3).sample(range(0, 1 << 34, 4096), 200_000)
+    mirror = Mirror(2.0)
+    started = time.perf_counter()
+    mirror.apply([RetireOp(4096, ["seg", o]) for o in offsets], 0.0)
+    replay_s = time.perf_counter() - started
+    mirror.apply([StartOp(1, b"k", 4096, ["seg", offsets[0]], 0, False, "w")], 0.0)  # indexes, drops one
+    assert len(mirror.retired) == 200_000 - 1
+    assert replay_s < 2.0, f"{replay_s:.2f} s to replay 200,000 freed ranges"
 
 
 def test_a_standby_checks_a_put_against_its_kept_bytes_without_a_scan() -> None:
