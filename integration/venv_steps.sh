@@ -26,18 +26,23 @@ tidekv_current() {  # tidekv_current [MODULE]: tidekv (and MODULE) import, and t
 }
 
 install_tidekv_editable() {  # install_tidekv_editable [PIP ARGS...]
-  # The editable install rebuilds tidekv._native when native/ changed since core/_native*.so was
-  # built (setup.py: built_in_place_is_current) and writes it over that file in place, which would
-  # crash processes (say, a test run from .venv) that have it loaded. Swapping in a copy first
-  # leaves them on the old inode and gives pip a file nobody has mapped.
-  local so
-  for so in core/_native*.so; do
-    [ -e "$so" ] && cp -p "$so" "$so.detach" && mv -f "$so.detach" "$so"
-  done
-  # Build isolation fetches setuptools/pybind11 from the index; without an index reachable,
-  # fall back to building with what the venv has.
-  pip_quiet install -q "$@" -e . \
-    || { pip_quiet install -q "setuptools>=68" wheel "pybind11>=2.12" \
-         && pip_quiet install -q --no-build-isolation "$@" -e .; }
+  # One install at a time per checkout (.ci/run sets up both integration venvs at once): the
+  # second waits, then finds the native build current (setup.py: built_in_place_is_current).
+  (
+    flock 9
+    # The editable install rebuilds tidekv._native when native/ changed since core/_native*.so
+    # was built, and writes it over that file in place, which would crash processes (say, a
+    # test run from .venv) that have it loaded. Swapping in a copy first leaves them on the old
+    # inode and gives pip a file nobody has mapped.
+    local so
+    for so in core/_native*.so; do
+      [ -e "$so" ] && cp -p "$so" "$so.detach" && mv -f "$so.detach" "$so"
+    done
+    # Build isolation fetches setuptools/pybind11 from the index; without an index reachable,
+    # fall back to building with what the venv has.
+    pip_quiet install -q "$@" -e . \
+      || { pip_quiet install -q "setuptools>=68" wheel "pybind11>=2.12" \
+           && pip_quiet install -q --no-build-isolation "$@" -e .; }
+  ) 9>.native-build.lock
   sha256sum pyproject.toml setup.py >"$(tidekv_stamp)"
 }
