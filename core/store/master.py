@@ -636,8 +636,8 @@ class MasterService:
         assert not self.segments.segments and not self.objects.objects, "restore into an empty master"
         now = self.clock()
         used: dict[str, list[tuple[int, int]]] = {name: [] for name in (*mirror.segments, *mirror.suspended)}
-        held: list[j.ObjectOp | j.StartOp | j.RetireOp] = [*mirror.objects.values(), *mirror.pending.values(),
-                                                           *(j.RetireOp(size, replicas) for _, size, replicas in mirror.retired)]
+        held: list[j.ObjectOp | j.StartOp | j.RetireOp] = [*mirror.objects.values(), *mirror.pending.values()]
+        held += [j.RetireOp(size, replicas) for _, size, replicas in mirror.retired]  # kept for leases
         held += [j.RetireOp(r.size, [r.segment, r.offset]) for r in mirror.repairs.values()]  # their bytes
         for op in held:
             flat, size = op.replicas, op.size

@@ -82,7 +82,8 @@ def test_kept_bytes_match_a_scan_of_every_range(seed: int) -> None:
         elif roll < 0.9:  # a put placed anywhere (the leader's clock said the leases were over)
             offset, size = rng.randrange(0, 1 << 20, 64), rng.choice([64, 4096, 12288])
             kept.reused(size, [seg, offset])
-            model = [m for m in model if not (m[1] == seg and m[2] < offset + align(size) and offset < m[2] + align(m[3]))]
+            end = offset + align(size)
+            model = [m for m in model if not (m[1] == seg and m[2] < end and offset < m[2] + align(m[3]))]
         elif roll < 0.99:
             kept.expire(now)
             model = [m for m in model if m[0] > now]
