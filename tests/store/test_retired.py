@@ -123,17 +123,17 @@ def test_offsets_stay_sorted_across_blocks() -> None:
     assert list(offsets) == sorted(model)
 
 
-def test_a_replayed_mass_remove_costs_each_range_once() -> None:
-    """A restart replays every range a remove freed before any put indexes them: each is
-    recorded, not inserted into a sorted list (which moves half the list per range)."""
+def test_a_replayed_mass_remove_records_ranges_and_indexes_them_at_the_first_put() -> None:
+    """A restart replays every range a remove freed before any put needs them by offset: each is
+    recorded, not inserted into a sorted list (which moves half the list per range); the first
+    put on the segment indexes them once."""
     offsets = random.Random(3).sample(range(0, 1 << 34, 4096), 200_000)
     mirror = Mirror(2.0)
-    started = time.perf_counter()
     mirror.apply([RetireOp(4096, ["seg", o]) for o in offsets], 0.0)
-    replay_s = time.perf_counter() - started
-    mirror.apply([StartOp(1, b"k", 4096, ["seg", offsets[0]], 0, False, "w")], 0.0)  # indexes, drops one
+    assert len(mirror.retired) == 200_000 and not mirror.retired._starts  # recorded, not indexed
+    mirror.apply([StartOp(1, b"k", 4096, ["seg", offsets[0] + 64], 0, False, "w")], 0.0)  # in the first range
     assert len(mirror.retired) == 200_000 - 1
-    assert replay_s < 2.0, f"{replay_s:.2f} s to replay 200,000 freed ranges"
+    assert list(mirror.retired._starts["seg"]) == sorted(offsets[1:])
 
 
 def test_a_standby_checks_a_put_against_its_kept_bytes_without_a_scan() -> None:
@@ -146,7 +146,7 @@ def test_a_standby_checks_a_put_against_its_kept_bytes_without_a_scan() -> None:
         mirror.apply([StartOp(k, b"k%d" % k, 4096, ["seg", (1 << 30) + k * 4096], 0, False, "w")], 0.0)
     per_put_s = (time.perf_counter() - started) / 1000
     assert len(mirror.retired) == 30000
-    assert per_put_s < 200e-6, f"{per_put_s * 1e6:.0f} us per put against 30000 kept ranges"
+    assert per_put_s < 1e-3, f"{per_put_s * 1e6:.0f} us per put against 30000 kept ranges (a scan: ~57,000)"
 
 
 def _rig(pages: int, lease_s: float) -> ServiceRig:
