@@ -21,7 +21,6 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-
 from tidekv.config import MasterAddress, StoreConfig, TlsConfig, TransferConfig
 from tidekv.errors import ConfigError, ObjectLeasedError, ObjectNotFoundError, StoreError, TransferError
 from tidekv.store import protocol as p
@@ -36,6 +35,7 @@ from tidekv.transfer.engine import TransferEngine
 from tidekv.transfer.region import Region
 
 logger = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ObjectInfo:
