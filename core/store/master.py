@@ -12,9 +12,10 @@ incarnation secret) gets back every object whose key was not re-put, upserted, r
 meanwhile, and the reply counts both; any other mount of that memory, or the end of the grace,
 drops them for good. Never silent: the holder learns which it was from ``MountResult``.
 
-With tenants (``tenants``: ``MasterConfig.tenants_file``) every request of a tenant's connection
-has its names moved into the tenant's namespace on the way in (``Session.enter``) and out of it
-on the way back (``Session.leave``); what lies between sees plain internal names.
+With tenants (``MasterConfig.tenants_file``) every request of a tenant's connection has its names
+moved into the tenant's namespace on the way in (its session's ``Namespace.enter``) and out of it
+on the way back (``Namespace.leave``); what lies between sees plain internal names, and
+``tenancy`` (a ``tenants.Tenancy``) places, evicts and counts per tenant.
 """
 
 from __future__ import annotations
@@ -94,7 +95,6 @@ class MasterService:
         self.reply_seq = 0  # with a journal: the batch the last reply depends on (0: none)
         self.segments = SegmentTable()
         self.objects = ObjectTable(self.segments, config.max_key_bytes)
-        self.tenants = t.load(config.tenants_file, config.secret) if config.tenants_file else None
         self.metrics = Registry()
         self._requests = self.metrics.counter("tidekv_master_requests_total", "RPC requests by type")
         self._items = self.metrics.counter("tidekv_master_request_items_total", "keys carried by RPC requests, by type")
@@ -111,9 +111,9 @@ class MasterService:
             "tidekv_lease_expiries_total", "reads that outlived their lease (reported by clients)"
         )
         index_gauges(self.metrics, self.segments, self.objects, self._complete_keys)
-        self._pools: dict[str, frozenset[str]] = {}  # per tenant: whose segments may hold its objects
-        if self.tenants is not None:
-            self._enable_tenants(self.tenants)
+        self.tenancy = (t.Tenancy(t.load(config.tenants_file, config.secret), config.secret, self.objects,
+                                  self.segments, self.metrics) if config.tenants_file else None)
+        self._session = Session()  # with tenants: the session of the request being handled
         self._handlers: dict[type, Callable[[Any, float], Any]] = {
             p.Hello: self._hello,
             p.MountSegment: self._mount,
@@ -173,14 +173,14 @@ class MasterService:
             self._failures.inc(reason="not_ready")
             return p.encode(p.Reply(envelope.request_id, error_kind=p.ErrorKind.NOT_READY,
                                     error=f"master {self.master_id} {self.not_serving}", leader=self.leader_hint))
-        if self.tenants is not None:
+        if self.tenancy is not None:
             # (a request on no connection - in-process callers - acts for the default tenant)
             self._session = session if session is not None else Session()
             refusal = self._session.namespace.enter(body)
             if refusal:
                 self._failures.inc(reason="invalid")
                 return self._error(envelope.request_id, p.ErrorKind.INVALID, refusal)
-            self._tenant_requests.inc(tenant=self._session.tenant, type=kind)
+            self.tenancy.counted(self._session.tenant, kind)
         client_id = getattr(body, "client_id", None)
         if session is not None and client_id is not None:
             refusal = session.refusal(body, client_id)
@@ -219,7 +219,7 @@ class MasterService:
             session.client_id = body.client_id
         if log is not None and len(log.ops) > before:
             self.reply_seq = log.seq  # it changed something: its reply waits for this batch
-        if self.tenants is not None:
+        if self.tenancy is not None:
             result = self._session.namespace.leave(body, result)
         self._requests.inc(type=kind)
         self._latency.observe(time.perf_counter() - started, type=kind)
@@ -275,26 +275,13 @@ class MasterService:
             self._drop_suspended(expired, f"its holder did not come back within {self.config.suspend_grace_s:.0f} s")
         self.objects.free_retired(now)
         self.objects.repairs.expire(now)
-        if self.tenants is not None:
-            self._evict_tenants(now)
+        high, low = self.config.high_watermark, self.config.high_watermark - self.config.eviction_ratio
+        if self.tenancy is not None:
+            self.tenancy.evict(now, high, low)
             return
         cap = self.segments.capacity
-        if cap and self.segments.used > self.config.high_watermark * cap:
-            target = (self.config.high_watermark - self.config.eviction_ratio) * cap
-            self.objects.evict(int(self.segments.used - target), now)
-
-    def _evict_tenants(self, now: float) -> None:
-        """Watermark eviction with tenants: each tenant's own segments by its own objects, and the
-        default tenant's segments by the objects of the tenants placed there that have no quota
-        (a quota'd one is kept in its bounds by its puts, which evict its own objects)."""
-        assert self.tenants is not None and self.objects.quotas is not None
-        high, low = self.config.high_watermark, self.config.high_watermark - self.config.eviction_ratio
-        unbounded = {t.DEFAULT} | {n for n, x in self.tenants.items() if x.shares_pool and x.quota_bytes is None}
-        for tenant in (t.DEFAULT, *self.tenants):
-            used, cap = self.segments.pool_usage((tenant,))
-            if cap and used > high * cap:
-                only = (lambda k: t.tenant_of(k) in unbounded) if tenant == t.DEFAULT else t.owns(tenant)
-                self.objects.evict(int(used - low * cap), now, only=only)
+        if cap and self.segments.used > high * cap:
+            self.objects.evict(int(self.segments.used - low * cap), now)
 
     # ---- handlers -----------------------------------------------------------------------
 
@@ -382,18 +369,16 @@ class MasterService:
         self._items.inc(len(m.keys), type="PutStart")
         put = self.objects.put_start
         avoid = frozenset(m.avoid) if m.avoid else None
-        if self.tenants is None:
+        if self.tenancy is None:
             return [
                 put(m.client_id, key, size, m.replicas, m.preferred_segment, m.pin, m.upsert, now, avoid=avoid)
                 for key, size in zip(m.keys, m.sizes)
             ]
         tenant = t.tenant_of(m.client_id)
-        pool = self._pools[tenant]
+        pool = self.tenancy.pool(tenant)
         slots = [put(m.client_id, key, size, m.replicas, m.preferred_segment, m.pin, m.upsert, now, pool, avoid)
                  for key, size in zip(m.keys, m.sizes)]
-        refused = sum(1 for s in slots if s.status == p.Status.QUOTA)
-        if refused:
-            self._quota_refusals.inc(refused, tenant=tenant)
+        self.tenancy.refused(tenant, slots)
         return slots
 
     def _put_end(self, m: p.PutEnd, now: float) -> list[int]:
@@ -435,16 +420,13 @@ class MasterService:
             return []
         info.last_seen = now
         mine = [self.segments.segments[n] for n in sorted(info.segments) if n in self.segments.segments]
-        may_hold = None
-        if self.tenants is not None:
-            pools = self._pools
-            may_hold = lambda key, seg: seg.tenant in pools[t.tenant_of(key)]  # noqa: E731
+        may_hold = self.tenancy.may_hold if self.tenancy is not None else None
         return book.take(m.client_id, mine, may_hold, min(max(m.max_bytes, 0), self.config.max_message_bytes),
                          self.config.max_batch_keys, now, self.config.put_timeout_s)
 
     def _stats(self, m: p.StatsRequest, now: float) -> dict[str, Any]:
-        if self.tenants is not None and self._session.tenant:
-            return self.tenant_stats(self._session)
+        if self.tenancy is not None and self._session.tenant:
+            return self.tenancy.stats(self._session.namespace, self.master_id)
         return self.stats()
 
     def _list_keys(self, m: p.ListKeys, session: Session) -> tuple[list[bytes], bool]:
@@ -461,7 +443,7 @@ class MasterService:
                 raise ConfigError(f"{len(self._listings)} connections are listing keys already (at most "
                                   f"{MAX_LISTINGS}); retry once one has finished")
             keys = self.objects.objects
-            session.listing = list(keys) if self.tenants is None else [k for k in keys if session.namespace.owns(k)]
+            session.listing = list(keys) if self.tenancy is None else [k for k in keys if session.namespace.owns(k)]
             session.listed = 0
             self._listings.add(session)
         elif session.listing is None:
@@ -521,49 +503,13 @@ class MasterService:
                         "stale": r.stale, "started": r.started},
         }
 
-    def tenant_stats(self, session: Session) -> dict[str, Any]:
-        """``stats`` as a tenant sees them: its own keys, clients, segments and bytes."""
-        tenant = session.tenant
-        assert self.tenants is not None and self.objects.quotas is not None
-        own = [s for s in self.segments.segments.values() if s.tenant == tenant]
-        return {
-            "master_id": self.master_id,
-            "tenant": tenant,
-            "keys": sum(1 for k, m in self.objects.objects.items() if m.put is None and session.namespace.owns(k)),
-            "clients": sum(1 for c in self.segments.clients if t.tenant_of(c) == tenant),
-            "segments": {t.plain(s.name): {"engine": s.engine, "capacity": s.capacity, "used": s.used} for s in own},
-            "capacity_bytes": sum(s.capacity for s in own),
-            "used_bytes": self.objects.usage.get(tenant, 0),
-            "quota_bytes": self.objects.quotas.get(tenant),
-            "shares_pool": self.tenants[tenant].shares_pool,
-        }
-
-    def _enable_tenants(self, tenants: dict[str, t.Tenant]) -> None:
-        self.objects.quotas = {n: x.quota_bytes for n, x in tenants.items() if x.quota_bytes is not None}
-        self._pools = {t.DEFAULT: frozenset((t.DEFAULT,))}
-        for name, tenant in tenants.items():
-            self._pools[name] = frozenset((name, t.DEFAULT)) if tenant.shares_pool else frozenset((name,))
-        self._session = Session()  # the session of the request being handled
-        self._tenant_requests = self.metrics.counter("tidekv_tenant_requests_total", "RPC requests by tenant and type")
-        self._quota_refusals = self.metrics.counter("tidekv_tenant_quota_refusals_total",
-                                                    "keys of puts refused for the tenant's quota")
-        usage = self.objects.usage
-        self.metrics.gauge("tidekv_tenant_used_bytes", "bytes a tenant's objects occupy (every replica)",
-                           lambda: {(("tenant", n),): usage.get(n, 0) for n in (t.DEFAULT, *tenants)})
-        self.metrics.gauge("tidekv_tenant_quota_bytes", "a tenant's quota",
-                           lambda: {(("tenant", n),): q for n, q in (self.objects.quotas or {}).items()})
-
     def _engine_secret(self) -> str | None:
         """The secret the engines of the requesting client's tenant hold."""
-        if self.tenants is not None and self._session.tenant:
-            own = self.tenants[self._session.tenant].secret
-            if own is not None:
-                return own
-        return self.config.secret
+        return self.tenancy.engine_secret(self._session.tenant) if self.tenancy is not None else self.config.secret
 
     def tenant_secrets(self) -> dict[str, str | None] | None:
         """For ``tidekv.auth.ServerHandshake``: each tenant's own secret (None: the master's)."""
-        return {n: x.secret for n, x in self.tenants.items()} if self.tenants is not None else None
+        return self.tenancy.secrets() if self.tenancy is not None else None
 
     def _forget_client(self, client_id: str) -> None:
         names = self.segments.remove_client(client_id)

@@ -28,8 +28,8 @@ The file::
     secret_file = "/etc/tidekv/alice.secret"   # optional: the master's secret otherwise
     quota = "64 GiB"                            # optional: unlimited otherwise
 
-Neighbours: ``master`` (each connection's ``Namespace``), ``objects`` (usage and quotas),
-``segments`` (placement), ``tidekv.auth`` (the Greeting's tenant).
+Neighbours: ``master`` (each connection's ``Namespace``, and its ``Tenancy``), ``objects``
+(usage and quotas), ``segments`` (placement), ``tidekv.auth`` (the Greeting's tenant).
 """
 
 from __future__ import annotations
@@ -39,11 +39,16 @@ import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidekv.config import parse_size, read_secret_file
 from tidekv.errors import ConfigError
 from tidekv.store import protocol as p
+
+if TYPE_CHECKING:
+    from tidekv.metrics import Registry
+    from tidekv.store.objects import ObjectTable
+    from tidekv.store.segments import Segment, SegmentTable
 
 TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """A tenant's name: 1-64 letters, digits, '_', '.', '-', not starting with a punctuation mark."""
@@ -239,3 +244,86 @@ class Namespace:
         pre = self._prefix
         return [p.Location(loc.segment[len(pre):], loc.engine, loc.addr, loc.length)
                 if loc.segment.startswith(pre) else loc for loc in locations]
+
+
+class Tenancy:
+    """A master's tenants as its service applies them: where each tenant's objects may be
+    placed (``pool``, ``may_hold``), the quotas (kept by ``objects``), watermark eviction per
+    tenant pool (``evict``), a tenant's view of the stats, the secret its engines hold, and the
+    per-tenant metrics. What it is given is the master's own index; it keeps no state of its own
+    beyond the tenants and their pools."""
+
+    def __init__(self, tenants: dict[str, Tenant], master_secret: str | None, objects: ObjectTable,
+                 segments: SegmentTable, metrics: Registry) -> None:
+        self.tenants = tenants
+        self._master_secret = master_secret
+        self._objects = objects
+        self._segments = segments
+        objects.quotas = {n: x.quota_bytes for n, x in tenants.items() if x.quota_bytes is not None}
+        self._pools = {DEFAULT: frozenset((DEFAULT,))}
+        for name, tenant in tenants.items():
+            self._pools[name] = frozenset((name, DEFAULT)) if tenant.shares_pool else frozenset((name,))
+        self._requests = metrics.counter("tidekv_tenant_requests_total", "RPC requests by tenant and type")
+        self._quota_refusals = metrics.counter("tidekv_tenant_quota_refusals_total",
+                                               "keys of puts refused for the tenant's quota")
+        usage = objects.usage
+        metrics.gauge("tidekv_tenant_used_bytes", "bytes a tenant's objects occupy (every replica)",
+                      lambda: {(("tenant", n),): usage.get(n, 0) for n in (DEFAULT, *tenants)})
+        metrics.gauge("tidekv_tenant_quota_bytes", "a tenant's quota",
+                      lambda: {(("tenant", n),): q for n, q in (objects.quotas or {}).items()})
+
+    def pool(self, tenant: str) -> frozenset[str]:
+        """The tenants whose segments may hold ``tenant``'s objects."""
+        return self._pools[tenant]
+
+    def may_hold(self, key: bytes, segment: Segment) -> bool:
+        """Whether ``segment`` may hold a replica of the internal ``key`` (repairs)."""
+        return segment.tenant in self._pools[tenant_of(key)]
+
+    def counted(self, tenant: str, kind: str) -> None:
+        self._requests.inc(tenant=tenant, type=kind)
+
+    def refused(self, tenant: str, slots: list[p.PutSlot]) -> None:
+        """Counts the keys of a put ``tenant``'s quota refused."""
+        refused = sum(1 for s in slots if s.status == p.Status.QUOTA)
+        if refused:
+            self._quota_refusals.inc(refused, tenant=tenant)
+
+    def evict(self, now: float, high: float, low: float) -> None:
+        """Watermark eviction: each tenant's own segments by its own objects, and the default
+        tenant's segments by the objects of the tenants placed there that have no quota (a
+        quota'd one is kept in its bounds by its puts, which evict its own objects). A pool
+        above ``high`` (a fraction of its capacity) is brought down to ``low``."""
+        unbounded = {DEFAULT} | {n for n, x in self.tenants.items() if x.shares_pool and x.quota_bytes is None}
+        for tenant in (DEFAULT, *self.tenants):
+            used, cap = self._segments.pool_usage((tenant,))
+            if cap and used > high * cap:
+                only = (lambda k: tenant_of(k) in unbounded) if tenant == DEFAULT else owns(tenant)
+                self._objects.evict(int(used - low * cap), now, only=only)
+
+    def stats(self, namespace: Namespace, master_id: str) -> dict[str, Any]:
+        """The master's stats as a tenant sees them: its own keys, clients, segments and bytes."""
+        tenant = namespace.tenant
+        objects, quotas = self._objects, self._objects.quotas
+        assert quotas is not None
+        own = [s for s in self._segments.segments.values() if s.tenant == tenant]
+        return {
+            "master_id": master_id,
+            "tenant": tenant,
+            "keys": sum(1 for k, m in objects.objects.items() if m.put is None and namespace.owns(k)),
+            "clients": sum(1 for c in self._segments.clients if tenant_of(c) == tenant),
+            "segments": {plain(s.name): {"engine": s.engine, "capacity": s.capacity, "used": s.used} for s in own},
+            "capacity_bytes": sum(s.capacity for s in own),
+            "used_bytes": objects.usage.get(tenant, 0),
+            "quota_bytes": quotas.get(tenant),
+            "shares_pool": self.tenants[tenant].shares_pool,
+        }
+
+    def engine_secret(self, tenant: str) -> str | None:
+        """The secret the engines of ``tenant``'s clients hold."""
+        own = self.tenants[tenant].secret if tenant else None
+        return own if own is not None else self._master_secret
+
+    def secrets(self) -> dict[str, str | None]:
+        """For ``tidekv.auth.ServerHandshake``: each tenant's own secret (None: the master's)."""
+        return {n: x.secret for n, x in self.tenants.items()}

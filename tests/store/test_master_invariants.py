@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 from pathlib import Path
 
 import msgspec
@@ -145,7 +146,8 @@ def _check_tenants(rig: ServiceRig) -> None:
         assert table.usage.get(tenant, 0) <= quota, f"tenant {tenant} beyond its quota"
     everything = (*table.objects.items(), *table.upserts.items(), *table.suspended.items())
     for key, meta in everything:
-        pool = rig.service._pools[tenants.tenant_of(key)]
+        assert rig.service.tenancy is not None
+        pool = rig.service.tenancy.pool(tenants.tenant_of(key))
         for name in meta.all_replicas[::2]:
             seg = segments.segments.get(name) or segments.suspended[name].segment  # type: ignore[index]
             assert seg.tenant in pool, f"{key!r} has a replica on {name} (tenant {seg.tenant!r})"
@@ -174,7 +176,8 @@ def test_with_tenants_the_books_balance_and_namespaces_hold(seed: int, tmp_path:
         _check_books(rig)
         _check_tenants(rig)
         peak = {t: max(peak.get(t, 0), n) for t, n in rig.service.objects.usage.items()}
-    assert rig.service._quota_refusals.get(tenant="alice") > 0, "the load reaches alice's quota"
+    assert re.search(r'^tidekv_tenant_quota_refusals_total\{tenant="alice"\} [1-9]', rig.service.metrics.render(), re.M), \
+        "the load reaches alice's quota"
     assert all(peak.get(t, 0) > 0 for t in ("", "alice", "bob")), peak
 
 
