@@ -144,10 +144,11 @@ def _check_tenants(rig: ServiceRig) -> None:
     assert {k: v for k, v in table.usage.items() if v} == {k: v for k, v in table.count_usage().items() if v}
     for tenant, quota in (table.quotas or {}).items():
         assert table.usage.get(tenant, 0) <= quota, f"tenant {tenant} beyond its quota"
+    tenancy = rig.service.tenancy
+    assert tenancy is not None
     everything = (*table.objects.items(), *table.upserts.items(), *table.suspended.items())
     for key, meta in everything:
-        assert rig.service.tenancy is not None
-        pool = rig.service.tenancy.pool(tenants.tenant_of(key))
+        pool = tenancy.pool(tenants.tenant_of(key))
         for name in meta.all_replicas[::2]:
             seg = segments.segments.get(name) or segments.suspended[name].segment  # type: ignore[index]
             assert seg.tenant in pool, f"{key!r} has a replica on {name} (tenant {seg.tenant!r})"
@@ -176,8 +177,8 @@ def test_with_tenants_the_books_balance_and_namespaces_hold(seed: int, tmp_path:
         _check_books(rig)
         _check_tenants(rig)
         peak = {t: max(peak.get(t, 0), n) for t, n in rig.service.objects.usage.items()}
-    assert re.search(r'^tidekv_tenant_quota_refusals_total\{tenant="alice"\} [1-9]', rig.service.metrics.render(), re.M), \
-        "the load reaches alice's quota"
+    refusals = r'^tidekv_tenant_quota_refusals_total\{tenant="alice"\} [1-9]'
+    assert re.search(refusals, rig.service.metrics.render(), re.M), "the load reaches alice's quota"
     assert all(peak.get(t, 0) > 0 for t in ("", "alice", "bob")), peak
 
 
