@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +34,7 @@ from tidekv.store import journal as j
 from tidekv.store import mount_proof
 from tidekv.store import protocol as p
 from tidekv.store import tenants as t
+from tidekv.store.listing import KeyListings
 from tidekv.store.master_metrics import index_gauges
 from tidekv.store.objects import ObjectTable
 from tidekv.store.segments import SegmentTable, SuspendedSegment
@@ -77,9 +77,6 @@ class Session:
         return ""
 
 
-MAX_LISTINGS = 64
-"""Connections that may hold a key listing (``ListKeys``) at once: each holds a copy of the key set."""
-
 MAX_INCARNATION_CHARS = 128
 """Longest incarnation a MountSegment may carry."""
 
@@ -99,7 +96,7 @@ class MasterService:
         self._requests = self.metrics.counter("tidekv_master_requests_total", "RPC requests by type")
         self._items = self.metrics.counter("tidekv_master_request_items_total", "keys carried by RPC requests, by type")
         self._failures = self.metrics.counter("tidekv_master_request_failures_total", "RPC requests refused, by reason")
-        self._listings: weakref.WeakSet[Session] = weakref.WeakSet()  # sessions holding a key listing
+        self._listings = KeyListings()
         self._limited = self.metrics.counter("tidekv_master_limit_refusals_total",
                                              "requests refused for a per-client limit, by limit")
         self._latency = self.metrics.histogram("tidekv_master_request_seconds", "time to handle one RPC, by type")
@@ -430,38 +427,12 @@ class MasterService:
         return self.stats()
 
     def _list_keys(self, m: p.ListKeys, session: Session) -> tuple[list[bytes], bool]:
-        """A page of ``session``'s listing. The listing is a copy of the key set taken when it
-        starts (~10 ms per million keys), so no page costs more than ``limit`` lookups; at most
-        ``MAX_LISTINGS`` connections hold one at a time."""
+        """A page of ``session``'s key listing (``listing``)."""
         if not 1 <= m.limit <= self.config.max_batch_keys:
             raise ConfigError(f"ListKeys limit={m.limit} is out of range; allowed 1..{self.config.max_batch_keys} "
                               "(max_batch_keys)")
-        if m.start:
-            session.listing = None
-            self._listings.discard(session)
-            if len(self._listings) >= MAX_LISTINGS:
-                raise ConfigError(f"{len(self._listings)} connections are listing keys already (at most "
-                                  f"{MAX_LISTINGS}); retry once one has finished")
-            keys = self.objects.objects
-            session.listing = list(keys) if self.tenancy is None else [k for k in keys if session.namespace.owns(k)]
-            session.listed = 0
-            self._listings.add(session)
-        elif session.listing is None:
-            raise ConfigError("ListKeys(start=False) without a listing on this connection; start one (start=True)")
-        listing, objects = session.listing, self.objects.objects
-        page: list[bytes] = []
-        i = session.listed
-        end = min(len(listing), i + 8 * m.limit)  # keys removed since the start are skipped, within bounds
-        while i < end and len(page) < m.limit:
-            meta = objects.get(listing[i])
-            if meta is not None and meta.put is None:  # complete (pending upserts keep the old version listed)
-                page.append(listing[i])
-            i += 1
-        session.listed = i
-        is_last = i >= len(listing)
-        if is_last:
-            session.listing = None
-            self._listings.discard(session)
+        owns = session.namespace.owns if self.tenancy is not None else None
+        page, is_last = self._listings.page(session, m.start, m.limit, self.objects.objects, owns)
         self._items.inc(len(page), type="ListKeys")
         return page, is_last
 

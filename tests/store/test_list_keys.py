@@ -7,7 +7,7 @@ import msgspec
 import pytest
 
 from tests.store.rig import ServiceRig
-from tidekv.store import master as m
+from tidekv.store import listing
 from tidekv.store import protocol as p
 from tidekv.store.master import Session
 
@@ -79,7 +79,7 @@ def test_refusals_name_the_limit_and_the_missing_listing(monkeypatch: pytest.Mon
         _page(rig, session, True, 101)
     with pytest.raises(AssertionError, match="without a listing on this connection"):
         _page(rig, session, False, 10)
-    monkeypatch.setattr(m, "MAX_LISTINGS", 2)
+    monkeypatch.setattr(listing, "MAX_LISTINGS", 2)
     rig.hello("c")
     rig.mount("c", "seg", 1 << 20)
     rig.put("c", b"k", 16)
