@@ -118,6 +118,11 @@ class HelperProcess:
             raise
         logger.info("bench helper %s started (pid %s)", name, self._process.pid)
 
+    @property
+    def pid(self) -> int | None:
+        """The helper's process id (None before it started)."""
+        return self._process.pid
+
     def call(self, message: Any, timeout_s: float) -> Any:
         """Sends ``message`` to the helper's handler and returns its answer.
 
