@@ -1,6 +1,6 @@
-"""What store HA costs on this machine, and the least any replication of every change could cost.
+"""What store HA costs on this machine, and the least that sending every change to standbys can cost.
 
-Three systems alive side by side, their rounds alternating (all on 127.0.0.1, each party its own
+Four systems alive side by side, their rounds alternating (all on 127.0.0.1, each party its own
 process, as in ``tidekv bench failover``):
 
 - *single*: a lone master;
@@ -8,9 +8,12 @@ process, as in ``tidekv bench failover``):
   the change it made or read: zero loss, no stale read across a failover);
 - *HA, no wait*: the same three masters with one line patched in their processes only, so that
   replies go out at once while the changes still stream to the standbys. This is **not** a mode
-  of tidekv (it can lose acknowledged writes and serve stale reads when the leader dies); it is
-  the lower bound of what any protocol that copies every change to two standbys costs here,
-  because what remains is the standbys' and etcd's share of the same CPUs.
+  of tidekv (it can lose acknowledged writes and serve stale reads when the leader dies): what
+  the shipped replication stream costs when nothing waits for it, i.e. the standbys' and etcd's
+  share of the same CPUs;
+- *HA, no wait, no apply*: as the last, and each standby acks every batch but applies none once
+  it holds an object (measurement only): the floor under any protocol that sends every change to
+  two standbys, whatever they do with it.
 
 Each has a holder process (64 MiB segment). Two loads per round: *quiet* (one client, N puts of
 fresh 4 KiB keys, then N gets of them, sequential) and *churn* (``--clients`` processes running
@@ -39,7 +42,7 @@ from tidekv.bench import churn, failover
 from tidekv.bench.process import HelperProcess, send_ready, serve
 from tidekv.store.etcd_server import EtcdServer
 
-SYSTEMS = ("single", "ha", "ha-nowait")
+SYSTEMS = ("single", "ha", "ha-nowait", "ha-nowait-noapply")
 
 
 def _nowait_master_main(conn: Connection, config: dict[str, Any]) -> None:
@@ -48,6 +51,19 @@ def _nowait_master_main(conn: Connection, config: dict[str, Any]) -> None:
 
     send = MasterConnection._send_when_committed
     MasterConnection._send_when_committed = lambda self, replies, _committed: send(self, replies, 1 << 62)
+    failover._master_main(conn, config)
+
+
+def _noapply_master_main(conn: Connection, config: dict[str, Any]) -> None:
+    """As ``_nowait_master_main``, and a standby acks each batch but applies none once it holds an
+    object (measurement only: what delivering the changes alone costs)."""
+    from tidekv.store.connection import MasterConnection
+    from tidekv.store.journal import Mirror
+
+    send, apply = MasterConnection._send_when_committed, Mirror.apply
+    MasterConnection._send_when_committed = lambda self, replies, _committed: send(self, replies, 1 << 62)
+    Mirror.apply = lambda self, ops, now: None if self.objects else apply(self, ops, now)
+    Mirror.forget_expired = lambda self, now: None
     failover._master_main(conn, config)
 
 
@@ -122,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                 address = masters[system][0].hello["address"]
             else:
                 cfg = {**master_cfg, "etcd": etcd.url, "cluster": system}
-                main_fn = failover._master_main if system == "ha" else _nowait_master_main
+                main_fn = {"ha": failover._master_main, "ha-nowait": _nowait_master_main,
+                           "ha-nowait-noapply": _noapply_master_main}[system]
                 masters[system] = [helper(f"{system}-master-{i}", main_fn, cfg) for i in range(3)]
                 failover._leader(masters[system])
                 address = f"etcd://{etcd.endpoints}/{system}"
@@ -136,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                 quiet = clients[system][0].call(("quiet", f"q{r}", args.ops, 4096), 600)
                 before = [_cpu_s(m) for m in masters[system]]
                 for i, c in enumerate(clients[system]):
-                    c.send(("churn", f"c{i}", args.churn_s, 1000 * r + i))
+                    c.send(("churn", f"r{r}c{i}", args.churn_s, 1000 * r + i))  # keys of its own per round
                 mixed = [c.receive(args.churn_s + 120) for c in clients[system]]
                 row[system] = {
                     "quiet_put_p50_us": quiet[0] * 1e6, "quiet_get_p50_us": quiet[1] * 1e6,
