@@ -23,7 +23,7 @@ used in the churn (a lone master busy-polls; HA masters share the VM's vCPUs wit
 etcd). ``--json FILE`` writes every round.
 
 Usage: .venv/bin/python benchmarks/ha_cost.py [--rounds 3] [--ops 1000] [--clients 3]
-       [--churn-s 4] [--json FILE]
+       [--churn-s 4] [--master-busy-poll-us US] [--rpc-busy-poll-us US] [--json FILE]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -57,14 +58,12 @@ def _nowait_master_main(conn: Connection, config: dict[str, Any]) -> None:
 def _noapply_master_main(conn: Connection, config: dict[str, Any]) -> None:
     """As ``_nowait_master_main``, and a standby acks each batch but applies none once it holds an
     object (measurement only: what delivering the changes alone costs)."""
-    from tidekv.store.connection import MasterConnection
     from tidekv.store.journal import Mirror
 
-    send, apply = MasterConnection._send_when_committed, Mirror.apply
-    MasterConnection._send_when_committed = lambda self, replies, _committed: send(self, replies, 1 << 62)
+    apply = Mirror.apply
     Mirror.apply = lambda self, ops, now: None if self.objects else apply(self, ops, now)
     Mirror.forget_expired = lambda self, now: None
-    failover._master_main(conn, config)
+    _nowait_master_main(conn, config)
 
 
 def _client_main(conn: Connection, master: str, segment_size: int, settings: dict[str, Any]) -> None:
@@ -180,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         for h in reversed(helpers):
             h.stop()
         etcd.stop()
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
