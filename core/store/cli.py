@@ -228,7 +228,7 @@ def _run_up(args: argparse.Namespace) -> int:
     _warn_if_exposed(config.host, "tidekv up's master")
     if args.engine_host:
         _warn_if_exposed(args.engine_host, "tidekv up's segment holder")
-    server = MasterServer(config).start()
+    server = MasterServer(config).start(owns_process=True)
     tls = TlsConfig.from_env()
     if config.tls_cert_file and not tls.enable:  # its own segment reaches the master as a standby would
         tls = TlsConfig(True, config.tls_ca_file or config.tls_cert_file,

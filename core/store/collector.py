@@ -12,9 +12,9 @@ yet, which is only what was made since the last freeze, and then freezes the sur
 freed the moment their last reference goes; what a freeze gives up is finding a cycle among them
 that becomes garbage later (a closed connection's objects, say), so every ``thaw_every_s``
 everything is thawed and collected once: one pause of the old kind an hour instead of one every
-few hundred thousand puts. Only for a process the master owns (``tidekv master``): freezing a
-process's objects is the process owner's call, so a master started inside another program
-(``tidekv up``, tests) leaves the collector alone.
+few hundred thousand puts. Only for a process tidekv owns (``tidekv master``, ``tidekv up``):
+freezing a process's objects is the process owner's call, so a master started inside another
+program (tests, an application calling ``MasterServer.start()``) leaves the collector alone.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ class MasterServer:
         self.auth_failures = self._count_auth_failures()
         self.rpc_port = 0
         self.metrics_port = 0
-        self.heap: FrozenHeap | None = None  # the cycle collector kept off the index (serve_forever only)
+        self.heap: FrozenHeap | None = None  # the cycle collector kept off the index (a process tidekv owns)
         self._rpc: asyncio.Server | None = None
         self._spin_until = 0.0
         self._spinning = False
@@ -95,8 +95,16 @@ class MasterServer:
 
     # ---- lifecycle ----------------------------------------------------------------------
 
-    def start(self) -> MasterServer:
-        """Serves from a daemon thread; returns once listening. Raises ConfigError if it cannot bind."""
+    def start(self, owns_process: bool = False) -> MasterServer:
+        """Serves from a daemon thread; returns once listening. Raises ConfigError if it cannot bind.
+
+        Args:
+            owns_process: the program is tidekv's own (``tidekv up``): the cycle collector is kept
+                off the index, as ``serve_forever`` does (``collector``). Leave it False inside
+                another program, whose collector is its own to manage.
+        """
+        if owns_process:
+            self.heap = FrozenHeap()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), name="tidekv-master", daemon=True)
         self._thread.start()
         self._ready.wait(timeout=30)

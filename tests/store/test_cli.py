@@ -173,7 +173,7 @@ def test_master_command_serves_clients_and_stops_on_sigint(connect: Connect) -> 
 
 def test_the_master_command_keeps_the_cycle_collector_off_its_index(connect: Connect) -> None:
     """``tidekv master`` owns its process: its timer freezes the survivors (store.collector), which
-    /health reports; a master started inside another program (tests, ``tidekv up``) does not."""
+    /health reports; a master started inside another program (tests) does not."""
     import urllib.request
 
     master = CliMaster("--port", "0", "--metrics-port", "0")
@@ -193,6 +193,39 @@ def test_the_master_command_keeps_the_cycle_collector_off_its_index(connect: Con
         st.close()
     finally:
         master.close()
+
+
+def test_up_keeps_the_cycle_collector_off_its_index_too() -> None:
+    """``tidekv up`` owns its process as ``tidekv master`` does: its master's timer freezes the
+    survivors (the first tick does at once), which /health reports."""
+    import urllib.request
+
+    proc = subprocess.Popen([sys.executable, "-m", "tidekv", "up", "--port", "0", "--metrics-port", "0",
+                             "--segment-size", "16MiB"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            cwd=REPO_ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        assert proc.stdout is not None
+        out = b""
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            deadline = time.monotonic() + TIMEOUT_S
+            while (match := re.search(rb"tidekv is up: (.*)\n", out)) is None:
+                assert time.monotonic() < deadline and sel.select(deadline - time.monotonic()), out.decode()
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                assert chunk, f"tidekv up exited with {proc.wait(5)}:\n{out.decode()}"
+                out += chunk
+        metrics = json.loads(match.group(1))["metrics"]
+        deadline = time.monotonic() + 10
+        while True:
+            with urllib.request.urlopen(metrics.replace("/metrics", "/health"), timeout=5) as resp:
+                health = json.loads(resp.read())
+            if health.get("gc", {}).get("freezes", 0) >= 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert health["gc"]["freezes"] >= 1 and health["gc"]["frozen_objects"] > 0, health
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=15) in (0, -signal.SIGTERM), "tidekv up did not stop on SIGTERM"
 
 
 @pytest.mark.parametrize(
