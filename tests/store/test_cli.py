@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -118,6 +119,21 @@ def test_a_port_in_use_exits_2_naming_it(flag: str) -> None:
     assert ("metrics port" in result.stderr) == (flag == "--metrics-port"), result.stderr
 
 
+def _read_until(proc: subprocess.Popen, stream: Any, pattern: bytes) -> tuple[re.Match[bytes], bytes]:
+    """Reads ``proc``'s ``stream`` until ``pattern`` matches (or TIMEOUT_S passes, or it exits:
+    the assertion then shows what it wrote); returns the match and everything read."""
+    out = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(stream, selectors.EVENT_READ)
+        deadline = time.monotonic() + TIMEOUT_S
+        while (match := re.search(pattern, out)) is None:
+            assert time.monotonic() < deadline and sel.select(deadline - time.monotonic()), out.decode()
+            chunk = os.read(stream.fileno(), 65536)
+            assert chunk, f"{proc.args} exited with {proc.wait(5)}:\n{out.decode()}"
+            out += chunk
+    return match, out
+
+
 class CliMaster:
     """``python -m tidekv master ...`` as a process; its address is parsed from its "listening on" log line."""
 
@@ -125,17 +141,9 @@ class CliMaster:
         self.proc = subprocess.Popen([sys.executable, "-m", "tidekv", "master", *args], cwd=REPO_ROOT,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
-        self.log = b""
         assert self.proc.stderr is not None
         try:
-            with selectors.DefaultSelector() as sel:
-                sel.register(self.proc.stderr, selectors.EVENT_READ)
-                deadline = time.monotonic() + TIMEOUT_S
-                while (match := re.search(rb"listening on (\S+:\d+)", self.log)) is None:
-                    assert time.monotonic() < deadline and sel.select(deadline - time.monotonic()), self.log.decode()
-                    chunk = os.read(self.proc.stderr.fileno(), 65536)
-                    assert chunk, f"master exited with {self.proc.wait(5)}:\n{self.log.decode()}"
-                    self.log += chunk
+            match, self.log = _read_until(self.proc, self.proc.stderr, rb"listening on (\S+:\d+)")
         except BaseException:
             self.close()
             raise
@@ -205,15 +213,7 @@ def test_up_keeps_the_cycle_collector_off_its_index_too() -> None:
                             cwd=REPO_ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
         assert proc.stdout is not None
-        out = b""
-        with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            deadline = time.monotonic() + TIMEOUT_S
-            while (match := re.search(rb"tidekv is up: (.*)\n", out)) is None:
-                assert time.monotonic() < deadline and sel.select(deadline - time.monotonic()), out.decode()
-                chunk = os.read(proc.stdout.fileno(), 65536)
-                assert chunk, f"tidekv up exited with {proc.wait(5)}:\n{out.decode()}"
-                out += chunk
+        match, _ = _read_until(proc, proc.stdout, rb"tidekv is up: (.*)\n")
         metrics = json.loads(match.group(1))["metrics"]
         deadline = time.monotonic() + 10
         while True:
