@@ -179,23 +179,28 @@ def test_master_command_serves_clients_and_stops_on_sigint(connect: Connect) -> 
         master.close()
 
 
+def _health_once_frozen(url: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """The master's /health at ``url`` once its collector froze at least once (or after timeout_s)."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            health: dict[str, Any] = json.loads(resp.read())
+        if health.get("gc", {}).get("freezes", 0) >= 1 or time.monotonic() > deadline:
+            return health
+        time.sleep(0.2)
+
+
 def test_the_master_command_keeps_the_cycle_collector_off_its_index(connect: Connect) -> None:
     """``tidekv master`` owns its process: its timer freezes the survivors (store.collector), which
     /health reports; a master started inside another program (tests) does not."""
-    import urllib.request
-
     master = CliMaster("--port", "0", "--metrics-port", "0")
     try:
         port = int(re.search(rb"metrics http port (\d+)", master.log).group(1))  # type: ignore[union-attr]
         st = connect(master.address, segment_size=1 << 20)
         st.put_many([f"k{i}" for i in range(500)], [b"v"] * 500)
-        deadline = time.monotonic() + 10
-        while True:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
-                health = json.loads(resp.read())
-            if health["gc"]["freezes"] >= 1 or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        health = _health_once_frozen(f"http://127.0.0.1:{port}/health")
         assert health["gc"]["freezes"] >= 1 and health["gc"]["frozen_objects"] > 0, health["gc"]
         assert health["keys"] == 500
         st.close()
@@ -206,8 +211,6 @@ def test_the_master_command_keeps_the_cycle_collector_off_its_index(connect: Con
 def test_up_keeps_the_cycle_collector_off_its_index_too() -> None:
     """``tidekv up`` owns its process as ``tidekv master`` does: its master's timer freezes the
     survivors (the first tick does at once), which /health reports."""
-    import urllib.request
-
     proc = subprocess.Popen([sys.executable, "-m", "tidekv", "up", "--port", "0", "--metrics-port", "0",
                              "--segment-size", "16MiB"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             cwd=REPO_ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
@@ -215,13 +218,7 @@ def test_up_keeps_the_cycle_collector_off_its_index_too() -> None:
         assert proc.stdout is not None
         match, _ = _read_until(proc, proc.stdout, rb"tidekv is up: (.*)\n")
         metrics = json.loads(match.group(1))["metrics"]
-        deadline = time.monotonic() + 10
-        while True:
-            with urllib.request.urlopen(metrics.replace("/metrics", "/health"), timeout=5) as resp:
-                health = json.loads(resp.read())
-            if health.get("gc", {}).get("freezes", 0) >= 1 or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        health = _health_once_frozen(metrics.replace("/metrics", "/health"))
         assert health["gc"]["freezes"] >= 1 and health["gc"]["frozen_objects"] > 0, health
     finally:
         proc.terminate()
