@@ -11,7 +11,10 @@ object count — the object table, allocator and eviction bookkeeping — not lo
   (``store.collector.FrozenHeap``, ticked every 0.1 s; a tick counts as a pause, since the
   master's loop serves no request meanwhile): the longest put (or tick), its 99.9th percentile,
   and the longest full (generation 2) collection, timed with ``gc.callbacks``. A long put that
-  is not a collection is the object table's dict growing (a rehash of every entry).
+  is not a collection was the object table's dict rebuilding every entry as it grew, before the
+  table was split into shards (``store.lru``);
+- pauses over N single-key gets of random stored keys (each moves its key to the LRU end), index
+  frozen, measured first, on the table as the fill left it.
 """
 
 from __future__ import annotations
@@ -82,11 +85,10 @@ def _rate(svc: MasterService, n_objects: int, seconds: float, next_new: int) -> 
     return get_rate, put_rate, next_new
 
 
-def _pauses(svc: MasterService, puts: int, next_new: int,
-            heap: FrozenHeap | None) -> tuple[float, float, float, int]:
-    """(longest, 99.9th percentile) seconds of ``puts`` single-key puts and, with ``heap``, of its
-    ticks (every 0.1 s, as the master's timer); the longest full collection meanwhile; and the
-    next unused key number."""
+def _pauses(ops: Any, heap: FrozenHeap | None) -> tuple[float, float, float]:
+    """(longest, 99.9th percentile) seconds of the requests ``ops`` makes (an iterator of
+    callables, one request each) and, with ``heap``, of its ticks (every 0.1 s, as the master's
+    timer); and the longest full collection meanwhile."""
     times: list[float] = []
     full: list[float] = []
     started = [0.0]
@@ -99,29 +101,42 @@ def _pauses(svc: MasterService, puts: int, next_new: int,
                 full.append(time.perf_counter() - started[0])
 
     gc.callbacks.append(timed)
+    tick_at = time.perf_counter()
     try:
-        next_new = _puts(svc, puts, next_new, heap, times)
+        for op in ops:
+            t0 = time.perf_counter()
+            op()
+            t1 = time.perf_counter()
+            times.append(t1 - t0)
+            if heap is not None and t1 >= tick_at:
+                heap.tick()
+                times.append(time.perf_counter() - t1)
+                tick_at = t1 + 0.1
     finally:
         gc.callbacks.remove(timed)
     times.sort()
-    return times[-1], times[int(len(times) * 0.999)], max(full, default=0.0), next_new
+    return times[-1], times[int(len(times) * 0.999)], max(full, default=0.0)
 
 
-def _puts(svc: MasterService, puts: int, next_new: int, heap: FrozenHeap | None, times: list[float]) -> int:
-    tick_at = time.perf_counter()
-    for _ in range(puts):
-        k = _key(next_new)
-        next_new += 1
-        t0 = time.perf_counter()
+def _puts(svc: MasterService, first: int, count: int) -> Any:
+    """``count`` single-key puts (PutStart+PutEnd) of new keys from number ``first`` on."""
+    def put(k: bytes) -> None:
         slot = _call(svc, 4, p.PutStart("bench", [k], [_OBJECT_BYTES]))[0]
         _call(svc, 5, p.PutEnd("bench", [k], [slot[1]]))
-        t1 = time.perf_counter()
-        times.append(t1 - t0)
-        if heap is not None and t1 >= tick_at:
-            heap.tick()
-            times.append(time.perf_counter() - t1)
-            tick_at = t1 + 0.1
-    return next_new
+
+    return (lambda k=_key(i): put(k) for i in range(first, first + count))
+
+
+def _gets(svc: MasterService, stored: int, count: int) -> Any:
+    """``count`` single-key gets of random keys among the first ``stored``."""
+    rng = random.Random(11)
+    return (lambda k=_key(rng.randrange(stored)): _call(svc, 3, p.Get([k])) for _ in range(count))
+
+
+def _frozen() -> FrozenHeap:
+    heap = FrozenHeap(freeze_every_s=1.0)
+    heap.tick()  # the first freeze takes the whole index at once (a master's first is at start, when it is empty)
+    return heap
 
 
 def run(objects: int, seconds: float) -> list[dict[str, Any]]:
@@ -141,11 +156,13 @@ def run(objects: int, seconds: float) -> list[dict[str, Any]]:
     per_object = (_rss_bytes() - before) / (objects - 1000)
     get_big, put_big, next_new = _rate(svc, objects, seconds, next_new)
     puts = max(10_000, objects // 2)
-    longest, p999, collection, next_new = _pauses(svc, puts, next_new, None)
-    heap = FrozenHeap(freeze_every_s=1.0)
-    heap.tick()  # the first freeze takes the whole index at once (a master's first is at start, when it is empty)
     try:
-        longest_frozen, p999_frozen, collection_frozen, _ = _pauses(svc, puts, next_new, heap)
+        longest_get, p999_get, _ = _pauses(_gets(svc, objects, 2 * puts), _frozen())
+    finally:
+        gc.unfreeze()
+    longest, p999, collection = _pauses(_puts(svc, next_new, puts), None)
+    try:
+        longest_frozen, p999_frozen, collection_frozen = _pauses(_puts(svc, next_new + puts, puts), _frozen())
     finally:
         gc.unfreeze()
     return [
@@ -162,6 +179,10 @@ def run(objects: int, seconds: float) -> list[dict[str, Any]]:
         {"metric": "  p99.9 put or tick ms", "at_1k": None, "at_n": p999_frozen * 1e3, "ratio": None,
          "objects": objects},
         {"metric": "  longest full collection ms", "at_1k": None, "at_n": collection_frozen * 1e3, "ratio": None,
+         "objects": objects},
+        {"metric": f"longest get or tick ms, index frozen ({2 * puts:,} gets)", "at_1k": None,
+         "at_n": longest_get * 1e3, "ratio": None, "objects": objects},
+        {"metric": "  p99.9 get or tick ms", "at_1k": None, "at_n": p999_get * 1e3, "ratio": None,
          "objects": objects},
     ]
 

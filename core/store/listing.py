@@ -11,7 +11,7 @@ lookups; keys removed since the start are skipped, keys put since are not listed
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tidekv.errors import ConfigError
@@ -26,7 +26,7 @@ class KeyListings:
     def __init__(self) -> None:
         self._open: weakref.WeakSet[Any] = weakref.WeakSet()  # sessions holding a listing
 
-    def page(self, session: Any, start: bool, limit: int, objects: dict[bytes, Any],
+    def page(self, session: Any, start: bool, limit: int, objects: Mapping[bytes, Any],
              owns: Callable[[bytes], bool] | None) -> tuple[list[bytes], bool]:
         """Up to ``limit`` keys of ``session``'s listing (a new one with ``start``; ``owns``:
         which keys it may see, None for all), and whether it is the last page."""

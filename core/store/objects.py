@@ -25,6 +25,7 @@ from tidekv.store import eviction
 from tidekv.store import journal as j
 from tidekv.store import tenants
 from tidekv.store.allocator import align
+from tidekv.store.lru import LruTable
 from tidekv.store.repairs import RepairBook
 from tidekv.store.retired import RetiredBytes
 from tidekv.store.protocol import GetResult, Location, PutSlot, Status
@@ -47,7 +48,7 @@ class ObjectMeta:
     """One object. ``replicas`` is flat: (segment, offset, segment, offset, ...) to stay small;
     ``held``, as flat, its replicas on suspended segments (complete objects only)."""
 
-    __slots__ = ("size", "replicas", "put", "lease_until", "pin", "token", "held", "want")
+    __slots__ = ("size", "replicas", "put", "lease_until", "pin", "token", "held", "want", "used")
 
     def __init__(self, size: int, replicas: tuple[object, ...], put: PendingPut | None, pin: int, token: int,
                  want: int = 0) -> None:
@@ -59,6 +60,7 @@ class ObjectMeta:
         self.pin = pin
         self.token = token  # the put that wrote this version (put_end quoting it again is answered OK)
         self.held: tuple[object, ...] = ()
+        self.used = 0  # when last touched (``lru``: set by the object table)
 
     @property
     def all_replicas(self) -> tuple[object, ...]:
@@ -92,7 +94,7 @@ class ObjectTable:
     def __init__(self, segments: SegmentTable, max_key_bytes: int) -> None:
         self.segments = segments
         self.max_key_bytes = max_key_bytes
-        self.objects: dict[bytes, ObjectMeta] = {}  # in LRU order: oldest first
+        self.objects: LruTable[bytes, ObjectMeta] = LruTable()  # complete and pending; by_age() is LRU order
         self.upserts: dict[bytes, ObjectMeta] = {}  # pending new versions of complete objects
         self.suspended: dict[bytes, ObjectMeta] = {}  # complete, every replica held: unreadable
         self.pending: dict[int, bytes] = {}  # token -> key of every pending put
@@ -228,8 +230,7 @@ class ObjectTable:
         until = now + lease_s
         if until > meta.lease_until:
             meta.lease_until = until
-        del self.objects[key]  # move to the most-recently-used end
-        self.objects[key] = meta
+        self.objects.move_to_end(key)
         return GetResult(Status.OK, meta.size, self.locations(meta))
 
     def exists(self, key: bytes) -> bool:
@@ -375,9 +376,9 @@ class ObjectTable:
         ``bytes_needed``; returns bytes freed."""
         if now < self.quarantine_until:
             return 0  # any object may be read under a lease granted before the restore
-        candidates = self.objects.items()
+        candidates = self.objects.by_age()
         if keep is not None or only is not None:
-            candidates = ((k, m) for k, m in self.objects.items()  # type: ignore[assignment]
+            candidates = ((k, m) for k, m in self.objects.by_age()
                           if k != keep and (only is None or only(k)))
         victims = eviction.select_victims(candidates, now, bytes_needed)
         freed = 0
@@ -431,8 +432,8 @@ class ObjectTable:
     def snapshot(self) -> list[j.Op]:
         """Ops that rebuild this table (after the segments' MountOps)."""
         out: list[j.Op] = [j.TokensOp(self.last_token)]
-        for table in (self.objects, self.suspended):
-            for key, meta in table.items():
+        for pairs in (self.objects.by_age_list(), self.suspended.items()):  # restored in this order: LRU kept
+            for key, meta in pairs:
                 if meta.put is None:
                     out.append(j.ObjectOp(key, meta.size, list(meta.all_replicas), meta.pin, meta.token, meta.want))
         for table in (self.objects, self.upserts):

@@ -16,6 +16,8 @@ def test_rows_of_a_small_run() -> None:
     frozen = rows["longest put or tick ms, index frozen (10,000 puts)"]["at_n"]
     assert longest >= rows["p99.9 put ms"]["at_n"] > 0
     assert frozen >= rows["p99.9 put or tick ms"]["at_n"] > 0
+    gets = rows["longest get or tick ms, index frozen (20,000 gets)"]["at_n"]
+    assert gets >= rows["p99.9 get or tick ms"]["at_n"] > 0
     collections = [r["at_n"] for r in listed if r["metric"].strip() == "longest full collection ms"]
     assert len(collections) == 2 and all(c >= 0 for c in collections)
     assert gc.get_freeze_count() == 0, "the bench thaws what it froze"

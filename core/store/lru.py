@@ -1,0 +1,113 @@
+"""``LruTable``: a dict of key -> value kept in least-recently-used order, in shards.
+
+Why not one dict (what the object table was): CPython rebuilds a dict's whole table when it
+runs out of free entries, and an insert never reuses a deleted one, so a table that grows, or
+deletes and re-inserts keys (every put_end, every get's move to the LRU end, every eviction and
+new put), rebuilds all its entries now and then, with the master's loop stopped: 120-290 ms at
+1.0-1.5M objects here (``tidekv bench master``). Here the keys are spread over ``shards`` dicts
+by hash, so a rebuild redoes one shard: 1/64 of the work.
+
+Order: each shard is a dict in its own recency order, and every value carries a stamp of its
+last touch (``used``, from one counter), so ``by_age()`` merges the shards into the exact global
+order: oldest first, the order the single dict had. Assigning an existing key keeps its place
+(as a dict does); ``move_to_end`` and inserting a new key make it the newest.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator, MutableMapping
+from typing import Generic, Protocol, TypeVar
+
+
+class Stamped(Protocol):
+    used: int
+
+
+K = TypeVar("K")
+V = TypeVar("V", bound=Stamped)
+
+_MISSING = object()
+
+
+class LruTable(MutableMapping[K, V], Generic[K, V]):
+    """Iteration (``items``, ``values``, iter) goes shard by shard, in no useful order;
+    ``by_age`` gives the LRU order. Mutating while iterating raises, as for a dict."""
+
+    __slots__ = ("_shards", "_mask", "_clock")
+
+    def __init__(self, shards: int = 64) -> None:
+        if shards < 1 or shards & (shards - 1):
+            raise ValueError(f"shards must be a power of two, got {shards}")
+        self._shards: list[dict[K, V]] = [{} for _ in range(shards)]
+        self._mask = shards - 1
+        self._clock = 0
+
+    def _stamp(self, value: V) -> None:
+        self._clock += 1
+        value.used = self._clock
+
+    def __getitem__(self, key: K) -> V:
+        return self._shards[hash(key) & self._mask][key]
+
+    def get(self, key: K, default: V | None = None) -> V | None:  # type: ignore[override]
+        return self._shards[hash(key) & self._mask].get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._shards[hash(key) & self._mask]
+
+    def __setitem__(self, key: K, value: V) -> None:
+        shard = self._shards[hash(key) & self._mask]
+        old = shard.get(key)
+        if old is None:
+            self._stamp(value)
+        elif old is not value:
+            value.used = old.used  # keeps its place, as a dict's assignment does
+        shard[key] = value
+
+    def __delitem__(self, key: K) -> None:
+        del self._shards[hash(key) & self._mask][key]
+
+    def pop(self, key: K, default: object = _MISSING) -> V:  # type: ignore[override]
+        shard = self._shards[hash(key) & self._mask]
+        if default is _MISSING:
+            return shard.pop(key)
+        return shard.pop(key, default)  # type: ignore[arg-type]
+
+    def move_to_end(self, key: K) -> V:
+        """Makes ``key`` the most recently used; returns its value (KeyError if absent)."""
+        shard = self._shards[hash(key) & self._mask]
+        value = shard.pop(key)
+        shard[key] = value
+        self._stamp(value)
+        return value
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self._shards)
+
+    def __bool__(self) -> bool:
+        return any(self._shards)
+
+    def __iter__(self) -> Iterator[K]:
+        for shard in self._shards:
+            yield from shard
+
+    def items(self) -> Iterator[tuple[K, V]]:  # type: ignore[override]
+        for shard in self._shards:
+            yield from shard.items()
+
+    def values(self) -> Iterator[V]:  # type: ignore[override]
+        for shard in self._shards:
+            yield from shard.values()
+
+    def by_age(self) -> Iterator[tuple[K, V]]:
+        """(key, value) pairs, least recently used first; lazy, for taking the oldest few."""
+        runs = [((v.used, k, v) for k, v in shard.items()) for shard in self._shards if shard]
+        for _, key, value in heapq.merge(*runs):
+            yield key, value
+
+    def by_age_list(self) -> list[tuple[K, V]]:
+        """All (key, value) pairs, least recently used first (one sort of the shards' runs)."""
+        pairs = [kv for shard in self._shards for kv in shard.items()]
+        pairs.sort(key=lambda kv: kv[1].used)
+        return pairs
