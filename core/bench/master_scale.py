@@ -5,7 +5,9 @@ object count — the object table, allocator and eviction bookkeeping — not lo
 - bytes per object: the process's resident memory grown by filling the table with N objects
   (64-byte keys, one 4 KiB replica each), divided by N;
 - ops/s: encoded single-key Get and PutStart+PutEnd requests through ``MasterService.handle``
-  at 1k objects and at N objects, and their ratio;
+  at 1k objects and at N objects, and their ratio; and puts into a full pool (a master of its
+  own whose segment holds 1k, then min(N, 100k) objects, with no watermark: every put evicts the
+  least recently used object on its own path);
 - pauses at N objects, over N/2 single-key puts in a row (PutStart+PutEnd), with Python's cycle
   collector as it comes and then kept off the index as ``tidekv master`` keeps it
   (``store.collector.FrozenHeap``, ticked every 0.1 s; a tick counts as a pause, since the
@@ -63,11 +65,12 @@ def _fill(svc: MasterService, start: int, stop: int, progress: Any = None) -> No
             progress.update(len(keys))
 
 
-def _rate(svc: MasterService, n_objects: int, seconds: float, next_new: int) -> tuple[float, float, int]:
+def _rate(svc: MasterService, n_objects: int, seconds: float, next_new: int,
+          gets: bool = True) -> tuple[float, float, int]:
     rng = random.Random(7)
     keys = [_key(rng.randrange(n_objects)) for _ in range(4096)]
     ops, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
+    while gets and time.perf_counter() - t0 < seconds:
         for k in keys[:256]:
             _call(svc, 3, p.Get([k]))
         ops += 256
@@ -83,6 +86,18 @@ def _rate(svc: MasterService, n_objects: int, seconds: float, next_new: int) -> 
         ops += 128
     put_rate = ops / (time.perf_counter() - t0)
     return get_rate, put_rate, next_new
+
+
+def _full_pool_put_rate(objects: int, seconds: float) -> float:
+    svc = MasterService(MasterConfig(port=0, metrics_port=-1, high_watermark=1.0))
+    _call(svc, 0, p.Hello("bench", p.PROTOCOL_VERSION))
+    _call(svc, 0, p.MountSegment("bench", "seg0", "127.0.0.1:1", 1 << 20, objects * _OBJECT_BYTES))
+    _fill(svc, 0, objects)
+    evicted = svc.objects.counters.evictions
+    _, rate, _ = _rate(svc, objects, seconds, 10**12, gets=False)
+    if svc.objects.counters.evictions - evicted < rate * seconds * 0.9:
+        raise RuntimeError("the full-pool puts did not evict: the pool was not full")
+    return rate
 
 
 def _pauses(ops: Any, heap: FrozenHeap | None) -> tuple[float, float, float]:
@@ -155,6 +170,8 @@ def run(objects: int, seconds: float) -> list[dict[str, Any]]:
     gc.collect()
     per_object = (_rss_bytes() - before) / (objects - 1000)
     get_big, put_big, next_new = _rate(svc, objects, seconds, next_new)
+    full_small = _full_pool_put_rate(1000, seconds)
+    full_big = _full_pool_put_rate(min(objects, 100_000), seconds)
     puts = max(10_000, objects // 2)
     try:
         longest_get, p999_get, _ = _pauses(_gets(svc, objects, 2 * puts), _frozen())
@@ -168,6 +185,8 @@ def run(objects: int, seconds: float) -> list[dict[str, Any]]:
     return [
         {"metric": "get ops/s", "at_1k": get_small, "at_n": get_big, "ratio": get_big / get_small, "objects": objects},
         {"metric": "put ops/s", "at_1k": put_small, "at_n": put_big, "ratio": put_big / put_small, "objects": objects},
+        {"metric": f"put ops/s, full pool (1k vs {min(objects, 100_000):,} objects)", "at_1k": full_small,
+         "at_n": full_big, "ratio": full_big / full_small, "objects": objects},
         {"metric": "bytes/object", "at_1k": None, "at_n": per_object, "ratio": None, "objects": objects},
         {"metric": f"longest put ms, collector as it comes ({puts:,} puts)", "at_1k": None, "at_n": longest * 1e3,
          "ratio": None, "objects": objects},
