@@ -14,9 +14,14 @@ object count — the object table, allocator and eviction bookkeeping — not lo
   master's loop serves no request meanwhile): the longest put (or tick), its 99.9th percentile,
   and the longest full (generation 2) collection, timed with ``gc.callbacks``. A long put that
   is not a collection was the object table's dict rebuilding every entry as it grew, before the
-  table was split into shards (``store.lru``);
+  table was split into shards (``store.shards``);
 - pauses over N single-key gets of random stored keys (each moves its key to the LRU end), index
-  frozen, measured first, on the table as the fill left it.
+  frozen, measured first, on the table as the fill left it;
+- a standby's side at N objects: the master's snapshot applied to a ``journal.Mirror`` (what a
+  standby does when it attaches, and a restart from ``--state-dir``), a new master restored from
+  it (what a promotion does; the collector off, as in both), and then N/2 puts' batches
+  (StartOp+EndOp) applied one by one, index frozen: the longest holds up the standby's next ack,
+  which every put on the leader waits for.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from tidekv.bench.report import Column, format_table
 from tidekv.config import MasterConfig
 from tidekv.store import protocol as p
 from tidekv.store.collector import FrozenHeap
+from tidekv.store.journal import EndOp, Mirror, StartOp
 from tidekv.store.master import MasterService
 
 _OBJECT_BYTES = 4096
@@ -148,6 +154,39 @@ def _gets(svc: MasterService, stored: int, count: int) -> Any:
     return (lambda k=_key(rng.randrange(stored)): _call(svc, 3, p.Get([k])) for _ in range(count))
 
 
+def _standby(svc: MasterService, puts: int) -> tuple[float, float, float, float]:
+    """(seconds to apply ``svc``'s snapshot to a Mirror, seconds to restore a new master from it,
+    longest and 99.9th percentile seconds of applying one put's ops to it)."""
+    gc.disable()
+    try:
+        ops = svc.snapshot()
+        mirror = Mirror(svc.config.lease_ttl_s)
+        t0 = time.perf_counter()
+        mirror.apply(ops, 0.0)
+        applied = time.perf_counter() - t0
+        del ops
+        new = MasterService(MasterConfig(port=0, metrics_port=-1))
+        t0 = time.perf_counter()
+        new.restore(mirror)
+        restored = time.perf_counter() - t0
+        del new
+    finally:
+        gc.enable()
+    token = mirror.max_token
+    offsets = iter(range(0, 1 << 62, _OBJECT_BYTES))
+
+    def put(i: int) -> Any:
+        start = StartOp(token + i, _key(10**15 + i), _OBJECT_BYTES, ["seg0", next(offsets)], 0, False, "bench", 1)
+        end = EndOp(start.key, start.token)
+        return lambda: mirror.apply([start, end], 1.0)
+
+    try:
+        longest, p999, _ = _pauses((put(i) for i in range(1, puts + 1)), _frozen())
+    finally:
+        gc.unfreeze()
+    return applied, restored, longest, p999
+
+
 def _frozen() -> FrozenHeap:
     heap = FrozenHeap(freeze_every_s=1.0)
     heap.tick()  # the first freeze takes the whole index at once (a master's first is at start, when it is empty)
@@ -172,6 +211,7 @@ def run(objects: int, seconds: float) -> list[dict[str, Any]]:
     get_big, put_big, next_new = _rate(svc, objects, seconds, next_new)
     full_small = _full_pool_put_rate(1000, seconds)
     full_big = _full_pool_put_rate(min(objects, 100_000), seconds)
+    mirror_s, restore_s, longest_apply, p999_apply = _standby(svc, max(10_000, objects // 2))
     puts = max(10_000, objects // 2)
     try:
         longest_get, p999_get, _ = _pauses(_gets(svc, objects, 2 * puts), _frozen())
@@ -187,6 +227,14 @@ def run(objects: int, seconds: float) -> list[dict[str, Any]]:
         {"metric": "put ops/s", "at_1k": put_small, "at_n": put_big, "ratio": put_big / put_small, "objects": objects},
         {"metric": f"put ops/s, full pool (1k vs {min(objects, 100_000):,} objects)", "at_1k": full_small,
          "at_n": full_big, "ratio": full_big / full_small, "objects": objects},
+        {"metric": "standby: snapshot applied to a mirror, s", "at_1k": None, "at_n": mirror_s, "ratio": None,
+         "objects": objects},
+        {"metric": "promotion: master restored from the mirror, s", "at_1k": None, "at_n": restore_s,
+         "ratio": None, "objects": objects},
+        {"metric": f"standby: longest put applied ms ({max(10_000, objects // 2):,} puts)", "at_1k": None,
+         "at_n": longest_apply * 1e3, "ratio": None, "objects": objects},
+        {"metric": "  p99.9 put applied ms", "at_1k": None, "at_n": p999_apply * 1e3, "ratio": None,
+         "objects": objects},
         {"metric": "bytes/object", "at_1k": None, "at_n": per_object, "ratio": None, "objects": objects},
         {"metric": f"longest put ms, collector as it comes ({puts:,} puts)", "at_1k": None, "at_n": longest * 1e3,
          "ratio": None, "objects": objects},

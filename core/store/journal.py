@@ -38,6 +38,7 @@ import msgspec
 
 from tidekv.store import protocol as p
 from tidekv.store.retired import KeptBytes
+from tidekv.store.shards import ShardedDict
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +226,7 @@ class Mirror:
     lease_ttl_s: float
     segments: dict[str, MountOp] = field(default_factory=dict)
     suspended: dict[str, tuple[MountOp, float]] = field(default_factory=dict)  # name -> (mount, grace ends)
-    objects: dict[bytes, ObjectOp] = field(default_factory=dict)  # complete, in LRU order
+    objects: ShardedDict[bytes, ObjectOp] = field(default_factory=ShardedDict)  # complete (restored by token)
     pending: dict[int, StartOp] = field(default_factory=dict)
     retired: KeptBytes = field(default_factory=KeptBytes)  # freed bytes kept for the leases it cannot know
     repairs: dict[tuple[str, int], RepairOp] = field(default_factory=dict)  # (segment, offset) -> copy under way

@@ -18,6 +18,7 @@ Neighbours: ``segments`` (placement and freeing), ``eviction`` (victim choice), 
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ from tidekv.store import eviction
 from tidekv.store import journal as j
 from tidekv.store import tenants
 from tidekv.store.allocator import align
-from tidekv.store.lru import LruTable
+from tidekv.store.shards import LruTable
 from tidekv.store.repairs import RepairBook
 from tidekv.store.retired import RetiredBytes
 from tidekv.store.protocol import GetResult, Location, PutSlot, Status
@@ -34,6 +35,7 @@ from tidekv.store.segments import SegmentTable
 logger = logging.getLogger(__name__)
 
 _NO_LEASE = 0.0
+_by_token = operator.attrgetter("token")
 
 
 @dataclass(slots=True)
@@ -60,7 +62,7 @@ class ObjectMeta:
         self.pin = pin
         self.token = token  # the put that wrote this version (put_end quoting it again is answered OK)
         self.held: tuple[object, ...] = ()
-        self.used = 0  # when last touched (``lru``: set by the object table)
+        self.used = 0  # when last touched (``shards``: set by the object table)
 
     @property
     def all_replicas(self) -> tuple[object, ...]:
@@ -404,7 +406,7 @@ class ObjectTable:
         its pending puts (ended by their writers' put_end, or reclaimed as usual), and bytes kept
         for leases; nothing it frees is reused before ``now + mirror.lease_ttl_s``."""
         suspended = self.segments.suspended
-        for op in mirror.objects.values():
+        for op in sorted(mirror.objects.values(), key=_by_token):  # put order: the LRU order a mirror can know
             meta = ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token, op.want)
             if suspended and any(s in suspended for s in meta.replicas[::2]):
                 meta.replicas, meta.held = _without(meta.replicas, suspended), _only(meta.replicas, suspended)
@@ -432,8 +434,8 @@ class ObjectTable:
     def snapshot(self) -> list[j.Op]:
         """Ops that rebuild this table (after the segments' MountOps)."""
         out: list[j.Op] = [j.TokensOp(self.last_token)]
-        for pairs in (self.objects.by_age_list(), self.suspended.items()):  # restored in this order: LRU kept
-            for key, meta in pairs:
+        for table in (self.objects, self.suspended):  # in no order: a restore orders them by token
+            for key, meta in table.items():
                 if meta.put is None:
                     out.append(j.ObjectOp(key, meta.size, list(meta.all_replicas), meta.pin, meta.token, meta.want))
         for table in (self.objects, self.upserts):

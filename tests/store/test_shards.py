@@ -1,4 +1,4 @@
-"""``store.lru.LruTable`` against an OrderedDict doing the same operations: the shards merge into
+"""``store.shards.LruTable`` against an OrderedDict doing the same operations: the shards merge into
 the exact least-recently-used order the object table's single dict had."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections import OrderedDict
 
 import pytest
 
-from tidekv.store.lru import LruTable
+from tidekv.store.shards import LruTable, ShardedDict
 
 
 class Meta:
@@ -49,7 +49,6 @@ def test_matches_an_ordered_dict_under_random_operations() -> None:
             assert [(k, v.name) for k, v in table.by_age()] == [(k, v.name) for k, v in model.items()]
     assert len(table) == len(model) and bool(table) == bool(model)
     assert [k for k, _ in table.by_age()] == list(model)
-    assert table.by_age_list() == list(table.by_age())
     assert sorted(table) == sorted(model) and sorted(k for k, _ in table.items()) == sorted(model)
     assert {v.name for v in table.values()} == {v.name for v in model.values()}
 
@@ -62,13 +61,13 @@ def test_keys_spread_over_shards_and_the_oldest_come_first() -> None:
     table[b"1"] = Meta("1 again")  # assigning keeps its place
     oldest = [k for k, _ in table.by_age()][:3]
     assert oldest == [b"1", b"2", b"3"]
-    assert next(iter(reversed(table.by_age_list())))[0] == b"0"
+    assert [k for k, _ in table.by_age()][-1] == b"0"
     assert sum(1 for shard in table._shards if shard) > 32, "keys land in many shards"
 
 
 def test_empty_table_and_missing_keys() -> None:
     table: LruTable[bytes, Meta] = LruTable()
-    assert not table and len(table) == 0 and list(table.by_age()) == [] and table.by_age_list() == []
+    assert not table and len(table) == 0 and list(table.by_age()) == []
     assert table.get(b"x") is None and b"x" not in table
     with pytest.raises(KeyError):
         table.pop(b"x")
@@ -86,7 +85,26 @@ def test_changing_the_table_while_iterating_raises_as_a_dict_does() -> None:
             table[key + b"!"] = Meta("new")
 
 
+def test_sharded_dict_matches_a_dict() -> None:
+    rng = random.Random(5)
+    table: ShardedDict[bytes, int] = ShardedDict(shards=4)
+    model: dict[bytes, int] = {}
+    for step in range(10_000):
+        key = b"k%d" % rng.randrange(300)
+        action = rng.random()
+        if action < 0.5:
+            table[key] = model[key] = step
+        elif action < 0.8:
+            assert table.pop(key, None) == model.pop(key, None)
+        else:
+            assert table.get(key) == model.get(key) and (key in table) == (key in model)
+    assert table == model and dict(table.items()) == model and len(table) == len(model)
+    assert sorted(table) == sorted(model) and sorted(table.values()) == sorted(model.values())
+    assert table.keys() & model.keys() == model.keys()
+
+
 @pytest.mark.parametrize("shards", [0, 3, 100])
-def test_shard_count_must_be_a_power_of_two(shards: int) -> None:
+@pytest.mark.parametrize("kind", [LruTable, ShardedDict])
+def test_shard_count_must_be_a_power_of_two(kind: type, shards: int) -> None:
     with pytest.raises(ValueError, match="power of two"):
-        LruTable(shards=shards)
+        kind(shards=shards)

@@ -1,0 +1,136 @@
+"""The index's tables in hash shards: ``ShardedDict`` (a dict) and ``LruTable`` (one in
+least-recently-used order). Nothing else.
+
+Why not one dict (what the object table and a standby's mirror of it were): CPython rebuilds a
+dict's whole table when it runs out of free entries, and an insert never reuses a deleted one,
+so a table that grows, or deletes and re-inserts keys (every put_end, every get's move to the LRU
+end, every eviction and new put), rebuilds all its entries now and then, with the master's loop
+(or a standby's apply, and with it the next ack every put waits for) stopped: 120-290 ms at
+1.0-1.5M objects here (``tidekv bench master``). Here the keys are spread over ``shards`` dicts
+by hash, so a rebuild redoes one shard: 1/16 of the work. More shards make it shorter still
+but cost every eviction a look at each shard's oldest object (``LruTable.by_age``).
+
+LRU order: each shard is a dict in its own recency order, and every value carries a stamp of
+its last touch (``used``, from one counter), so ``by_age()`` merges the shards into the exact
+global order: oldest first, the order the single dict had. Assigning an existing key keeps its
+place (as a dict does); ``move_to_end`` and inserting a new key make it the newest.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator, MutableMapping
+from typing import Generic, Protocol, TypeVar
+
+
+class Stamped(Protocol):
+    used: int
+
+
+K = TypeVar("K")
+W = TypeVar("W")
+V = TypeVar("V", bound=Stamped)
+
+_MISSING = object()
+
+
+class ShardedDict(MutableMapping[K, W], Generic[K, W]):
+    """A dict in ``shards`` dicts by key hash. Iteration (``items``, ``values``, iter) goes shard
+    by shard, in no useful order. Mutating while iterating raises, as for a dict."""
+
+    __slots__ = ("_shards", "_mask")
+
+    def __init__(self, shards: int = 16) -> None:
+        if shards < 1 or shards & (shards - 1):
+            raise ValueError(f"shards must be a power of two, got {shards}")
+        self._shards: list[dict[K, W]] = [{} for _ in range(shards)]
+        self._mask = shards - 1
+
+    def __getitem__(self, key: K) -> W:
+        return self._shards[hash(key) & self._mask][key]
+
+    def get(self, key: K, default: W | None = None) -> W | None:  # type: ignore[override]
+        return self._shards[hash(key) & self._mask].get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._shards[hash(key) & self._mask]
+
+    def __setitem__(self, key: K, value: W) -> None:
+        self._shards[hash(key) & self._mask][key] = value
+
+    def __delitem__(self, key: K) -> None:
+        del self._shards[hash(key) & self._mask][key]
+
+    def pop(self, key: K, default: object = _MISSING) -> W:  # type: ignore[override]
+        shard = self._shards[hash(key) & self._mask]
+        if default is _MISSING:
+            return shard.pop(key)
+        return shard.pop(key, default)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self._shards)
+
+    def __bool__(self) -> bool:
+        return any(self._shards)
+
+    def __iter__(self) -> Iterator[K]:
+        for shard in self._shards:
+            yield from shard
+
+    def items(self) -> Iterator[tuple[K, W]]:  # type: ignore[override]
+        for shard in self._shards:
+            yield from shard.items()
+
+    def values(self) -> Iterator[W]:  # type: ignore[override]
+        for shard in self._shards:
+            yield from shard.values()
+
+
+class LruTable(ShardedDict[K, V]):
+    """A ``ShardedDict`` whose values carry their last touch (``used``); ``by_age`` gives the
+    LRU order."""
+
+    __slots__ = ("_clock",)
+
+    def __init__(self, shards: int = 16) -> None:
+        super().__init__(shards)
+        self._clock = 0
+
+    def _stamp(self, value: V) -> None:
+        self._clock += 1
+        value.used = self._clock
+
+    def __setitem__(self, key: K, value: V) -> None:
+        shard = self._shards[hash(key) & self._mask]
+        old = shard.get(key)
+        if old is None:
+            self._stamp(value)
+        elif old is not value:
+            value.used = old.used  # keeps its place, as a dict's assignment does
+        shard[key] = value
+
+    def move_to_end(self, key: K) -> V:
+        """Makes ``key`` the most recently used; returns its value (KeyError if absent)."""
+        shard = self._shards[hash(key) & self._mask]
+        value = shard.pop(key)
+        shard[key] = value
+        self._stamp(value)
+        return value
+
+    def by_age(self) -> Iterator[tuple[K, V]]:
+        """(key, value) pairs, least recently used first; lazy, for taking the oldest few (an
+        eviction on a full pool's put path: its cost is one look at each shard's oldest)."""
+        runs = [iter(shard.items()) for shard in self._shards if shard]
+        heads = []
+        for i, run in enumerate(runs):
+            key, value = next(run)
+            heads.append((value.used, i, key, value))
+        heapq.heapify(heads)
+        while heads:
+            _, i, key, value = heads[0]
+            yield key, value
+            following = next(runs[i], None)
+            if following is None:
+                heapq.heappop(heads)
+            else:
+                heapq.heapreplace(heads, (following[1].used, i, following[0], following[1]))
