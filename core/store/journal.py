@@ -226,17 +226,17 @@ class Mirror:
     lease_ttl_s: float
     segments: dict[str, MountOp] = field(default_factory=dict)
     suspended: dict[str, tuple[MountOp, float]] = field(default_factory=dict)  # name -> (mount, grace ends)
-    objects: ShardedDict[bytes, ObjectOp] = field(default_factory=ShardedDict)  # complete (restored by token)
+    objects: ShardedDict[bytes, ObjectOp] = field(default_factory=ShardedDict)  # complete, each shard oldest first
     pending: dict[int, StartOp] = field(default_factory=dict)
     retired: KeptBytes = field(default_factory=KeptBytes)  # freed bytes kept for the leases it cannot know
     repairs: dict[tuple[str, int], RepairOp] = field(default_factory=dict)  # (segment, offset) -> copy under way
     max_token: int = 0
 
     def apply(self, ops: list[Op], now: float) -> None:
-        objects = self.objects
+        shards, mask = self.objects.parts()
         for op in ops:
             if type(op) is ObjectOp:  # most of a snapshot: the fast path of a restart
-                objects[op.key] = op
+                shards[hash(op.key) & mask][op.key] = op
                 if op.token > self.max_token:
                     self.max_token = op.token
             else:

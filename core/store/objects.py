@@ -18,7 +18,6 @@ Neighbours: ``segments`` (placement and freeing), ``eviction`` (victim choice), 
 from __future__ import annotations
 
 import logging
-import operator
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 
@@ -35,7 +34,6 @@ from tidekv.store.segments import SegmentTable
 logger = logging.getLogger(__name__)
 
 _NO_LEASE = 0.0
-_by_token = operator.attrgetter("token")
 
 
 @dataclass(slots=True)
@@ -406,16 +404,20 @@ class ObjectTable:
         its pending puts (ended by their writers' put_end, or reclaimed as usual), and bytes kept
         for leases; nothing it frees is reused before ``now + mirror.lease_ttl_s``."""
         suspended = self.segments.suspended
-        for op in sorted(mirror.objects.values(), key=_by_token):  # put order: the LRU order a mirror can know
-            meta = ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token, op.want)
-            if suspended and any(s in suspended for s in meta.replicas[::2]):
-                meta.replicas, meta.held = _without(meta.replicas, suspended), _only(meta.replicas, suspended)
-                for seg in meta.held[::2]:
-                    suspended[seg].objects += 1  # type: ignore[index]
-                if not meta.replicas:
-                    self.suspended[op.key] = meta
-                    continue
-            self.objects[op.key] = meta
+
+        def readable() -> Iterator[tuple[bytes, ObjectMeta]]:
+            for op in mirror.objects.values():  # a mirror keeps the order of the snapshot and puts it applied
+                meta = ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token, op.want)
+                if suspended and any(s in suspended for s in meta.replicas[::2]):
+                    meta.replicas, meta.held = _without(meta.replicas, suspended), _only(meta.replicas, suspended)
+                    for seg in meta.held[::2]:
+                        suspended[seg].objects += 1  # type: ignore[index]
+                    if not meta.replicas:
+                        self.suspended[op.key] = meta
+                        continue
+                yield op.key, meta
+
+        self.objects.load(readable())
         for start in mirror.pending.values():
             meta = ObjectMeta(start.size, tuple(start.replicas), PendingPut(start.token, start.writer, now,
                                                                             start.is_upsert), start.pin, start.token,
@@ -434,7 +436,7 @@ class ObjectTable:
     def snapshot(self) -> list[j.Op]:
         """Ops that rebuild this table (after the segments' MountOps)."""
         out: list[j.Op] = [j.TokensOp(self.last_token)]
-        for table in (self.objects, self.suspended):  # in no order: a restore orders them by token
+        for table in (self.objects, self.suspended):  # shard by shard, each oldest first: LruTable.load
             for key, meta in table.items():
                 if meta.put is None:
                     out.append(j.ObjectOp(key, meta.size, list(meta.all_replicas), meta.pin, meta.token, meta.want))
