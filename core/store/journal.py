@@ -38,7 +38,6 @@ import msgspec
 
 from tidekv.store import protocol as p
 from tidekv.store.retired import KeptBytes
-from tidekv.store.shards import ShardedDict
 
 logger = logging.getLogger(__name__)
 
@@ -226,17 +225,17 @@ class Mirror:
     lease_ttl_s: float
     segments: dict[str, MountOp] = field(default_factory=dict)
     suspended: dict[str, tuple[MountOp, float]] = field(default_factory=dict)  # name -> (mount, grace ends)
-    objects: ShardedDict[bytes, ObjectOp] = field(default_factory=ShardedDict)  # complete, each shard oldest first
+    objects: dict[bytes, ObjectOp] = field(default_factory=dict)  # complete, in LRU order
     pending: dict[int, StartOp] = field(default_factory=dict)
     retired: KeptBytes = field(default_factory=KeptBytes)  # freed bytes kept for the leases it cannot know
     repairs: dict[tuple[str, int], RepairOp] = field(default_factory=dict)  # (segment, offset) -> copy under way
     max_token: int = 0
 
     def apply(self, ops: list[Op], now: float) -> None:
-        shards, mask = self.objects.parts()
+        objects = self.objects
         for op in ops:
             if type(op) is ObjectOp:  # most of a snapshot: the fast path of a restart
-                shards[hash(op.key) & mask][op.key] = op
+                objects[op.key] = op
                 if op.token > self.max_token:
                     self.max_token = op.token
             else:

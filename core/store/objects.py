@@ -404,20 +404,18 @@ class ObjectTable:
         its pending puts (ended by their writers' put_end, or reclaimed as usual), and bytes kept
         for leases; nothing it frees is reused before ``now + mirror.lease_ttl_s``."""
         suspended = self.segments.suspended
-
-        def readable() -> Iterator[tuple[bytes, ObjectMeta]]:
-            for op in mirror.objects.values():  # a mirror keeps the order of the snapshot and puts it applied
-                meta = ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token, op.want)
-                if suspended and any(s in suspended for s in meta.replicas[::2]):
-                    meta.replicas, meta.held = _without(meta.replicas, suspended), _only(meta.replicas, suspended)
-                    for seg in meta.held[::2]:
-                        suspended[seg].objects += 1  # type: ignore[index]
-                    if not meta.replicas:
-                        self.suspended[op.key] = meta
-                        continue
-                yield op.key, meta
-
-        self.objects.load(readable())
+        readable = []
+        for op in mirror.objects.values():  # a mirror keeps the order of the snapshot and puts it applied
+            meta = ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token, op.want)
+            if suspended and any(s in suspended for s in meta.replicas[::2]):
+                meta.replicas, meta.held = _without(meta.replicas, suspended), _only(meta.replicas, suspended)
+                for seg in meta.held[::2]:
+                    suspended[seg].objects += 1  # type: ignore[index]
+                if not meta.replicas:
+                    self.suspended[op.key] = meta
+                    continue
+            readable.append((op.key, meta))
+        self.objects.load(readable)
         for start in mirror.pending.values():
             meta = ObjectMeta(start.size, tuple(start.replicas), PendingPut(start.token, start.writer, now,
                                                                             start.is_upsert), start.pin, start.token,

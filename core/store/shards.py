@@ -1,24 +1,27 @@
-"""The index's tables in hash shards: ``ShardedDict`` (a dict) and ``LruTable`` (one in
-least-recently-used order). Nothing else.
+"""``LruTable``: the object table's dict of key -> metadata, in least-recently-used order, in
+hash shards. Nothing else.
 
-Why not one dict (what the object table and a standby's mirror of it were): CPython rebuilds a
-dict's whole table when it runs out of free entries, and an insert never reuses a deleted one,
-so a table that grows, or deletes and re-inserts keys (every put_end, every get's move to the LRU
-end, every eviction and new put), rebuilds all its entries now and then, with the master's loop
-(or a standby's apply, and with it the next ack every put waits for) stopped: 120-290 ms at
+Why not one dict (what the object table was): CPython rebuilds a dict's whole table when it
+runs out of free entries, and an insert never reuses a deleted one, so a table that grows, or
+deletes and re-inserts keys (every put_end, every get's move to the LRU end, every eviction and
+new put), rebuilds all its entries now and then, with the master's loop stopped: 120-290 ms at
 1.0-1.5M objects here (``tidekv bench master``). Here the keys are spread over ``shards`` dicts
 by hash, so a rebuild redoes one shard: 1/16 of the work. More shards make it shorter still
-but cost every eviction a look at each shard's oldest object (``LruTable.by_age``).
+but cost every eviction a look at each shard's oldest object (``by_age``). A standby's mirror
+of the index (``journal.Mirror``) stays one dict: walking a million objects in hash order
+instead of the order they were made in doubled a promotion's restore here (cache misses).
 
 LRU order: each shard is a dict in its own recency order, and every value carries a stamp of
 its last touch (``used``, from one counter), so ``by_age()`` merges the shards into the exact
 global order: oldest first, the order the single dict had. Assigning an existing key keeps its
-place (as a dict does); ``move_to_end`` and inserting a new key make it the newest.
+place (as a dict does); ``move_to_end`` and inserting a new key make it the newest; ``load``
+fills an empty table in one pass (a restore).
 """
 
 from __future__ import annotations
 
 import heapq
+from itertools import chain
 from collections.abc import Iterable, Iterator, MutableMapping
 from typing import Generic, Protocol, TypeVar
 
@@ -28,40 +31,37 @@ class Stamped(Protocol):
 
 
 K = TypeVar("K")
-W = TypeVar("W")
 V = TypeVar("V", bound=Stamped)
 
 _MISSING = object()
 
 
-class ShardedDict(MutableMapping[K, W], Generic[K, W]):
-    """A dict in ``shards`` dicts by key hash. Iteration (``items``, ``values``, iter) goes shard
-    by shard, in no useful order. Mutating while iterating raises, as for a dict."""
+class LruTable(MutableMapping[K, V], Generic[K, V]):
+    """Iteration (``items``, ``values``, iter) goes shard by shard, each shard oldest first;
+    ``by_age`` gives the LRU order. Mutating while iterating raises, as for a dict."""
 
-    __slots__ = ("_shards", "_mask")
+    __slots__ = ("_shards", "_mask", "_clock")
 
     def __init__(self, shards: int = 16) -> None:
         if shards < 1 or shards & (shards - 1):
             raise ValueError(f"shards must be a power of two, got {shards}")
-        self._shards: list[dict[K, W]] = [{} for _ in range(shards)]
+        self._shards: list[dict[K, V]] = [{} for _ in range(shards)]
         self._mask = shards - 1
+        self._clock = 0
 
-    def __getitem__(self, key: K) -> W:
+    def __getitem__(self, key: K) -> V:
         return self._shards[hash(key) & self._mask][key]
 
-    def get(self, key: K, default: W | None = None) -> W | None:  # type: ignore[override]
+    def get(self, key: K, default: V | None = None) -> V | None:  # type: ignore[override]
         return self._shards[hash(key) & self._mask].get(key, default)
 
     def __contains__(self, key: object) -> bool:
         return key in self._shards[hash(key) & self._mask]
 
-    def __setitem__(self, key: K, value: W) -> None:
-        self._shards[hash(key) & self._mask][key] = value
-
     def __delitem__(self, key: K) -> None:
         del self._shards[hash(key) & self._mask][key]
 
-    def pop(self, key: K, default: object = _MISSING) -> W:  # type: ignore[override]
+    def pop(self, key: K, default: object = _MISSING) -> V:  # type: ignore[override]
         shard = self._shards[hash(key) & self._mask]
         if default is _MISSING:
             return shard.pop(key)
@@ -73,33 +73,15 @@ class ShardedDict(MutableMapping[K, W], Generic[K, W]):
     def __bool__(self) -> bool:
         return any(self._shards)
 
+    # chain, not a generator: a million keys cost 0.25 s more through ``yield from``
     def __iter__(self) -> Iterator[K]:
-        for shard in self._shards:
-            yield from shard
+        return chain.from_iterable(self._shards)
 
-    def items(self) -> Iterator[tuple[K, W]]:  # type: ignore[override]
-        for shard in self._shards:
-            yield from shard.items()
+    def items(self) -> Iterator[tuple[K, V]]:  # type: ignore[override]
+        return chain.from_iterable(shard.items() for shard in self._shards)
 
-    def values(self) -> Iterator[W]:  # type: ignore[override]
-        for shard in self._shards:
-            yield from shard.values()
-
-    def parts(self) -> tuple[list[dict[K, W]], int]:
-        """The shard dicts and the mask that picks a key's (``shards[hash(key) & mask]``), for
-        loops over a million keys that cannot afford a method call each (a snapshot's apply)."""
-        return self._shards, self._mask
-
-
-class LruTable(ShardedDict[K, V]):
-    """A ``ShardedDict`` whose values carry their last touch (``used``); ``by_age`` gives the
-    LRU order."""
-
-    __slots__ = ("_clock",)
-
-    def __init__(self, shards: int = 16) -> None:
-        super().__init__(shards)
-        self._clock = 0
+    def values(self) -> Iterator[V]:  # type: ignore[override]
+        return chain.from_iterable(shard.values() for shard in self._shards)
 
     def _stamp(self, value: V) -> None:
         self._clock += 1

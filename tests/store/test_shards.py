@@ -8,7 +8,7 @@ from collections import OrderedDict
 
 import pytest
 
-from tidekv.store.shards import LruTable, ShardedDict
+from tidekv.store.shards import LruTable
 
 
 class Meta:
@@ -85,29 +85,10 @@ def test_changing_the_table_while_iterating_raises_as_a_dict_does() -> None:
             table[key + b"!"] = Meta("new")
 
 
-def test_sharded_dict_matches_a_dict() -> None:
-    rng = random.Random(5)
-    table: ShardedDict[bytes, int] = ShardedDict(shards=4)
-    model: dict[bytes, int] = {}
-    for step in range(10_000):
-        key = b"k%d" % rng.randrange(300)
-        action = rng.random()
-        if action < 0.5:
-            table[key] = model[key] = step
-        elif action < 0.8:
-            assert table.pop(key, None) == model.pop(key, None)
-        else:
-            assert table.get(key) == model.get(key) and (key in table) == (key in model)
-    assert table == model and dict(table.items()) == model and len(table) == len(model)
-    assert sorted(table) == sorted(model) and sorted(table.values()) == sorted(model.values())
-    assert table.keys() & model.keys() == model.keys()
-
-
 @pytest.mark.parametrize("shards", [0, 3, 100])
-@pytest.mark.parametrize("kind", [LruTable, ShardedDict])
-def test_shard_count_must_be_a_power_of_two(kind: type, shards: int) -> None:
+def test_shard_count_must_be_a_power_of_two(shards: int) -> None:
     with pytest.raises(ValueError, match="power of two"):
-        kind(shards=shards)
+        LruTable(shards=shards)
 
 
 def test_load_keeps_each_shards_order_and_later_touches_come_after() -> None:
