@@ -17,11 +17,11 @@ object count — the object table, allocator and eviction bookkeeping — not lo
   table was split into shards (``store.shards``);
 - pauses over N single-key gets of random stored keys (each moves its key to the LRU end), index
   frozen, measured first, on the table as the fill left it;
-- a standby's side at N objects: the master's snapshot applied to a ``journal.Mirror`` (what a
-  standby does when it attaches, and a restart from ``--state-dir``), a new master restored from
-  it (what a promotion does; the collector off, as in both), and then N/2 puts' batches
-  (StartOp+EndOp) applied one by one, index frozen: the longest holds up the standby's next ack,
-  which every put on the leader waits for.
+- a standby's side at N objects: the master's snapshot, encoded and decoded as on the wire,
+  applied to a ``journal.Mirror`` (what a standby does when it attaches, and a restart from
+  ``--state-dir``), a new master restored from it (what a promotion does; the collector off, as
+  in both), and then N/2 puts' batches (StartOp+EndOp) applied one by one, index frozen: the
+  longest holds up the standby's next ack, which every put on the leader waits for.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from tidekv.bench.report import Column, format_table
 from tidekv.config import MasterConfig
 from tidekv.store import protocol as p
 from tidekv.store.collector import FrozenHeap
-from tidekv.store.journal import EndOp, Mirror, StartOp
+from tidekv.store.journal import EndOp, Mirror, StartOp, decode_ops, encode_ops
 from tidekv.store.master import MasterService
 
 _OBJECT_BYTES = 4096
@@ -159,7 +159,7 @@ def _standby(svc: MasterService, puts: int) -> tuple[float, float, float, float]
     longest and 99.9th percentile seconds of applying one put's ops to it)."""
     gc.disable()
     try:
-        ops = svc.snapshot()
+        ops = decode_ops(encode_ops(svc.snapshot()))  # as a standby or a journal gets them: objects of their own
         mirror = Mirror(svc.config.lease_ttl_s)
         t0 = time.perf_counter()
         mirror.apply(ops, 0.0)
