@@ -1,8 +1,8 @@
 """Eviction policy: which objects go when space is needed. Nothing else.
 
 Approximate LRU: the object table keeps its objects in access order (a get moves the key to the
-end; ``shards``), so the oldest objects come first. Objects being written, read-leased, or hard-pinned are
-never chosen; soft-pinned ones only when everything else evictable is not enough.
+end; ``shards``), so the oldest objects come first. Objects being written, read-leased, or
+hard-pinned are never chosen; soft-pinned ones only when everything else evictable is not enough.
 """
 
 from __future__ import annotations

@@ -25,11 +25,11 @@ from tidekv.store import eviction
 from tidekv.store import journal as j
 from tidekv.store import tenants
 from tidekv.store.allocator import align
-from tidekv.store.shards import LruTable
 from tidekv.store.repairs import RepairBook
 from tidekv.store.retired import RetiredBytes
 from tidekv.store.protocol import GetResult, Location, PutSlot, Status
 from tidekv.store.segments import SegmentTable
+from tidekv.store.shards import LruTable
 
 logger = logging.getLogger(__name__)
 
