@@ -15,14 +15,14 @@ LRU order: each shard is a dict in its own recency order, and every value carrie
 its last touch (``used``, from one counter), so ``by_age()`` merges the shards into the exact
 global order: oldest first, the order the single dict had. Assigning an existing key keeps its
 place (as a dict does); ``move_to_end`` and inserting a new key make it the newest; ``load``
-fills an empty table in one pass (a restore).
+fills an empty table (a restore).
 """
 
 from __future__ import annotations
 
 import heapq
 from itertools import chain
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping
 from typing import Generic, Protocol, TypeVar
 
 
@@ -96,21 +96,25 @@ class LruTable(MutableMapping[K, V], Generic[K, V]):
             value.used = old.used  # keeps its place, as a dict's assignment does
         shard[key] = value
 
-    def load(self, pairs: Iterable[tuple[K, V]]) -> None:
-        """Fills an empty table from ``pairs`` given oldest first, in one pass (a restore of a
-        million objects). Each shard keeps their order; across shards, the k-th pair of one
-        shard counts as old as the k-th of another (stamps interleave the shards by position),
-        which is the global order within a shard's share of randomness, without a sort."""
+    def load(self, pairs: list[tuple[K, V]]) -> None:
+        """Fills an empty table from ``pairs`` (distinct keys) given oldest first: a restore of a
+        million objects, so two passes over the list in its order (cache-friendly), no sort and
+        no method call each. Each shard keeps their order; across shards a pair counts as old as
+        its place within its shard (the k-th of n is k/n of the way from oldest to newest), which
+        is where a key spread at random lands in the whole."""
         assert not self, "load into an empty table"
         shards, mask = self._shards, self._mask
-        count = mask + 1
-        sizes = [0] * count
+        sizes = [0] * (mask + 1)
+        for key, _ in pairs:
+            sizes[hash(key) & mask] += 1
+        total = len(pairs)
+        places = [0] * (mask + 1)
         for key, value in pairs:
             i = hash(key) & mask
-            value.used = sizes[i] * count + i + 1
-            sizes[i] += 1
+            places[i] += 1
+            value.used = places[i] * total // sizes[i]
             shards[i][key] = value
-        self._clock = max(sizes) * count + count
+        self._clock = total
 
     def move_to_end(self, key: K) -> V:
         """Makes ``key`` the most recently used; returns its value (KeyError if absent)."""

@@ -401,3 +401,30 @@ def test_a_writers_own_unanswered_put_is_replaced_or_revoked_not_a_no_op() -> No
     assert rig.call(p.PutRevoke("w", [b"j"], [0])) == [Status.OK]
     assert rig.put_end("w", b"j", second.token) == Status.STALE
     assert rig.stats()["pending_puts"] == 0 and rig.stats()["used_bytes"] == PAGE
+
+
+def test_a_restored_master_keeps_each_shards_lru_order_and_evicts_the_old_first() -> None:
+    """The index is in hash shards (``store.shards``): a snapshot sends each shard oldest first,
+    wire-encoded as a standby gets it, and the restored table keeps every shard's order, so what
+    the old master read last is evicted last by the new one."""
+    from tidekv.store.journal import Mirror, decode_ops, encode_ops
+
+    old = _rig(pages=64)
+    keys = _keys("k", 64)
+    for key in keys:
+        old.put("w", key, PAGE)
+    touched = keys[:8]  # the oldest puts, read last: the newest by use
+    for key in touched:
+        assert old.get(key).status == Status.OK
+    mirror = Mirror(old.config.lease_ttl_s)
+    mirror.apply(decode_ops(encode_ops(old.service.snapshot())), old.clock.now)
+    new = ServiceRig(lease_ttl_s=old.config.lease_ttl_s, high_watermark=1.0)
+    new.service.restore(mirror)
+    before, after = old.service.objects.objects, new.service.objects.objects
+    assert [list(s) for s in after._shards] == [list(s) for s in before._shards], "each shard's order kept"
+    assert sorted(k for k, _ in after.by_age()) == sorted(keys)
+    new.hello("w")
+    new.advance(new.config.lease_ttl_s + 0.1)  # past the restored table's quarantine
+    for i in range(8):
+        assert new.put("w", f"n{i}".encode(), PAGE).status == Status.OK  # a full segment: each evicts one
+    assert all(new.exists(key) for key in touched), "the recently read objects outlive the eviction"

@@ -94,15 +94,16 @@ def test_shard_count_must_be_a_power_of_two(shards: int) -> None:
 def test_load_keeps_each_shards_order_and_later_touches_come_after() -> None:
     given = [(b"%d" % i, Meta(str(i))) for i in range(2000)]
     table: LruTable[bytes, Meta] = LruTable(shards=16)
-    table.load(iter(given))
+    table.load(given)
     assert len(table) == 2000
     for shard in table._shards:
         assert list(shard) == sorted(shard, key=int), "a shard keeps the order it was given"
     order = [int(k) for k, _ in table.by_age()]
     assert sorted(order) == list(range(2000))
     shifts = [abs(pos - i) for pos, i in enumerate(order)]
-    # 70-95 places on average across hash seeds (a random order: ~667), the most 300-390.
-    assert sum(shifts) / len(shifts) < 200, "across shards, close to the given order"
+    # tens of places on average across hash seeds (a random order: ~667)
+    assert sum(shifts) / len(shifts) < 100, "across shards, close to the given order"
+    assert {int(k) for k, _ in list(table.by_age())[-200:]} >= set(range(1950, 2000)), "the newest stay newest"
     table[b"new"] = Meta("new")
     table.move_to_end(b"0")
     assert [k for k, _ in table.by_age()][-2:] == [b"new", b"0"], "stamps after a load are newer than it"
