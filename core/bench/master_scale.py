@@ -71,17 +71,21 @@ def _fill(svc: MasterService, start: int, stop: int, progress: Any = None) -> No
             progress.update(len(keys))
 
 
-def _rate(svc: MasterService, n_objects: int, seconds: float, next_new: int,
-          gets: bool = True) -> tuple[float, float, int]:
+def _get_rate(svc: MasterService, n_objects: int, seconds: float) -> float:
+    """Single-key gets per second of random keys among the first ``n_objects``."""
     rng = random.Random(7)
     keys = [_key(rng.randrange(n_objects)) for _ in range(4096)]
     ops, t0 = 0, time.perf_counter()
-    while gets and time.perf_counter() - t0 < seconds:
+    while time.perf_counter() - t0 < seconds:
         for k in keys[:256]:
             _call(svc, 3, p.Get([k]))
         ops += 256
         keys.append(keys.pop(0))
-    get_rate = ops / (time.perf_counter() - t0)
+    return ops / (time.perf_counter() - t0)
+
+
+def _put_rate(svc: MasterService, seconds: float, next_new: int) -> tuple[float, int]:
+    """Single-key puts per second of new keys from ``next_new`` on; (rate, the next new key)."""
     ops, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         for _ in range(128):
@@ -90,8 +94,7 @@ def _rate(svc: MasterService, n_objects: int, seconds: float, next_new: int,
             slot = _call(svc, 4, p.PutStart("bench", [k], [_OBJECT_BYTES]))[0]
             _call(svc, 5, p.PutEnd("bench", [k], [slot[1]]))
         ops += 128
-    put_rate = ops / (time.perf_counter() - t0)
-    return get_rate, put_rate, next_new
+    return ops / (time.perf_counter() - t0), next_new
 
 
 def _full_pool_put_rate(objects: int, seconds: float) -> float:
@@ -100,7 +103,7 @@ def _full_pool_put_rate(objects: int, seconds: float) -> float:
     _call(svc, 0, p.MountSegment("bench", "seg0", "127.0.0.1:1", 1 << 20, objects * _OBJECT_BYTES))
     _fill(svc, 0, objects)
     evicted = svc.objects.counters.evictions
-    _, rate, _ = _rate(svc, objects, seconds, 10**12, gets=False)
+    rate, _ = _put_rate(svc, seconds, 10**12)
     if svc.objects.counters.evictions - evicted < rate * seconds * 0.9:
         raise RuntimeError("the full-pool puts did not evict: the pool was not full")
     return rate
@@ -201,14 +204,16 @@ def run(objects: int, seconds: float) -> list[dict[str, Any]]:
     capacity = (objects * 2 + 1_000_000) * _OBJECT_BYTES  # bookkeeping only: no memory behind it
     _call(svc, 0, p.MountSegment("bench", "seg0", "127.0.0.1:1", 1 << 20, capacity))
     _fill(svc, 0, 1000)
-    get_small, put_small, next_new = _rate(svc, 1000, seconds, 10**12)
+    get_small = _get_rate(svc, 1000, seconds)
+    put_small, next_new = _put_rate(svc, seconds, 10**12)
     gc.collect()
     before = _rss_bytes()
     with tqdm(total=objects - 1000, desc=f"filling master to {objects} objects", unit="obj", leave=False) as bar:
         _fill(svc, 1000, objects, bar)
     gc.collect()
     per_object = (_rss_bytes() - before) / (objects - 1000)
-    get_big, put_big, next_new = _rate(svc, objects, seconds, next_new)
+    get_big = _get_rate(svc, objects, seconds)
+    put_big, next_new = _put_rate(svc, seconds, next_new)
     full_small = _full_pool_put_rate(1000, seconds)
     full_big = _full_pool_put_rate(min(objects, 100_000), seconds)
     puts = max(10_000, objects // 2)
