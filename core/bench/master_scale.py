@@ -21,7 +21,11 @@ object count — the object table, allocator and eviction bookkeeping — not lo
   applied to a ``journal.Mirror`` (what a standby does when it attaches, and a restart from
   ``--state-dir``), a new master restored from it (what a promotion does; the collector off, as
   in both), and then N/2 puts' batches (StartOp+EndOp) applied one by one, index frozen: the
-  longest holds up the standby's next ack, which every put on the leader waits for.
+  longest holds up the standby's next ack, which every put on the leader waits for;
+- a lone master's restart from ``--state-dir`` at N objects (a master of its own, its journal in
+  a temporary directory): from the log its N puts wrote (no snapshot yet) and from a snapshot of
+  them, each read into a ``journal.Mirror`` and restored as ``MasterServer`` recovers; checks
+  that every object came back.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import hashlib
 import json
 import os
 import random
+import tempfile
 import time
 from typing import Any
 
@@ -39,7 +44,7 @@ from tidekv.bench.report import Column, format_table
 from tidekv.config import MasterConfig
 from tidekv.store import protocol as p
 from tidekv.store.collector import FrozenHeap
-from tidekv.store.journal import EndOp, Mirror, StartOp, decode_ops, encode_ops
+from tidekv.store.journal import EndOp, JournalFile, Mirror, StartOp, decode_ops, encode_ops
 from tidekv.store.master import MasterService
 
 _OBJECT_BYTES = 4096
@@ -62,13 +67,25 @@ def _call(svc: MasterService, rid: int, body: Any) -> Any:
     return reply.result
 
 
-def _fill(svc: MasterService, start: int, stop: int, progress: Any = None) -> None:
+def _fill(svc: MasterService, start: int, stop: int, progress: Any = None, journal: JournalFile | None = None) -> None:
+    """Puts objects ``start`` to ``stop`` in batches; with ``journal``, each request's ops are
+    appended to it before the next, as ``tidekv master --state-dir`` does."""
     for lo in range(start, stop, _BATCH):
         keys = [_key(i) for i in range(lo, min(stop, lo + _BATCH))]
         slots = _call(svc, 1, p.PutStart("bench", keys, [_OBJECT_BYTES] * len(keys)))
+        if journal is not None:
+            _persist(svc, journal)
         _call(svc, 2, p.PutEnd("bench", keys, [s[1] for s in slots]))
+        if journal is not None:
+            _persist(svc, journal)
         if progress is not None:
             progress.update(len(keys))
+
+
+def _persist(svc: MasterService, journal: JournalFile) -> None:
+    _, ops = svc.take_ops()
+    if ops:
+        journal.append(p.frame(encode_ops(ops)))
 
 
 def _get_rate(svc: MasterService, n_objects: int, seconds: float) -> float:
@@ -190,6 +207,46 @@ def _standby(svc: MasterService, puts: int) -> tuple[float, float, float, float]
     return applied, restored, longest, p999
 
 
+def _restarts(objects: int, directory: str) -> tuple[float, int, float, int]:
+    """A lone master's restart from ``--state-dir`` holding ``objects`` objects, as
+    ``MasterServer`` recovers (journal read into a Mirror, a master restored from it, the
+    collector off): (seconds, bytes) from the log its puts wrote, then from a fresh snapshot."""
+    svc = MasterService(MasterConfig(port=0, metrics_port=-1, high_watermark=1.0))
+    svc.enable_journal()
+    journal = JournalFile(directory)
+    journal.resume()  # generation 0: no snapshot, every change in the log
+    _call(svc, 0, p.Hello("bench", p.PROTOCOL_VERSION))
+    _call(svc, 0, p.MountSegment("bench", "seg0", "127.0.0.1:1", 1 << 20, (objects + 1000) * _OBJECT_BYTES))
+    _persist(svc, journal)
+    from tqdm import tqdm
+
+    with tqdm(total=objects, desc=f"journaling {objects} puts", unit="obj", leave=False) as bar:
+        _fill(svc, 0, objects, bar, journal)
+    log_bytes = journal.log_bytes
+    from_log = _recover(directory, svc, objects)
+    journal.rewrite(svc.snapshot())
+    journal.close()
+    snapshot_bytes = journal.snapshot_bytes
+    from_snapshot = _recover(directory, svc, objects)
+    return from_log, log_bytes, from_snapshot, snapshot_bytes
+
+
+def _recover(directory: str, old: MasterService, objects: int) -> float:
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        mirror = Mirror(old.config.lease_ttl_s)
+        JournalFile(directory).load(mirror, 0.0)
+        new = MasterService(MasterConfig(port=0, metrics_port=-1))
+        new.restore(mirror)
+        took = time.perf_counter() - t0
+    finally:
+        gc.enable()
+    if len(new.objects.objects) != objects:
+        raise RuntimeError(f"the restart recovered {len(new.objects.objects)} of {objects} objects")
+    return took
+
+
 def _frozen() -> FrozenHeap:
     heap = FrozenHeap(freeze_every_s=1.0)
     heap.tick()  # the first freeze takes the whole index at once (a master's first is at start, when it is empty)
@@ -227,6 +284,8 @@ def run(objects: int, seconds: float) -> list[dict[str, Any]]:
         longest_frozen, p999_frozen, collection_frozen = _pauses(_puts(svc, next_new + puts, puts), _frozen())
     finally:
         gc.unfreeze()
+    with tempfile.TemporaryDirectory(prefix="tidekv-bench-master-") as directory:
+        from_log, log_bytes, from_snapshot, snapshot_bytes = _restarts(objects, directory)
     return [
         {"metric": "get ops/s", "at_1k": get_small, "at_n": get_big, "ratio": get_big / get_small, "objects": objects},
         {"metric": "put ops/s", "at_1k": put_small, "at_n": put_big, "ratio": put_big / put_small, "objects": objects},
@@ -236,6 +295,10 @@ def run(objects: int, seconds: float) -> list[dict[str, Any]]:
          "objects": objects},
         {"metric": "promotion: master restored from the mirror, s", "at_1k": None, "at_n": restore_s,
          "ratio": None, "objects": objects},
+        {"metric": f"restart from --state-dir: log of the puts ({log_bytes / 1e6:,.0f} MB), s", "at_1k": None,
+         "at_n": from_log, "ratio": None, "objects": objects},
+        {"metric": f"restart from --state-dir: snapshot ({snapshot_bytes / 1e6:,.0f} MB), s", "at_1k": None,
+         "at_n": from_snapshot, "ratio": None, "objects": objects},
         {"metric": f"standby: longest put applied ms ({puts:,} puts)", "at_1k": None,
          "at_n": longest_apply * 1e3, "ratio": None, "objects": objects},
         {"metric": "  p99.9 put applied ms", "at_1k": None, "at_n": p999_apply * 1e3, "ratio": None,

@@ -232,35 +232,40 @@ class Mirror:
     max_token: int = 0
 
     def apply(self, ops: list[Op], now: float) -> None:
-        objects = self.objects
+        """Applies ``ops`` in order. The three kinds almost every op is (a snapshot's objects, a
+        put's start and end: what a restart replays a million of, and what a standby applies
+        for every put while the leader waits for its ack) are handled inline, the rest by ``_apply``."""
+        objects, pending, retired = self.objects, self.pending, self.retired
         for op in ops:
-            if type(op) is ObjectOp:  # most of a snapshot: the fast path of a restart
+            kind = type(op)
+            if kind is ObjectOp:
                 objects[op.key] = op
                 if op.token > self.max_token:
                     self.max_token = op.token
+            elif kind is StartOp:
+                pending[op.token] = op
+                if op.token > self.max_token:
+                    self.max_token = op.token
+                if retired:
+                    retired.reused(op.size, op.replicas)
+                if not op.is_upsert and op.key in objects:
+                    # A put (not an upsert) of a complete key: the key was suspended on the leader,
+                    # and a put of it supersedes the suspended version (``ObjectTable.put_start``).
+                    old = objects.pop(op.key)
+                    self._retire(old.size, old.replicas, now)
+            elif kind is EndOp:
+                start = pending.pop(op.token, None)
+                if start is None:
+                    continue
+                old = objects.pop(op.key, None)
+                if old is not None:
+                    self._retire(old.size, old.replicas, now)
+                objects[op.key] = ObjectOp(op.key, start.size, start.replicas, start.pin, start.token, start.want)
             else:
                 self._apply(op, now)
 
     def _apply(self, op: Op, now: float) -> None:
-        if isinstance(op, StartOp):
-            self.pending[op.token] = op
-            self.max_token = max(self.max_token, op.token)
-            if self.retired:
-                self.retired.reused(op.size, op.replicas)
-            if not op.is_upsert and op.key in self.objects:
-                # A put (not an upsert) of a complete key: the key was suspended on the leader,
-                # and a put of it supersedes the suspended version (``ObjectTable.put_start``).
-                old = self.objects.pop(op.key)
-                self._retire(old.size, old.replicas, now)
-        elif isinstance(op, EndOp):
-            start = self.pending.pop(op.token, None)
-            if start is None:
-                return
-            old = self.objects.pop(op.key, None)
-            if old is not None:
-                self._retire(old.size, old.replicas, now)
-            self.objects[op.key] = ObjectOp(op.key, start.size, start.replicas, start.pin, start.token, start.want)
-        elif isinstance(op, DropOp):
+        if isinstance(op, DropOp):
             self.pending.pop(op.token, None)
         elif isinstance(op, RemoveOp):
             old = self.objects.pop(op.key, None)

@@ -403,18 +403,12 @@ class ObjectTable:
         """Fills an empty table from ``mirror`` (segments must be restored first): its objects,
         its pending puts (ended by their writers' put_end, or reclaimed as usual), and bytes kept
         for leases; nothing it frees is reused before ``now + mirror.lease_ttl_s``."""
-        suspended = self.segments.suspended
-        readable = []
-        for op in mirror.objects.values():  # a mirror keeps the order of the snapshot and puts it applied
-            meta = ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token, op.want)
-            if suspended and any(s in suspended for s in meta.replicas[::2]):
-                meta.replicas, meta.held = _without(meta.replicas, suspended), _only(meta.replicas, suspended)
-                for seg in meta.held[::2]:
-                    suspended[seg].objects += 1  # type: ignore[index]
-                if not meta.replicas:
-                    self.suspended[op.key] = meta
-                    continue
-            readable.append((op.key, meta))
+        # In the mirror's order (the snapshot's, then the puts since), which ``load`` keeps; a
+        # million objects at a promotion, so one comprehension.
+        readable = [(op.key, ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token, op.want))
+                    for op in mirror.objects.values()]
+        if self.segments.suspended:
+            readable = self._hold_suspended(readable)
         self.objects.load(readable)
         for start in mirror.pending.values():
             meta = ObjectMeta(start.size, tuple(start.replicas), PendingPut(start.token, start.writer, now,
@@ -430,6 +424,22 @@ class ObjectTable:
         self.last_token = mirror.max_token
         if self.quotas is not None:
             self.usage = self.count_usage()
+
+    def _hold_suspended(self, restored: list[tuple[bytes, ObjectMeta]]) -> list[tuple[bytes, ObjectMeta]]:
+        """Restored objects with replicas on suspended segments hold those aside; the ones left with
+        no readable replica go to ``suspended``. Returns the rest (readable), in order."""
+        suspended = self.segments.suspended
+        readable = []
+        for key, meta in restored:
+            if any(s in suspended for s in meta.replicas[::2]):
+                meta.replicas, meta.held = _without(meta.replicas, suspended), _only(meta.replicas, suspended)
+                for seg in meta.held[::2]:
+                    suspended[seg].objects += 1  # type: ignore[index]
+                if not meta.replicas:
+                    self.suspended[key] = meta
+                    continue
+            readable.append((key, meta))
+        return readable
 
     def snapshot(self) -> list[j.Op]:
         """Ops that rebuild this table (after the segments' MountOps)."""
