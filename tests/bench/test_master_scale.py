@@ -18,6 +18,7 @@ def test_rows_of_a_small_run() -> None:
     restarts = [r for r in listed if r["metric"].startswith("restart from --state-dir")]
     assert [r["metric"].split(":")[1].split("(")[0].strip() for r in restarts] == ["log of the puts", "snapshot"]
     assert all(r["at_n"] > 0 and " MB)" in r["metric"] for r in restarts)  # the bench checks all 20,000 came back
+    assert rows["promotion: master restored from the mirror, s"]["at_n"] < restarts[1]["at_n"]  # its second half
     assert rows["standby: longest put applied ms (10,000 puts)"]["at_n"] >= rows["p99.9 put applied ms"]["at_n"] > 0
     longest = rows["longest put ms, collector as it comes (10,000 puts)"]["at_n"]
     frozen = rows["longest put or tick ms, index frozen (10,000 puts)"]["at_n"]
