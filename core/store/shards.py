@@ -6,10 +6,21 @@ runs out of free entries, and an insert never reuses a deleted one, so a table t
 deletes and re-inserts keys (every put_end, every get's move to the LRU end, every eviction and
 new put), rebuilds all its entries now and then, with the master's loop stopped: 120-290 ms at
 1.0-1.5M objects here (``tidekv bench master``). Here the keys are spread over ``shards`` dicts
-by hash, so a rebuild redoes one shard: 1/16 of the work. More shards make it shorter still
-but cost every eviction a look at each shard's oldest object (``by_age``). A standby's mirror
-of the index (``journal.Mirror``) stays one dict: walking a million objects in hash order
-instead of the order they were made in doubled a promotion's restore here (cache misses).
+by the CRC-32 of the key, so a rebuild redoes one shard: 1/16 of the work. More shards make it
+shorter still but cost every eviction a look at each shard's oldest object (``by_age``).
+
+Why a CRC and not ``hash()``: Python seeds ``hash()`` per process, and a snapshot (each shard
+oldest first, one after the other) is loaded by another process (a standby, a restarted
+master). With ``hash()`` its shards got the old shards' objects mixed, one old shard after the
+other, and evicted a key read last among the first (``test_master_service``). The CRC costs
+2-5% of the master's single-key get and put rate (``bench master`` at 200k objects, three
+alternating pairs on 2026-12-03).
+
+A standby's mirror of the index (``journal.Mirror``) stays one dict. In shards too (tried
+twice), its rebuilds at 1M objects would shrink from ~60 ms to ~4 ms, but each op applied goes
+through a Python method (a million puts applied: 1.31 -> 2.15 s of the standby's CPU), and a
+mirror filled by puts is walked shard by shard, in strides through memory, when a promotion
+restores it (1.72 -> 3.46 s at 1M objects, restore in another process than the writer's).
 
 LRU order: each shard is a dict in its own recency order, and every value carries a stamp of
 its last touch (``used``, from one counter), so ``by_age()`` merges the shards into the exact
@@ -22,6 +33,7 @@ from __future__ import annotations
 
 import heapq
 from itertools import chain
+from zlib import crc32
 from collections.abc import Iterator, MutableMapping
 from typing import Generic, Protocol, TypeVar
 
@@ -30,7 +42,7 @@ class Stamped(Protocol):
     used: int
 
 
-K = TypeVar("K")
+K = TypeVar("K", bound=bytes)
 V = TypeVar("V", bound=Stamped)
 
 _MISSING = object()
@@ -50,19 +62,19 @@ class LruTable(MutableMapping[K, V], Generic[K, V]):
         self._clock = 0
 
     def __getitem__(self, key: K) -> V:
-        return self._shards[hash(key) & self._mask][key]
+        return self._shards[crc32(key) & self._mask][key]
 
     def get(self, key: K, default: V | None = None) -> V | None:  # type: ignore[override]
-        return self._shards[hash(key) & self._mask].get(key, default)
+        return self._shards[crc32(key) & self._mask].get(key, default)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._shards[hash(key) & self._mask]
+        return key in self._shards[crc32(key) & self._mask]
 
     def __delitem__(self, key: K) -> None:
-        del self._shards[hash(key) & self._mask][key]
+        del self._shards[crc32(key) & self._mask][key]
 
     def pop(self, key: K, default: object = _MISSING) -> V:  # type: ignore[override]
-        shard = self._shards[hash(key) & self._mask]
+        shard = self._shards[crc32(key) & self._mask]
         if default is _MISSING:
             return shard.pop(key)
         return shard.pop(key, default)  # type: ignore[arg-type]
@@ -88,7 +100,7 @@ class LruTable(MutableMapping[K, V], Generic[K, V]):
         value.used = self._clock
 
     def __setitem__(self, key: K, value: V) -> None:
-        shard = self._shards[hash(key) & self._mask]
+        shard = self._shards[crc32(key) & self._mask]
         old = shard.get(key)
         if old is None:
             self._stamp(value)
@@ -101,16 +113,15 @@ class LruTable(MutableMapping[K, V], Generic[K, V]):
         million objects, so two passes over the list in its order (cache-friendly), no sort and
         no method call each. Each shard keeps their order; across shards a pair counts as old as
         its place within its shard (the k-th of n is k/n of the way from oldest to newest), which
-        is where a key spread at random lands in the whole."""
+        is where a key spread at random lands in the whole. A key's shard is the same in every
+        process (its CRC), so a snapshot written shard by shard elsewhere loads shard by shard."""
         assert not self, "load into an empty table"
         shards, mask = self._shards, self._mask
-        sizes = [0] * (mask + 1)
-        for key, _ in pairs:
-            sizes[hash(key) & mask] += 1
+        where = [crc32(key) & mask for key, _ in pairs]  # once: a CRC is not cached as a hash() is
+        sizes = [where.count(i) for i in range(mask + 1)]
         total = len(pairs)
         places = [0] * (mask + 1)
-        for key, value in pairs:
-            i = hash(key) & mask
+        for (key, value), i in zip(pairs, where):
             places[i] += 1
             value.used = places[i] * total // sizes[i]
             shards[i][key] = value
@@ -118,7 +129,7 @@ class LruTable(MutableMapping[K, V], Generic[K, V]):
 
     def move_to_end(self, key: K) -> V:
         """Makes ``key`` the most recently used; returns its value (KeyError if absent)."""
-        shard = self._shards[hash(key) & self._mask]
+        shard = self._shards[crc32(key) & self._mask]
         value = shard.pop(key)
         shard[key] = value
         self._stamp(value)
