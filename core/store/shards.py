@@ -17,10 +17,11 @@ other, and evicted a key read last among the first (``test_master_service``). Th
 alternating pairs on 2026-12-03).
 
 A standby's mirror of the index (``journal.Mirror``) stays one dict. In shards too (tried
-twice), its rebuilds at 1M objects would shrink from ~60 ms to ~4 ms, but each op applied goes
-through a Python method (a million puts applied: 1.31 -> 2.15 s of the standby's CPU), and a
-mirror filled by puts is walked shard by shard, in strides through memory, when a promotion
-restores it (1.72 -> 3.46 s at 1M objects, restore in another process than the writer's).
+twice; the second time, 2026-12-03, as a ``ShardedDict`` base of this class, measured by a
+one-off script: snapshot and log written with one hash seed, read with another), its rebuilds
+at 1M objects shrank from 59 to 4 ms, but each op applied went through a Python method (a
+million puts applied: 1.31 -> 2.15 s of the standby's CPU), and a mirror filled by puts was
+walked shard by shard, in strides through memory, when a promotion restored it (1.72 -> 3.46 s).
 
 LRU order: each shard is a dict in its own recency order, and every value carries a stamp of
 its last touch (``used``, from one counter), so ``by_age()`` merges the shards into the exact
