@@ -21,9 +21,9 @@ object count — the object table, allocator and eviction bookkeeping — not lo
   applied to a ``journal.Mirror`` (what a standby does when it attaches; the collector off), and
   then N/2 puts' batches (StartOp+EndOp) applied one by one, index frozen: the longest holds up
   the standby's next ack, which every put on the leader waits for;
-- a lone master's restart from ``--state-dir`` at N objects, measured first, while the process
-  holds nothing else, as a restarted master's or a promoted standby's (a master of its own, its
-  journal in a temporary directory, deleted before each restart): from the log its N puts wrote
+- a lone master's restart from ``--state-dir`` at N objects, measured first, in a new process
+  that holds nothing else, as a restarted master's or a promoted standby's (a master of its
+  own, its journal in a temporary directory, deleted before each restart): from the log its N puts wrote
   (no snapshot yet) and from a snapshot of them, each read into a ``journal.Mirror`` and restored
   as ``MasterServer`` recovers (the collector off); the second restart's restore from its Mirror
   is the promotion row (what a standby does when it takes over). Checks that every object came
@@ -33,9 +33,11 @@ object count — the object table, allocator and eviction bookkeeping — not lo
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import gc
 import hashlib
 import json
+import multiprocessing
 import os
 import random
 import tempfile
@@ -204,12 +206,17 @@ def _standby(svc: MasterService, puts: int) -> tuple[float, float, float]:
     return applied, longest, p999
 
 
-def _restarts(objects: int, directory: str) -> tuple[float, int, float, int, float]:
-    """A lone master's restart from ``--state-dir`` holding ``objects`` objects, as
-    ``MasterServer`` recovers (journal read into a Mirror, a master restored from it, the
-    collector off), in this process with nothing else in it, as a restarted master is:
-    (seconds, bytes) from the log its puts wrote, then from a fresh snapshot, and the seconds of
-    that restart's second half, the restore from the Mirror (all a promoted standby does)."""
+def _restarts(objects: int) -> tuple[float, int, float, int, float]:
+    """A lone master's restart from ``--state-dir`` (a temporary directory) holding ``objects``
+    objects, as ``MasterServer`` recovers (journal read into a Mirror, a master restored from
+    it, the collector off): (seconds, bytes) from the log its puts wrote, then from a fresh
+    snapshot, and the seconds of that restart's second half, the restore from the Mirror (all a
+    promoted standby does). Run in a process holding nothing else, as a restarted master is."""
+    with tempfile.TemporaryDirectory(prefix="tidekv-bench-master-") as directory:
+        return _restarts_in(directory, objects)
+
+
+def _restarts_in(directory: str, objects: int) -> tuple[float, int, float, int, float]:
     from tqdm import tqdm
 
     svc = MasterService(MasterConfig(port=0, metrics_port=-1, high_watermark=1.0))
@@ -263,9 +270,10 @@ def _frozen() -> FrozenHeap:
 def run(objects: int, seconds: float) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
-    # First, while the process is as empty as a restarted master's.
-    with tempfile.TemporaryDirectory(prefix="tidekv-bench-master-") as directory:
-        from_log, log_bytes, from_snapshot, snapshot_bytes, restore_s = _restarts(objects, directory)
+    # In a new process of its own, as a restarted master is (and so that what it frees does not
+    # make room for the fill below, whose growth is measured).
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+        from_log, log_bytes, from_snapshot, snapshot_bytes, restore_s = child.submit(_restarts, objects).result()
     svc = MasterService(MasterConfig(port=0, metrics_port=-1, high_watermark=1.0))
     _call(svc, 0, p.Hello("bench", p.PROTOCOL_VERSION))
     capacity = (objects * 2 + 1_000_000) * _OBJECT_BYTES  # bookkeeping only: no memory behind it
