@@ -23,11 +23,11 @@ object count — the object table, allocator and eviction bookkeeping — not lo
   the standby's next ack, which every put on the leader waits for;
 - a lone master's restart from ``--state-dir`` at N objects, measured first, in a new process
   that holds nothing else, as a restarted master's or a promoted standby's (a master of its
-  own, its journal in a temporary directory, deleted before each restart): from the log its N puts wrote
-  (no snapshot yet) and from a snapshot of them, each read into a ``journal.Mirror`` and restored
-  as ``MasterServer`` recovers (the collector off); the second restart's restore from its Mirror
-  is the promotion row (what a standby does when it takes over). Checks that every object came
-  back.
+  own, its journal in a temporary directory, deleted before each restart): from the log its N
+  puts wrote (no snapshot yet) and from a snapshot of them, each read into a ``journal.Mirror``
+  and restored as ``MasterServer`` recovers (the collector off); the second restart's restore
+  from its Mirror is the promotion row (what a standby does when it takes over). Checks that
+  every object came back.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def _fill(svc: MasterService, start: int, stop: int, progress: Any = None, journ
 def _persist(svc: MasterService, journal: JournalFile) -> None:
     _, ops = svc.take_ops()
     if ops:
-        journal.append(p.frame(encode_ops(ops)))
+        journal.append(ops)
 
 
 def _get_rate(svc: MasterService, n_objects: int, seconds: float) -> float:

@@ -456,9 +456,10 @@ class JournalFile:
         self.snapshot_bytes = self._snapshot(new).stat().st_size
         self.log_bytes = 0
 
-    def append(self, frame: bytes) -> None:
-        """Writes one framed batch of ops. It is in the kernel when this returns: it survives the
+    def append(self, ops: list[Op]) -> None:
+        """Writes one batch of ops, framed. It is in the kernel when this returns: it survives the
         death of this process (SIGKILL), not of the machine (there is no fsync per batch)."""
+        frame = p.frame(encode_ops(ops))
         view = memoryview(frame)
         while view:
             view = view[os.write(self._fd, view):]

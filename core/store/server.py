@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 from tidekv.config import MasterConfig
 from tidekv.errors import ConfigError
 from tidekv.metrics import Counter
-from tidekv.store import protocol as p
-from tidekv.store.journal import JournalFile, Mirror, encode_ops
+from tidekv.store.journal import JournalFile, Mirror
 from tidekv.store.collector import FrozenHeap
 from tidekv.store.connection import MasterConnection
 from tidekv.store.master import MasterService
@@ -222,7 +221,7 @@ class MasterServer:
         seq, ops = self.service.take_ops()
         if not ops or self._journal is None:
             return
-        self._journal.append(p.frame(encode_ops(ops)))
+        self._journal.append(ops)
         if self._journal.log_bytes > max(_COMPACT_LOG_BYTES, 2 * self._journal.snapshot_bytes):
             self._journal.rewrite(self.service.snapshot())
 

@@ -89,7 +89,6 @@ def test_zero_size_allocation_is_a_config_error() -> None:
         OffsetAllocator(4096).allocate(0)
 
 
-
 @pytest.mark.parametrize("seed", range(3))
 def test_an_allocator_rebuilt_from_its_allocations_frees_the_same_blocks(seed: int) -> None:
     """``with_used`` (a restored master's allocator) from the live (offset, size) pairs, in any

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.store.rig import ServiceRig
 from tidekv.store import protocol as p
-from tidekv.store.journal import JournalFile, Mirror, encode_ops
+from tidekv.store.journal import JournalFile, Mirror
 
 PAGE = 4096
 
@@ -16,7 +16,7 @@ PAGE = 4096
 def _flush(rig: ServiceRig, journal: JournalFile) -> None:
     _, ops = rig.service.take_ops()
     if ops:
-        journal.append(p.frame(encode_ops(ops)))
+        journal.append(ops)
 
 
 def _index(rig: ServiceRig) -> dict[bytes, tuple[int, tuple[object, ...]]]:
