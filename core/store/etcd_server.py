@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tidekv.bench.process import free_port
 from tidekv.errors import ConfigError, TidekvError
 
 logger = logging.getLogger(__name__)
@@ -32,18 +32,15 @@ MISSING = "the etcd binary is not installed (Debian: apt-get install etcd-server
 """Why an ``EtcdServer`` cannot start here, for skips and errors."""
 
 START_TIMEOUT_S = 20.0
+START_ATTEMPTS = 3
+"""Times a cluster is started on fresh ports when a member finds one of its ports taken."""
+_PORT_TAKEN = "bind: address already in use"
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def etcd_binary() -> str | None:
     """Path of the ``etcd`` binary on PATH, or None."""
     return shutil.which("etcd")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get_json(url: str, body: bytes | None = None, timeout_s: float = 0.5) -> Any:
@@ -60,17 +57,19 @@ class EtcdMember:
         self.name = name
         self.data_dir = work_dir / f"{name}.data"
         self.log_path = work_dir / f"{name}.log"
-        self.client_port, self.peer_port = _free_port(), _free_port()
+        self.client_port, self.peer_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.client_port}"
         """Its client URL ("http://127.0.0.1:PORT"), as ``--etcd`` takes it."""
         self.peer_url = f"http://127.0.0.1:{self.peer_port}"
         self.initial_cluster = ""
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log_start = 0
 
     def start(self) -> None:
         """Launches the process (returns at once: a member of several is healthy only with a quorum)."""
         assert self.initial_cluster, "the EtcdServer sets initial_cluster before any start"
         with open(self.log_path, "ab") as log:
+            self._log_start = log.tell()
             self.proc = subprocess.Popen(
                 [self.binary, "--name", self.name, "--data-dir", str(self.data_dir),
                  "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
@@ -128,6 +127,15 @@ class EtcdMember:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def lost_a_port(self) -> bool:
+        """True when it exited because another process took one of its ports between the
+        moment it was picked free and etcd's bind."""
+        if self.proc is None or self.is_alive():
+            return False
+        with open(self.log_path, "rb") as log:
+            log.seek(self._log_start)
+            return _PORT_TAKEN.encode() in log.read()
+
 
 class EtcdServer:
     """``members`` etcd processes forming one cluster, started and healthy when this returns.
@@ -135,6 +143,10 @@ class EtcdServer:
     Args:
         work_dir: where the members' data directories and logs go (it must exist).
         members: how many (1, or 3 to survive the loss of one).
+
+    A port is picked free and bound by etcd a moment later; when another process takes it in
+    between (a test's outgoing connection can), the member exits, and the whole cluster is
+    started again on fresh ports and empty data directories, up to ``START_ATTEMPTS`` times.
 
     Raises:
         ConfigError: the etcd binary is not installed.
@@ -147,7 +159,20 @@ class EtcdServer:
             raise ConfigError(MISSING)
         if members < 1:
             raise ConfigError(f"members={members}: an etcd cluster has at least 1 member")
-        self.members = [EtcdMember(binary, f"etcd{i}", work_dir) for i in range(members)]
+        for attempt in range(1, START_ATTEMPTS + 1):
+            self.members = [EtcdMember(binary, f"etcd{i}", work_dir) for i in range(members)]
+            try:
+                self._start()
+                return
+            except TidekvError:
+                if attempt == START_ATTEMPTS or not any(m.lost_a_port() for m in self.members):
+                    raise
+                logger.warning("an etcd member lost a port to another process; starting the cluster "
+                               "again on fresh ports (attempt %d of %d)", attempt + 1, START_ATTEMPTS)
+                for m in self.members:
+                    shutil.rmtree(m.data_dir, ignore_errors=True)
+
+    def _start(self) -> None:
         initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         for m in self.members:
             m.initial_cluster = initial

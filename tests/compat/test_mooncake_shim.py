@@ -10,13 +10,14 @@ the top-level ``mooncake`` package, so the shim is installed into a folder of it
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from tidekv.bench.process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM = REPO / "plugins" / "mooncake"
@@ -49,12 +50,6 @@ def shim_env(site: Path) -> dict[str, str]:
 def run_with_shim(site: Path, code: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], env=shim_env(site), capture_output=True, text=True,
                           timeout=timeout_s, cwd=REPO, check=False)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_the_installed_engine_routes_to_tidekv(shim_site: Path) -> None:

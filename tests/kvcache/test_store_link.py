@@ -4,7 +4,6 @@ process started late, stopped and restarted on one port."""
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Callable
 
@@ -12,18 +11,13 @@ import pytest
 
 from tests.store.conftest import spawn_master  # noqa: F401 (fixture)
 from tests.store.conftest import SpawnMaster
+from tidekv.bench.process import free_port
 from tidekv.config import StoreConfig
 from tidekv.errors import ConfigError, MasterUnavailableError, ObjectNotFoundError
 from tidekv.kvcache.store_link import Backoff, LinkState, StoreLink
 from tidekv.store import Store
 
 FAST = Backoff(initial_s=0.05, factor=2.0, max_s=0.2)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _connector(address: str) -> Callable[[], Store]:
@@ -50,7 +44,7 @@ def test_backoff_doubles_up_to_its_cap_and_refuses_nonsense() -> None:
 def test_master_started_after_the_link_is_used_once_it_answers(spawn_master: SpawnMaster,  # noqa: F811
                                                                caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="tidekv.kvcache.store_link")
-    port = _free_port()
+    port = free_port()
     address = f"127.0.0.1:{port}"
     link = StoreLink(address, _connector(address), owner="scheduler", backoff=FAST)
     try:
@@ -101,7 +95,7 @@ def test_master_that_goes_away_and_comes_back(spawn_master: SpawnMaster,  # noqa
 
 
 def test_close_while_retrying_stops_the_thread_promptly() -> None:
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     link = StoreLink(address, _connector(address), owner="scheduler", backoff=Backoff(initial_s=5.0, max_s=5.0))
     thread = link._thread
     assert thread is not None and thread.is_alive()

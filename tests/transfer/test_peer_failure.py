@@ -26,18 +26,13 @@ from tidekv import (
     TransferState,
     TransferTimeoutError,
 )
+from tidekv.bench.process import free_port
 
 pytestmark = pytest.mark.timeout(90)
 
 DEADLINE_S = 10.0
 REQUEST_BYTES = 4 << 20
 REQUESTS = 64
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("kind", ["alloc", "bytearray"])
