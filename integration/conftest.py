@@ -144,6 +144,20 @@ def prefill_params(n: int) -> list[dict[str, Any] | None]:
     return [{"do_remote_decode": True} for _ in range(n)]
 
 
+def wait_placed(locator: Any, card: Any, tokens: list[int], timeout_s: float = 30.0) -> int:
+    """Leading blocks of ``tokens`` on ``card``'s engines (every rank's slice on its own) once every
+    full block is there (saves run on a background thread), or what is there at the timeout."""
+    from tidekv.proxy.store_policy import held_by_instance
+
+    held, deadline = -1, time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        held = held_by_instance({0: card}, tokens, locator.locate).get(0, 0)
+        if held == len(tokens) // card.block_size:
+            break
+        time.sleep(0.2)
+    return held
+
+
 @contextlib.contextmanager
 def tidekv_up(segment: str = "256MiB", port: int = 0) -> Iterator[str]:
     """`tidekv up` (master + one storage segment) as a subprocess on ``port`` (0: any free); yields

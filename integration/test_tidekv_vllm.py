@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conftest import MAX_TOKENS, VllmRunner, prefill_params, tidekv_config, tidekv_up
+from conftest import MAX_TOKENS, VllmRunner, prefill_params, tidekv_config, tidekv_up, wait_placed
 
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"  # prompt tokens a connector supplied
 from harness import HarnessError, HeldPhase, OpenAIServer, Phase, PhaseResult, free_port
@@ -217,20 +217,6 @@ def test_pd_online_through_the_proxy(tiny_model: str, prompts: list[str], baseli
 
 
 
-def _wait_placed(locator: Any, card: Any, tokens: list[int], timeout_s: float = 30.0) -> int:
-    """Leading blocks of ``tokens`` on ``card``'s engine once every full block is there (saves run
-    on a background thread), or what is there at the timeout."""
-    from tidekv.proxy.store_policy import held_by_instance
-
-    held, deadline = -1, time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        held = held_by_instance({0: card}, tokens, locator.locate).get(0, 0)
-        if held == len(tokens) // card.block_size:
-            break
-        time.sleep(0.2)
-    return held
-
-
 def _post_json(url: str, body: dict[str, Any]) -> dict[str, Any]:
     import urllib.request
 
@@ -299,15 +285,15 @@ def test_proxy_store_policy_on_real_vllm(tiny_model: str, prompts: list[str], ba
                 card = StoreCard.from_params(params)
                 assert card is not None and card.block_size == 32, params
                 cards.append(card)
-            assert cards[0].engine != cards[1].engine and cards[0].namespace == cards[1].namespace
+            assert cards[0].engines != cards[1].engines and cards[0].namespaces == cards[1].namespaces
 
             # Nothing learned yet: the first two requests take turns (prefill0, then prefill1).
             assert through_proxy(1) == baseline.completions[1].text
             assert through_proxy(2) == baseline.completions[2].text
             tokens = {i: p0.post("/tokenize", tokenize_request({"model": "tiny", "prompt": prompts[i]}) or {})["tokens"]
                       for i in (1, 2)}
-            assert _wait_placed(locator, cards[0], tokens[1]) == len(tokens[1]) // 32 > 0
-            assert _wait_placed(locator, cards[1], tokens[2]) == len(tokens[2]) // 32 > 0
+            assert wait_placed(locator, cards[0], tokens[1]) == len(tokens[1]) // 32 > 0
+            assert wait_placed(locator, cards[1], tokens[2]) == len(tokens[2]) // 32 > 0
 
             # Round robin would now send prompt 2 to prefill0 and prompt 1 to prefill1: the store
             # policy sends each back to the prefill that holds its blocks (whose own prefix cache hits).

@@ -3,7 +3,10 @@ processes, each holding one of the tiny model's two KV heads). Greedy float32 to
 those of a TP=2 engine without the connector.
 
 - PD over shm and tcp: every rank pulls its slice of each block from the matching prefill rank
-  (a rank pulling another rank's heads would change the tokens).
+  (a rank pulling another rank's heads would change the tokens). The prefill also saves to the
+  store, each rank into its own segment, and its store card (what `tidekv proxy --policy store`
+  routes by) names every rank's namespace and engine: the proxy sees each prompt's blocks held
+  on every rank.
 - A TP=1 decode given a TP=2 prefill's params refuses the pull (naming both sizes) and the
   load-failure policy recomputes.
 - Store reuse by a fresh TP=2 engine: every rank's blocks were saved under its own keys and are
@@ -14,12 +17,13 @@ those of a TP=2 engine without the connector.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
 import pytest
 
-from conftest import MAX_TOKENS, VllmRunner, prefill_params, tidekv_config, tidekv_up
+from conftest import MAX_TOKENS, VllmRunner, prefill_params, tidekv_config, tidekv_up, wait_placed
 from harness import HarnessError, HeldPhase, Phase, PhaseResult
 from tidekv.kvcache import contract
 
@@ -47,16 +51,33 @@ def baseline_tp(vllm: VllmRunner, tiny_model: str, prompts: list[str]) -> PhaseR
 
 def test_tp_pd_pulls_every_rank_from_its_prefill_rank(vllm: VllmRunner, tiny_model: str, prompts: list[str],
                                                       baseline_tp: PhaseResult, baseline: PhaseResult) -> None:
+    from tidekv.proxy.store_policy import StoreCard, StoreLocator
+
     n = len(prompts)
-    # One TP=2 prefill computes each prompt four times over: one copy for each decode below.
-    prefill = tp_phase(tiny_model, prompts * 4, max_tokens=1, hold=True,
-                       kv_transfer_config=tidekv_config(hold_timeout_s=600), kv_transfer_params=prefill_params(4 * n))
+    # One TP=2 prefill computes each prompt four times over: one copy for each decode below. It
+    # saves to the store too, each rank into a segment of its own.
     recompute = {**tidekv_config(), "kv_load_failure_policy": "recompute"}
-    with HeldPhase(prefill, timeout_s=PHASE_TIMEOUT_S) as pre:
+    with contextlib.ExitStack() as stack:
+        master = stack.enter_context(tidekv_up("16MiB"))
+        saving = tidekv_config(hold_timeout_s=600, master=master, store_segment_size=32 << 20)
+        pre = stack.enter_context(HeldPhase(tp_phase(tiny_model, prompts * 4, max_tokens=1, hold=True,
+                                                     kv_transfer_config=saving, kv_transfer_params=prefill_params(4 * n)),
+                                            timeout_s=PHASE_TIMEOUT_S))
         params = [c.kv_transfer_params for c in pre.completions]
         copies = [params[i * n : (i + 1) * n] for i in range(4)]
         handoffs = [contract.from_params(p) for p in params]
         assert all(h.tp_size == TP and len({r.engine for r in h.ranks}) == TP for h in handoffs), params[0]
+        cards = {StoreCard.from_params(p) for p in params}
+        assert len(cards) == 1, cards
+        [card] = cards
+        assert card is not None and card.engines == tuple(r.engine for r in handoffs[0].ranks)
+        assert len(set(card.namespaces)) == TP, "each rank keys its slices under its own namespace"
+        locator = StoreLocator(master)
+        try:
+            for c in pre.completions[:n]:
+                assert wait_placed(locator, card, c.prompt_token_ids) == len(c.prompt_token_ids) // 32 > 0
+        finally:
+            locator.close()
         for transport, copy in (("auto", copies[0]), ("tcp", copies[1])):
             dec = vllm.run(tp_phase(tiny_model, prompts, kv_transfer_config=tidekv_config(transport=transport),
                                     kv_transfer_params=copy), timeout_s=PHASE_TIMEOUT_S)

@@ -62,9 +62,10 @@ class KVHandoff(msgspec.Struct, frozen=True, kw_only=True):
     """The prefill's tensor-parallel size: a decode must run the same (each rank pulls its own)."""
     ranks: list[RankEndpoint]
     """One endpoint per tensor-parallel rank, rank 0 first."""
-    prefix_namespace: str | None = None
-    """Rank 0's store-key namespace when the prefill saves prompt blocks to the store (the proxy's
-    store policy routes by it; the blocks it saves sit in ``ranks[0].engine``'s segment), else None."""
+    prefix_namespaces: list[str] | None = None
+    """Every rank's store-key namespace, rank 0 first, when the prefill saves prompt blocks to the
+    store (the proxy's store policy routes by them: rank r's saves sit in ``ranks[r].engine``'s
+    segment), else None."""
     protocol_version: int = PROTOCOL_VERSION
     do_remote_prefill: bool = True
     """vLLM's flag: "this request's prompt KV is at a remote prefill". The decode clears it once pulled."""
@@ -74,6 +75,9 @@ class KVHandoff(msgspec.Struct, frozen=True, kw_only=True):
         # ValueError here becomes msgspec.ValidationError when decoding: from_params reports it.
         if self.tp_size < 1 or len(self.ranks) != self.tp_size:
             raise ValueError(f"tp_size={self.tp_size} with {len(self.ranks)} rank endpoints; expected one per rank")
+        if self.prefix_namespaces is not None and len(self.prefix_namespaces) != self.tp_size:
+            raise ValueError(f"tp_size={self.tp_size} with {len(self.prefix_namespaces)} prefix namespaces; "
+                             "expected one per rank")
         if self.block_size < 1:
             raise ValueError(f"block_size={self.block_size} must be >= 1")
         if self.num_tokens < 0:

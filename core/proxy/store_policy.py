@@ -2,14 +2,16 @@
 segment holds the longest run of the prompt's leading KV blocks, as the tidekv master says.
 
 A prefill instance that saves to the store says so in the PD contract of its answers
-(``tidekv.kvcache.contract.KVHandoff``: ``prefix_namespace``, ``block_size``, and rank 0's
-transfer engine, whose segment its saves prefer); the proxy learns that card from the first
-answer of each instance.
+(``tidekv.kvcache.contract.KVHandoff``: ``prefix_namespaces``, ``block_size``, and each
+tensor-parallel rank's transfer engine, whose segment that rank's saves prefer); the proxy
+learns that card from the first answer of each instance.
 For a new request it gets the prompt's token ids (given, or from the instance's own
-``/tokenize``, so chat templates match), derives the block keys exactly as the connector does
-(``tidekv.kvcache.prefix``), and asks the master where the first chunk of each block lives
-(``Locate``: one round trip, no lease). Instances without a card, a master that is down, or a
-prompt no instance holds fall back to round robin; routing never fails a request.
+``/tokenize``, so chat templates match), derives every rank's block keys exactly as the
+connector does (``tidekv.kvcache.prefix``), and asks the master where the first chunk of each
+block lives (``Locate``: one round trip, no lease). An instance holds a block only if every rank
+of it does (a rank evicted alone costs the whole block). Instances without a card, a master
+that is down, or a prompt no instance holds fall back to round robin; routing never fails a
+request.
 
 Neighbours: ``routing`` (the Router that takes the turn), ``server`` (the HTTP calls).
 """
@@ -23,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tidekv.errors import TidekvError
+from tidekv.errors import ConfigError, TidekvError
 from tidekv.kvcache import contract, prefix
 from tidekv.kvcache.layout import chunk_key
 from tidekv.logs import WarnEvery
@@ -40,12 +42,18 @@ _CHAT_TOKENIZE_FIELDS = ("messages", "add_generation_prompt", "continue_final_me
 
 @dataclass(frozen=True, slots=True)
 class StoreCard:
-    """Where one prefill instance saves KV blocks: its key namespace, block size, and the
-    transfer engine whose store segment holds what it saves."""
+    """Where one prefill instance saves KV blocks: per tensor-parallel rank (rank 0 first) its key
+    namespace and the transfer engine whose store segment holds what that rank saves; and the
+    block size."""
 
-    namespace: str
+    namespaces: tuple[str, ...]
     block_size: int
-    engine: str
+    engines: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.namespaces or len(self.namespaces) != len(self.engines):
+            raise ConfigError(f"a store card needs one namespace and one engine per rank, not "
+                              f"{len(self.namespaces)} and {len(self.engines)}")
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> StoreCard | None:
@@ -56,13 +64,15 @@ class StoreCard:
         except TidekvError as exc:
             logger.debug("store policy: no store card in a prefill's kv_transfer_params: %s", exc)
             return None
-        if not handoff.prefix_namespace or not handoff.ranks[0].engine:
+        engines = tuple(r.engine for r in handoff.ranks)
+        if not handoff.prefix_namespaces or not all(handoff.prefix_namespaces) or not all(engines):
             return None
-        return cls(handoff.prefix_namespace, handoff.block_size, handoff.ranks[0].engine)
+        return cls(tuple(handoff.prefix_namespaces), handoff.block_size, engines)
 
-    def first_chunk_keys(self, token_ids: Sequence[int]) -> list[str]:
-        """Store keys of the first chunk of each full block of ``token_ids``, in order."""
-        return [chunk_key(k, 0) for k in prefix.block_keys(self.namespace, token_ids, self.block_size)]
+    def first_chunk_keys(self, token_ids: Sequence[int]) -> list[list[str]]:
+        """Per rank, the store keys of the first chunk of each full block of ``token_ids``, in order."""
+        return [[chunk_key(k, 0) for k in prefix.block_keys(ns, token_ids, self.block_size)]
+                for ns in self.namespaces]
 
 
 def leading_held(engines_per_key: Sequence[Sequence[str]], engine: str) -> int:
@@ -77,15 +87,17 @@ def leading_held(engines_per_key: Sequence[Sequence[str]], engine: str) -> int:
 
 def held_by_instance(cards: dict[int, StoreCard], token_ids: Sequence[int],
                      locate: Callable[[list[str]], list[list[str]] | None]) -> dict[int, int]:
-    """Per instance (the keys of ``cards``), how many leading blocks of the prompt its engine holds,
-    with one ``locate`` call for every instance's keys; empty if ``locate`` cannot say."""
+    """Per instance (the keys of ``cards``), how many leading blocks of the prompt it holds: every
+    rank's slice of each on that rank's engine. One ``locate`` call for every instance's keys;
+    empty if ``locate`` cannot say."""
     keys_of = {i: card.first_chunk_keys(token_ids) for i, card in cards.items()}
-    keys = sorted({k for ks in keys_of.values() for k in ks})
+    keys = sorted({k for per_rank in keys_of.values() for ks in per_rank for k in ks})
     located = locate(keys) if keys else None
     if located is None:
         return {}
     where = dict(zip(keys, located))
-    return {i: leading_held([where[k] for k in ks], cards[i].engine) for i, ks in keys_of.items()}
+    return {i: min(leading_held([where[k] for k in ks], engine) for ks, engine in zip(per_rank, cards[i].engines))
+            for i, per_rank in keys_of.items()}
 
 
 def prompt_token_ids(body: dict[str, Any]) -> list[int] | None:

@@ -71,9 +71,9 @@ class TidekvScheduler:
                     self.tp_size, [e.engine for e in self.endpoints])
 
     @property
-    def namespace(self) -> str | None:
-        """Rank 0's store-key namespace (what the proxy's store policy routes by)."""
-        return self.keys.namespaces[0] if self.keys is not None else None
+    def namespaces(self) -> list[str] | None:
+        """Every rank's store-key namespace, rank 0 first (what the proxy's store policy routes by)."""
+        return list(self.keys.namespaces) if self.keys is not None else None
 
     def _connect_store(self) -> Any:
         from tidekv.config import TlsConfig
@@ -218,9 +218,10 @@ class TidekvScheduler:
                     block_size=self.block_size,
                     tp_size=self.tp_size,
                     ranks=self.endpoints,
-                    # Where this instance saves the prompt's blocks (the store segment of rank 0's
-                    # engine, if it contributes one): `tidekv proxy --policy store` routes by it.
-                    prefix_namespace=self.namespace if saving else None,
+                    # Where this instance saves the prompt's blocks (rank r's in the store segment
+                    # of rank r's engine, if it contributes one): `tidekv proxy --policy store`
+                    # routes by them.
+                    prefix_namespaces=self.namespaces if saving else None,
                 ))
         return delay, result
 

@@ -28,7 +28,7 @@ def over_json(params: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("tp_size", [1, 2])
 def test_round_trip_through_the_json_an_engine_carries(tp_size: int) -> None:
-    h = handoff(tp_size, prefix_namespace="kv/abc")
+    h = handoff(tp_size, prefix_namespaces=[f"kv/abc-{r}" for r in range(tp_size)])
     params = over_json(contract.to_params(h))
     assert params["protocol_version"] == PROTOCOL_VERSION
     # vLLM reads its own flags at the top level of the dict.
@@ -75,6 +75,7 @@ def test_params_without_a_version_are_refused() -> None:
     ({"num_tokens": None}, "num_tokens"),
     ({"ranks": [{"engine": "e", "layout": {}}]}, "confirm_address"),
     ({"tp_size": 2}, "tp_size=2 with 1 rank endpoints"),
+    ({"prefix_namespaces": ["kv/a", "kv/b"]}, "tp_size=1 with 2 prefix namespaces"),
     ({"block_size": 0}, "block_size=0"),
 ])
 def test_malformed_params_are_a_config_error_naming_the_field(change: dict[str, Any], field: str) -> None:

@@ -30,12 +30,13 @@ HANG_S = 30.0  # longer than any proxy timeout the tests set; teardown cancels i
 
 def handoff_params(request_id: str, engine: str, card: StoreCard | None = None,
                    hold_address: str = "127.0.0.1:1") -> dict[str, Any]:
-    """The PD contract a prefill answers with, its rank 0's engine named ``engine`` (or the card's)
-    and its hold table at ``hold_address``."""
+    """The PD contract a prefill answers with, its one rank's engine named ``engine`` (or, with a
+    card, a rank per engine of the card) and its hold table at ``hold_address``."""
+    engines = card.engines if card else (engine,)
     handoff = KVHandoff(request_id=request_id, engine_id=engine, block_ids=[0, 1], num_tokens=20,
-                        block_size=card.block_size if card else 16, tp_size=1,
-                        ranks=[RankEndpoint(card.engine if card else engine, {}, hold_address)],
-                        prefix_namespace=card.namespace if card else None)
+                        block_size=card.block_size if card else 16, tp_size=len(engines),
+                        ranks=[RankEndpoint(e, {}, hold_address) for e in engines],
+                        prefix_namespaces=list(card.namespaces) if card else None)
     return contract.to_params(handoff)
 
 
@@ -99,7 +100,7 @@ class FakeBackend:
     tokenize_mode: Mode = Mode.OK
     """How POST /tokenize answers: OK, FAIL (HTTP 500) or HANG."""
     card: StoreCard | None = None
-    """prefill: the store card its answers' contract names (namespace, block size, rank 0's engine)."""
+    """prefill: the store card its answers' contract names (each rank's namespace and engine, block size)."""
     hold_address: str = "127.0.0.1:1"
     """prefill: the hold table its answers' contract names (where the proxy releases a failed decode's blocks)."""
     prefill_delay_s: float = 0.0

@@ -30,27 +30,40 @@ BLOCK = 4
 PROMPT = "shared system prompt: be brief. "  # 32 bytes = 32 tokens of the fake tokenizer = 8 blocks
 
 
+def card(*engines: str, namespace: str = NS) -> StoreCard:
+    """The card of an instance with a rank per engine, rank r's keys in ``namespace/r``."""
+    return StoreCard(tuple(f"{namespace}/{r}" for r in range(len(engines))), BLOCK, engines)
+
+
 # ---- pieces -------------------------------------------------------------------------------
 
 
-def test_store_card_is_read_from_a_prefills_params_or_not_at_all() -> None:
-    card = StoreCard(NS, BLOCK, "127.0.0.1:7")
-    assert StoreCard.from_params(handoff_params("r", "e", card)) == card
+@pytest.mark.parametrize("engines", [("127.0.0.1:7",), ("127.0.0.1:7", "127.0.0.1:8")])
+def test_store_card_is_read_from_a_prefills_params_or_not_at_all(engines: tuple[str, ...]) -> None:
+    ours = card(*engines)
+    assert StoreCard.from_params(handoff_params("r", "e", ours)) == ours
     saves_nothing = handoff_params("r", "e")
     for bad in (saves_nothing,
-                {**handoff_params("r", "e", card), "protocol_version": PROTOCOL_VERSION + 1},  # another tidekv
-                {**handoff_params("r", "e", card), "block_size": "4"},  # malformed
+                {**handoff_params("r", "e", ours), "protocol_version": PROTOCOL_VERSION + 1},  # another tidekv
+                {**handoff_params("r", "e", ours), "block_size": "4"},  # malformed
                 {"prefix_namespace": NS, "block_size": BLOCK, "remote_engine": "e"}):  # unversioned
         assert StoreCard.from_params(bad) is None, bad
+
+
+def test_a_store_card_has_a_namespace_and_an_engine_per_rank() -> None:
+    with pytest.raises(ConfigError, match="one namespace and one engine per rank, not 1 and 2"):
+        StoreCard((NS,), BLOCK, ("e0", "e1"))
+    with pytest.raises(ConfigError, match="not 0 and 0"):
+        StoreCard((), BLOCK, ())
 
 
 def test_first_chunk_keys_follow_the_connectors_block_keys() -> None:
     from tidekv.kvcache import prefix
 
-    card = StoreCard(NS, BLOCK, "e")
     tokens = list(range(10))  # two full blocks, a partial third has no key
-    assert card.first_chunk_keys(tokens) == [k + "/0" for k in prefix.block_keys(NS, tokens, BLOCK)]
-    assert len(card.first_chunk_keys(tokens)) == 2
+    keys = card("e0", "e1").first_chunk_keys(tokens)
+    assert keys == [[k + "/0" for k in prefix.block_keys(f"{NS}/{r}", tokens, BLOCK)] for r in range(2)]
+    assert [len(ks) for ks in keys] == [2, 2] and not set(keys[0]) & set(keys[1])
 
 
 def test_leading_held_counts_until_the_first_block_not_on_the_engine() -> None:
@@ -61,8 +74,8 @@ def test_leading_held_counts_until_the_first_block_not_on_the_engine() -> None:
 
 def test_held_by_instance_asks_once_for_every_instances_keys() -> None:
     tokens = list(range(12))  # three blocks
-    cards = {0: StoreCard(NS, BLOCK, "e0"), 2: StoreCard(NS, BLOCK, "e2"), 3: StoreCard("kv/other", BLOCK, "e3")}
-    keys = cards[0].first_chunk_keys(tokens)
+    cards = {0: card("e0"), 2: card("e2"), 3: card("e3", namespace="kv/other")}
+    [keys] = cards[0].first_chunk_keys(tokens)
     placed = {keys[0]: ["e0", "e2"], keys[1]: ["e2"], keys[2]: ["e2"]}
     calls: list[list[str]] = []
 
@@ -75,6 +88,19 @@ def test_held_by_instance_asks_once_for_every_instances_keys() -> None:
     assert held_by_instance(cards, tokens, lambda asked: None) == {}  # the master cannot say
     assert held_by_instance(cards, tokens[:3], locate) == {}  # no full block: nothing to ask
     assert len(calls) == 1
+
+
+def test_an_instance_holds_a_block_only_if_every_rank_holds_its_slice_on_its_own_engine() -> None:
+    tokens = list(range(16))  # four blocks
+    cards = {0: card("a0", "a1"), 1: card("b0", "b1")}
+    [a0, a1], [b0, b1] = cards[0].first_chunk_keys(tokens), cards[1].first_chunk_keys(tokens)
+    assert (a0, a1) == (b0, b1), "same model and ranks: same keys"
+    placed = {k: ["a0", "b0"] for k in a0}  # rank 0's slices everywhere on both instances
+    placed |= {a1[0]: ["a1"], a1[1]: ["a1", "b1"], a1[2]: ["a1"], a1[3]: ["b1"]}  # rank 1's: gaps
+    placed[a0[3]] = ["a1", "b0"]  # a's rank 0 slice of block 3 on its rank 1's engine does not count
+
+    held = held_by_instance(cards, tokens, lambda asked: [placed.get(k, []) for k in asked])
+    assert held == {0: 3, 1: 0}, "rank 0 alone would say 4 and 4"
 
 
 def test_prompt_ids_and_tokenize_bodies() -> None:
@@ -104,9 +130,9 @@ def test_store_policy_needs_a_master_and_only_it_takes_one() -> None:
 def test_router_prefers_the_most_held_blocks_and_takes_turns_otherwise() -> None:
     router = Router(ProxyConfig(prefill_urls=("http://a:1", "http://b:1", "http://c:1"), decode_urls=("http://d:1",),
                                 policy=RoutingPolicy.STORE, master="127.0.0.1:5"))
-    router.learn("http://b:1", handoff_params("r", "b", StoreCard(NS, BLOCK, "eb")))
+    router.learn("http://b:1", handoff_params("r", "b", card("eb")))
     router.learn("http://c:1", handoff_params("r", "ec"))  # saves nothing: no card
-    assert router.cards == {1: StoreCard(NS, BLOCK, "eb")}
+    assert router.cards == {1: card("eb")}
     assert [router.pick_prefill_held({0: 1, 1: 5, 2: 2}) for _ in range(3)] == ["http://b:1"] * 3
     assert {router.pick_prefill_held({0: 3, 1: 3, 2: 0}) for _ in range(2)} == {"http://a:1", "http://b:1"}
     assert {router.pick_prefill_held({0: 0, 1: 0}) for _ in range(3)} == {"http://a:1", "http://b:1", "http://c:1"}
@@ -129,14 +155,14 @@ def test_prompt_goes_to_the_prefill_whose_segment_holds_its_longest_prefix(
         caplog: pytest.LogCaptureFixture) -> None:
     master = spawn_master()
     pools = [connect(master.address, 8 * MIB), connect(master.address, 8 * MIB)]  # each instance's segment
-    prefills = [backend("prefill", card=StoreCard(NS, BLOCK, pool.engine.name)) for pool in pools]
+    prefills = [backend("prefill", card=card(pool.engine.name)) for pool in pools]
     proxy = start_proxy(prefills, [backend("decode")], policy=RoutingPolicy.STORE, master=master.address)
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 5}
 
     # Nothing learned yet: turns, and each answer teaches the proxy that instance's card.
     assert {_send(proxy, prefills, body) for _ in range(2)} == {"prefill0", "prefill1"}
     # prefill1's pool holds the first 5 blocks of the prompt, prefill0's only the first 2.
-    keys = StoreCard(NS, BLOCK, "").first_chunk_keys(list(PROMPT.encode()))
+    [keys] = card("any").first_chunk_keys(list(PROMPT.encode()))
     for key in keys[:5]:
         pools[1].put(key, b"kv" * 64)
     for key in keys[:2]:
@@ -165,12 +191,38 @@ def test_prompt_goes_to_the_prefill_whose_segment_holds_its_longest_prefix(
     assert "did not answer" in caplog.text and "round robin" in caplog.text
 
 
+def test_with_tensor_parallelism_the_prompt_goes_where_every_rank_holds_the_prefix(
+        backend: MakeBackend, start_proxy: StartProxy, spawn_master: SpawnMaster, connect: Connect) -> None:  # noqa: F811
+    master = spawn_master()
+    pools = [[connect(master.address, 8 * MIB) for _rank in range(2)] for _instance in range(2)]
+    # Two namespaces, so that each instance's blocks are its own (a key lives in one segment).
+    cards = [card(*(pool.engine.name for pool in ranks), namespace=f"kv/{i}") for i, ranks in enumerate(pools)]
+    prefills = [backend("prefill", card=c) for c in cards]
+    proxy = start_proxy(prefills, [backend("decode")], policy=RoutingPolicy.STORE, master=master.address)
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 5}
+    assert {_send(proxy, prefills, body) for _ in range(2)} == {"prefill0", "prefill1"}  # cards learned
+
+    tokens = list(PROMPT.encode())
+    keys = [c.first_chunk_keys(tokens) for c in cards]  # [instance][rank][block]
+    for rank in range(2):  # prefill0: both ranks hold the first 3 blocks
+        for key in keys[0][rank][:3]:
+            pools[0][rank].put(key, b"kv")
+    for key in keys[1][0][:6]:  # prefill1: rank 0 holds 6 blocks, rank 1 only the first
+        pools[1][0].put(key, b"kv")
+    pools[1][1].put(keys[1][1][0], b"kv")
+    assert [_send(proxy, prefills, body) for _ in range(3)] == ["prefill0"] * 3, "rank 0 alone says prefill1"
+
+    for key in keys[1][1][1:6]:  # prefill1's rank 1 catches up: 6 blocks on every rank
+        pools[1][1].put(key, b"kv")
+    assert [_send(proxy, prefills, body) for _ in range(3)] == ["prefill1"] * 3
+
+
 @pytest.mark.parametrize("mode", [Mode.FAIL, Mode.HANG])
 def test_tokenize_failure_routes_round_robin_and_warns(mode: Mode, backend: MakeBackend, start_proxy: StartProxy,
                                                        spawn_master: SpawnMaster,  # noqa: F811
                                                        caplog: pytest.LogCaptureFixture) -> None:
     master = spawn_master()
-    prefills = [backend("prefill", card=StoreCard(NS, BLOCK, "e0")), backend("prefill", card=StoreCard(NS, BLOCK, "e1"))]
+    prefills = [backend("prefill", card=card("e0")), backend("prefill", card=card("e1"))]
     proxy = start_proxy(prefills, [backend("decode")], policy=RoutingPolicy.STORE, master=master.address)
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 5}
     assert {_send(proxy, prefills, body) for _ in range(2)} == {"prefill0", "prefill1"}  # cards learned
