@@ -14,7 +14,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from tidekv.bench.process import free_port
 
 HARNESS = Path(__file__).resolve()
 LOG_TAIL_CHARS = 20_000
@@ -272,13 +273,6 @@ def _child_main(spec_path: str, out_path: str) -> None:
 
 
 # ---- OpenAI-compatible server ----------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (the OS picks it; nothing is hard-coded)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class OpenAIServer:

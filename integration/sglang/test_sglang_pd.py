@@ -11,20 +11,14 @@ digest over every layer's K and V rows.
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 
 import sglang_rig
+from tidekv.bench.process import free_port
 
 SHIM = sglang_rig.REPO / "plugins" / "mooncake"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize("force_tcp", [False, True], ids=["mooncake", "mooncake_tcp"])
