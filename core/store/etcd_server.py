@@ -145,7 +145,7 @@ class EtcdServer:
         members: how many (1, or 3 to survive the loss of one).
 
     A port is picked free and bound by etcd a moment later; when another process takes it in
-    between (a test's outgoing connection can), the member exits, and the whole cluster is
+    between (another server a test starts can), the member exits, and the whole cluster is
     started again on fresh ports and empty data directories, up to ``START_ATTEMPTS`` times.
 
     Raises:
