@@ -371,14 +371,17 @@ class OpenAIServer:
         if self._own_log:
             self._log_path.unlink(missing_ok=True)
 
-    def post(self, path: str, body: dict[str, Any], timeout_s: float = 60.0) -> dict[str, Any]:
-        """POSTs JSON to the server and returns the decoded reply.
+    def post(self, path: str, body: dict[str, Any], timeout_s: float = 60.0,
+             headers: dict[str, str] | None = None) -> dict[str, Any]:
+        """POSTs JSON to the server (with ``headers`` besides the content type) and returns the
+        decoded reply.
 
         Raises:
             HarnessError: non-2xx status or no answer within `timeout_s`.
         """
         req = urllib.request.Request(
-            self.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+            self.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json",
+                                                                      **(headers or {})}
         )
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as resp:
@@ -398,11 +401,13 @@ class OpenAIServer:
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
-    def complete(self, prompt: Prompt, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
-        """Greedy /v1/completions for one prompt; `extra` goes into the body (e.g. kv_transfer_params)."""
+    def complete(self, prompt: Prompt, max_tokens: int = 8, headers: dict[str, str] | None = None,
+                 **extra: Any) -> dict[str, Any]:
+        """Greedy /v1/completions for one prompt; `extra` goes into the body (e.g. kv_transfer_params),
+        `headers` into the request (e.g. vLLM's X-data-parallel-rank)."""
         body = {"model": self.model_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
                 "ignore_eos": True, **extra}
-        return self.post("/v1/completions", body)
+        return self.post("/v1/completions", body, headers=headers)
 
     def __enter__(self) -> OpenAIServer:
         self.start()

@@ -56,19 +56,24 @@ def layout_tag(model_tag: str, tp_rank: int, tp_size: int) -> str:
     return f"{model_tag}|tp{tp_rank}/{tp_size}"
 
 
-def rank_port(port: int, tp_rank: int) -> int:
-    """The port rank ``tp_rank`` listens on when ranks of one engine share a host and ``port`` is
-    set: ``port + tp_rank``; 0 (any free port) stays 0.
+def rank_port(port: int, tp_rank: int, tp_size: int = 1, dp_rank: int = 0) -> int:
+    """The port a rank listens on when the ranks of one host share a configured ``port``:
+    ``port + dp_rank * tp_size + tp_rank`` (``dp_rank``: the engine's data-parallel rank on this
+    host, each DP engine having ``tp_size`` ranks); 0 (any free port) stays 0.
 
     Raises:
-        ConfigError: ``port + tp_rank`` is past 65535.
+        ConfigError: that port is past 65535.
     """
     if port == 0:
         return 0
-    if port + tp_rank > 65535:
-        raise ConfigError(f"engine_port={port} leaves no port for tensor-parallel rank {tp_rank} (rank r listens on "
-                          f"engine_port + r, at most 65535); choose engine_port <= {65535 - tp_rank}, or 0")
-    return port + tp_rank
+    offset = dp_rank * tp_size + tp_rank
+    if port + offset > 65535:
+        which = f"data-parallel rank {dp_rank}, tensor-parallel rank {tp_rank}" if dp_rank else \
+            f"tensor-parallel rank {tp_rank}"
+        raise ConfigError(f"engine_port={port} leaves no port for {which} (a rank listens on engine_port + "
+                          f"dp_rank * tensor_parallel_size + tp_rank, at most 65535); choose engine_port <= "
+                          f"{65535 - offset}, or 0")
+    return port + offset
 
 
 def by_rank(reports: Mapping[int, T], tp_size: int) -> list[T]:

@@ -71,8 +71,10 @@ class TidekvConnector(KVConnectorBase_V1):
 
             from tidekv_vllm.worker import TidekvWorker
 
+            # Data-parallel engines of one host each take tp_size ports from engine_port on.
             self._worker = TidekvWorker(vllm_config, settings, tp_rank=get_tensor_model_parallel_rank(),
-                                        tp_size=parallel.tensor_parallel_size, kv_role=str(transfer_config.kv_role))
+                                        tp_size=parallel.tensor_parallel_size, kv_role=str(transfer_config.kv_role),
+                                        dp_rank=int(getattr(parallel, "data_parallel_rank_local", 0) or 0))
 
     # ---- worker side --------------------------------------------------------------------
 

@@ -71,7 +71,7 @@ class TidekvWorker:
     store client; it moves only its rank's slice of each block (rank ``tp_rank`` of ``tp_size``)."""
 
     def __init__(self, vllm_config: VllmConfig, settings: KVConnectorConfig, tp_rank: int = 0,
-                 tp_size: int = 1, kv_role: str = "kv_both") -> None:
+                 tp_size: int = 1, kv_role: str = "kv_both", dp_rank: int = 0) -> None:
         self.settings = settings
         self.kv_role = kv_role
         self.tp_rank = tp_rank
@@ -79,7 +79,8 @@ class TidekvWorker:
         self.model_tag = ranks.layout_tag(f"{vllm_config.model_config.model}|{vllm_config.model_config.dtype}",
                                           tp_rank, tp_size)
         config = TransferConfig.from_env(transport=TransportKind(settings.transport), secret=settings.secret)
-        self.engine = TransferEngine(settings.engine_host, ranks.rank_port(settings.engine_port, tp_rank), config)
+        port = ranks.rank_port(settings.engine_port, tp_rank, tp_size, dp_rank)
+        self.engine = TransferEngine(settings.engine_host, port, config)
         self.holds = HoldTable(settings.engine_host, settings.hold_timeout_s, settings.secret)
         self.releaser = Releaser(settings.secret)
         self.layout: KVLayout | None = None

@@ -70,6 +70,15 @@ def test_ranks_of_one_host_listen_on_ports_of_their_own() -> None:
         ranks.rank_port(65535, 1)
 
 
+def test_data_parallel_engines_of_one_host_take_a_block_of_ports_each() -> None:
+    ports = [ranks.rank_port(5000, tp, 2, dp) for dp in range(3) for tp in range(2)]
+    assert ports == [5000, 5001, 5002, 5003, 5004, 5005]
+    assert ranks.rank_port(0, 1, 2, 1) == 0
+    with pytest.raises(ConfigError, match=r"engine_port=65534 leaves no port for data-parallel rank 1, "
+                                          r"tensor-parallel rank 0 .* choose engine_port <= 65533, or 0"):
+        ranks.rank_port(65534, 0, 2, 1)
+
+
 def test_layout_tags_differ_by_rank_and_tp_size() -> None:
     tags = {ranks.layout_tag("m|float32", r, n) for n in (1, 2, 4) for r in range(n)}
     assert len(tags) == 7
