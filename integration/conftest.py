@@ -151,7 +151,7 @@ def wait_placed(locator: Any, card: Any, tokens: list[int], timeout_s: float = 3
 
     held, deadline = -1, time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        held = held_by_instance({0: card}, tokens, locator.locate).get(0, 0)
+        held = held_by_instance({0: [card]}, tokens, locator.locate).get(0, 0)
         if held == len(tokens) // card.block_size:
             break
         time.sleep(0.2)

@@ -31,6 +31,11 @@ from tidekv.proxy.store_policy import StoreCard
 
 logger = logging.getLogger(__name__)
 
+MAX_CARDS = 64
+"""store policy: store cards kept per prefill instance (one per engine behind its URL: more than
+its data-parallel engines only when engines restart on new ports)."""
+
+
 class RoutingPolicy(enum.Enum):
     """How the proxy picks a prefill instance (decode instances always take turns)."""
 
@@ -232,8 +237,10 @@ class Router:
         self._next_decode = 0
         self.prefix_index = (PrefixIndex(len(config.prefill_urls), config.prefix_chunk_chars, config.prefix_capacity)
                              if config.policy in (RoutingPolicy.PREFIX, RoutingPolicy.CONDUCTOR) else None)
-        self.cards: dict[int, StoreCard] = {}
-        """store policy: what each prefill instance (by index) said about where it saves blocks."""
+        self.cards: dict[int, tuple[StoreCard, ...]] = {}
+        """store policy: what each prefill instance (by index) said about where it saves blocks, a
+        card per engine it answered from (data-parallel engines behind one URL have one each),
+        the latest first, at most ``MAX_CARDS``."""
 
     def pick_prefill(self, body: dict[str, Any]) -> str:
         """Chooses the prefill instance for a client request.
@@ -257,12 +264,15 @@ class Router:
         return urls[choice]
 
     def learn(self, prefill_url: str, kv_params: dict[str, Any]) -> None:
-        """store policy: notes the store card in a prefill instance's answer (the latest wins)."""
+        """store policy: notes the store card in a prefill instance's answer (the latest of each
+        engine wins; the oldest engine's is dropped past ``MAX_CARDS``)."""
         if self.config.policy not in (RoutingPolicy.STORE, RoutingPolicy.CONDUCTOR):
             return
         card = StoreCard.from_params(kv_params)
         if card is not None:
-            self.cards[self.config.prefill_urls.index(prefill_url)] = card
+            i = self.config.prefill_urls.index(prefill_url)
+            others = [c for c in self.cards.get(i, ()) if c.engines != card.engines]
+            self.cards[i] = (card, *others[:MAX_CARDS - 1])
 
     def pick_prefill_held(self, held: dict[int, int], among: Sequence[int] | None = None) -> str:
         """store policy: the instance holding the most leading blocks (``held``: instance index ->

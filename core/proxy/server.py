@@ -270,11 +270,11 @@ class ProxyServer:
         matched = self.router.prefix_index.matched(chain)
         cards = self.router.cards
         n_tokens = len(tokens) if tokens is not None else None
-        block_size = next((c.block_size for c in cards.values()), None)  # one model: one block size
+        block_size = next((c[0].block_size for c in cards.values()), None)  # one model: one block size
         cached = [reusable_tokens(n_tokens or 0, max(
-                      held.get(i, 0) * (cards[i].block_size if i in cards else 0),
+                      held.get(i, 0) * (cards[i][0].block_size if i in cards else 0),
                       cached_from_chars(n_tokens or 0, matched[i] * self.router.prefix_index.chunk_chars, len(text))),
-                      cards[i].block_size if i in cards else block_size)
+                      cards[i][0].block_size if i in cards else block_size)
                   for i in range(len(urls))]
         decode = self.router.next_decode()
         decision = conductor.choose(n_tokens, cached, time.monotonic(), decode)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,19 +85,23 @@ def leading_held(engines_per_key: Sequence[Sequence[str]], engine: str) -> int:
     return n
 
 
-def held_by_instance(cards: dict[int, StoreCard], token_ids: Sequence[int],
+def held_by_instance(cards: Mapping[int, Sequence[StoreCard]], token_ids: Sequence[int],
                      locate: Callable[[list[str]], list[list[str]] | None]) -> dict[int, int]:
     """Per instance (the keys of ``cards``), how many leading blocks of the prompt it holds: every
-    rank's slice of each on that rank's engine. One ``locate`` call for every instance's keys;
+    rank's slice of each on that rank's engine, in the best of the instance's engines (one card
+    each: data-parallel engines behind one URL). One ``locate`` call for every instance's keys;
     empty if ``locate`` cannot say."""
-    keys_of = {i: card.first_chunk_keys(token_ids) for i, card in cards.items()}
+    keys_of = {(i, j): card.first_chunk_keys(token_ids) for i, some in cards.items() for j, card in enumerate(some)}
     keys = sorted({k for per_rank in keys_of.values() for ks in per_rank for k in ks})
     located = locate(keys) if keys else None
     if located is None:
         return {}
     where = dict(zip(keys, located))
-    return {i: min(leading_held([where[k] for k in ks], engine) for ks, engine in zip(per_rank, cards[i].engines))
-            for i, per_rank in keys_of.items()}
+    held: dict[int, int] = {}
+    for (i, j), per_rank in keys_of.items():
+        n = min(leading_held([where[k] for k in ks], engine) for ks, engine in zip(per_rank, cards[i][j].engines))
+        held[i] = max(held.get(i, 0), n)
+    return held
 
 
 def prompt_token_ids(body: dict[str, Any]) -> list[int] | None:

@@ -74,8 +74,8 @@ def test_leading_held_counts_until_the_first_block_not_on_the_engine() -> None:
 
 def test_held_by_instance_asks_once_for_every_instances_keys() -> None:
     tokens = list(range(12))  # three blocks
-    cards = {0: card("e0"), 2: card("e2"), 3: card("e3", namespace="kv/other")}
-    [keys] = cards[0].first_chunk_keys(tokens)
+    cards = {0: [card("e0")], 2: [card("e2")], 3: [card("e3", namespace="kv/other")]}
+    [keys] = cards[0][0].first_chunk_keys(tokens)
     placed = {keys[0]: ["e0", "e2"], keys[1]: ["e2"], keys[2]: ["e2"]}
     calls: list[list[str]] = []
 
@@ -92,8 +92,8 @@ def test_held_by_instance_asks_once_for_every_instances_keys() -> None:
 
 def test_an_instance_holds_a_block_only_if_every_rank_holds_its_slice_on_its_own_engine() -> None:
     tokens = list(range(16))  # four blocks
-    cards = {0: card("a0", "a1"), 1: card("b0", "b1")}
-    [a0, a1], [b0, b1] = cards[0].first_chunk_keys(tokens), cards[1].first_chunk_keys(tokens)
+    cards = {0: [card("a0", "a1")], 1: [card("b0", "b1")]}
+    [a0, a1], [b0, b1] = cards[0][0].first_chunk_keys(tokens), cards[1][0].first_chunk_keys(tokens)
     assert (a0, a1) == (b0, b1), "same model and ranks: same keys"
     placed = {k: ["a0", "b0"] for k in a0}  # rank 0's slices everywhere on both instances
     placed |= {a1[0]: ["a1"], a1[1]: ["a1", "b1"], a1[2]: ["a1"], a1[3]: ["b1"]}  # rank 1's: gaps
@@ -101,6 +101,31 @@ def test_an_instance_holds_a_block_only_if_every_rank_holds_its_slice_on_its_own
 
     held = held_by_instance(cards, tokens, lambda asked: [placed.get(k, []) for k in asked])
     assert held == {0: 3, 1: 0}, "rank 0 alone would say 4 and 4"
+
+
+def test_an_instance_of_several_data_parallel_engines_holds_what_its_best_engine_holds() -> None:
+    tokens = list(range(16))  # four blocks
+    dp0, dp1 = card("d0r0", "d0r1"), card("d1r0", "d1r1")
+    [r0, r1] = dp0.first_chunk_keys(tokens)
+    placed = {r0[0]: ["d0r0"], r1[0]: ["d0r1"]}  # engine 0 holds block 0 on both ranks
+    placed |= {r0[1]: ["d1r0"], r0[2]: ["d1r0"], r1[1]: ["d1r1"], r1[2]: ["d1r1"]}  # engine 1: blocks 1-2
+    assert held_by_instance({0: [dp0, dp1]}, tokens, lambda asked: [placed.get(k, []) for k in asked]) == {0: 1}
+    placed |= {r0[0]: ["d1r0"], r1[0]: ["d1r1"]}  # block 0 moves to engine 1 as well: 3 leading there
+    assert held_by_instance({0: [dp0, dp1]}, tokens, lambda asked: [placed.get(k, []) for k in asked]) == {0: 3}
+
+
+def test_the_router_keeps_a_card_per_engine_behind_a_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tidekv.proxy import routing
+
+    router = Router(ProxyConfig(prefill_urls=("http://a:1",), decode_urls=("http://d:1",),
+                                policy=RoutingPolicy.STORE, master="127.0.0.1:5"))
+    dp0, dp1, dp0_again = card("e0"), card("e1"), card("e0", namespace="kv/reloaded")
+    for answer in (dp0, dp1, dp0, dp0_again):
+        router.learn("http://a:1", handoff_params("r", "a", answer))
+    assert router.cards == {0: (dp0_again, dp1)}, "the latest of each engine, latest first"
+    monkeypatch.setattr(routing, "MAX_CARDS", 2)
+    router.learn("http://a:1", handoff_params("r", "a", card("e2")))
+    assert router.cards == {0: (card("e2"), dp0_again)}, "past MAX_CARDS the oldest engine's goes"
 
 
 def test_prompt_ids_and_tokenize_bodies() -> None:
@@ -132,7 +157,7 @@ def test_router_prefers_the_most_held_blocks_and_takes_turns_otherwise() -> None
                                 policy=RoutingPolicy.STORE, master="127.0.0.1:5"))
     router.learn("http://b:1", handoff_params("r", "b", card("eb")))
     router.learn("http://c:1", handoff_params("r", "ec"))  # saves nothing: no card
-    assert router.cards == {1: card("eb")}
+    assert router.cards == {1: (card("eb"),)}
     assert [router.pick_prefill_held({0: 1, 1: 5, 2: 2}) for _ in range(3)] == ["http://b:1"] * 3
     assert {router.pick_prefill_held({0: 3, 1: 3, 2: 0}) for _ in range(2)} == {"http://a:1", "http://b:1"}
     assert {router.pick_prefill_held({0: 0, 1: 0}) for _ in range(3)} == {"http://a:1", "http://b:1", "http://c:1"}
