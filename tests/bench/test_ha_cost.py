@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.store.procs import REPO_ROOT
+from tests.childproc import REPO_ROOT
 from tidekv.store.etcd_server import MISSING, etcd_binary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(200)]

@@ -10,14 +10,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from tests.childproc import REPO_ROOT
 from tests.proxy.conftest import MakeBackend
 from tests.proxy.fakes import FakeBackend, engine_of, http_request, sse_events
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 20.0
 ProxyProcess = tuple[subprocess.Popen[bytes], str, list[FakeBackend]]
 

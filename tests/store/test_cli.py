@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.store.conftest import Connect
-from tests.store.procs import REPO_ROOT
+from tests.childproc import REPO_ROOT
 from tidekv.config import MasterConfig
 from tidekv.store import protocol as p
 from tidekv.store.rpc import MasterChannel

@@ -1,18 +1,15 @@
 """Test harness: target engines in separate processes, and bounded waits on them.
 
 ``TargetProcess`` starts ``target_main`` as a subprocess, reads its engine name and region
-addresses, and sends it commands, each answer awaited with a deadline so that a wedged target
-fails the test instead of hanging it. Neighbours: ``tests/conftest.py`` wraps this in fixtures
-and prints a failed test's target stderr; ``reference`` defines the bytes targets hold.
+addresses, and sends it commands, each answer awaited with a deadline (``tests.childproc``).
+Neighbours: ``tests/conftest.py`` wraps this in fixtures and prints a failed test's target
+stderr; ``reference`` defines the bytes targets hold.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
-import selectors
-import signal
 import subprocess
 import sys
 import time
@@ -21,12 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.childproc import JsonLineChild
 from tests.transfer.reference import READ, Copy, first_difference
 from tidekv import TransferConfig, TransferOp, TransferRequest, TransportKind
 from tidekv.transfer import Region
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = 30.0
 COMMAND_TIMEOUT_S = 20.0
 
 _DRIVEN = ("tcp", "shm")
@@ -73,8 +69,8 @@ class RemoteRegion:
         return self.address + offset
 
 
-class TargetProcess:
-    """A TransferEngine in a child process that the test drives with commands.
+class TargetProcess(JsonLineChild):
+    """A TransferEngine in a child process that the test drives with commands (``tests.childproc``).
 
     Args:
         regions: name -> (kind, size_bytes, seed); kind is "alloc" (engine shared memory),
@@ -83,6 +79,8 @@ class TargetProcess:
         log_path: where the child's stderr (its engine log) goes.
         port: the engine's port (0: any free one).
     """
+
+    error = TargetError
 
     def __init__(
         self,
@@ -93,39 +91,17 @@ class TargetProcess:
         port: int = 0,
     ) -> None:
         # prefix: a command the target runs under, e.g. ["prlimit", "--nofile=256"].
-        self.log_path = log_path
         spec = json.dumps({"regions": regions, "config": config, "port": port})
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [*prefix, sys.executable, "-m", "tests.transfer.target_main", spec],
-                cwd=REPO_ROOT,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                env=env,
-            )
-        self._buffer = b""
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self.proc.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
-        try:
-            hello = self._read_line(START_TIMEOUT_S)
-        except TargetError as e:
-            self.kill()
-            raise TargetError(f"{e}; its stderr:\n{self.log_text()}") from None
-        self.name: str = hello["name"]
-        self.pid: int = hello["pid"]
-        self.regions = {n: RemoteRegion(**r) for n, r in hello["regions"].items()}
+        super().__init__([*prefix, sys.executable, "-m", "tests.transfer.target_main", spec], log_path, "target")
+        self.name: str = self.hello["name"]
+        self.label = f"target {self.name}"
+        self.pid: int = self.hello["pid"]
+        self.regions = {n: RemoteRegion(**r) for n, r in self.hello["regions"].items()}
 
     def call(self, cmd: str, timeout_s: float = COMMAND_TIMEOUT_S, **args: Any) -> dict[str, Any]:
         """Sends one command and returns its answer; raises TargetError if it failed or timed out."""
-        try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write((json.dumps({"cmd": cmd, **args}) + "\n").encode())
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            raise TargetError(f"target {self.name} exited ({self.proc.poll()}) before command {cmd!r}") from None
-        reply = self._read_line(timeout_s)
+        self.send(cmd, **args)
+        reply = self.read_line(timeout_s)
         if not reply["ok"]:
             raise TargetError(f"target command {cmd} {args} failed: {reply['error_type']}: {reply['error']}")
         return reply
@@ -159,12 +135,6 @@ class TargetProcess:
     def stats(self) -> dict[str, int]:
         return self.call("stats")["stats"]
 
-    def kill(self) -> None:
-        """SIGKILL, then reap (bounded)."""
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
     def stop(self) -> None:
         """Asks the target to close its engine and exit; kills it if it does not within a few seconds."""
         if self.proc.poll() is None:
@@ -175,16 +145,7 @@ class TargetProcess:
                 pass
         if self.proc.poll() is None:
             self.kill()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None:
-                stream.close()
-        self._selector.close()
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError as e:
-            return f"(no log: {e})"
+        self.close_pipes()
 
     def wait_for_log(self, needle: str, timeout_s: float = 10.0) -> str:
         """Returns the first log line containing ``needle``; fails after timeout_s."""
@@ -196,22 +157,6 @@ class TargetProcess:
             if time.monotonic() > deadline:
                 raise TargetError(f"target {self.name} logged no line containing {needle!r} within {timeout_s} s")
             time.sleep(0.02)
-
-    def _read_line(self, timeout_s: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._selector.select(left):
-                raise TargetError(f"target pid {self.proc.pid} did not answer within {timeout_s} s")
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                code = self.proc.wait(timeout=5)
-                raise TargetError(f"target pid {self.proc.pid} exited with {code} without answering")
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return json.loads(line)
 
 
 def requests_for(copies: Sequence[Copy], local: dict[str, Region], target: TargetProcess) -> list[TransferRequest]:
