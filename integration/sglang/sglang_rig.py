@@ -225,6 +225,23 @@ def page_hashes(count: int, seed: int) -> list[str]:
     return out
 
 
+def swap_pages_with(peer: LineChild, backend: Any, pool: Any) -> None:
+    """A peer process (``hicache_peer.py``) and this one read each other's pages through their
+    HiCache backends, byte for byte: the peer writes four pages (into its own segment first) and
+    ``backend`` reads them into ``pool``; then ``backend`` writes four and the peer reads them."""
+    theirs, ours = page_hashes(4, seed=20), page_hashes(4, seed=21)
+    reply = peer.call("set", pages=[0, 1, 2, 3], hashes=theirs, seed=1)
+    assert reply["results"] == [True] * 4
+    assert backend.batch_exists(theirs) == 4
+    assert backend.batch_get_v1(theirs, host_indices(pool, [10, 11, 12, 13])) == [True] * 4
+    assert [hashlib.sha256(page_bytes(pool, p)).hexdigest() for p in (10, 11, 12, 13)] == reply["digests"]
+    fill_pages(pool, [20, 21, 22, 23], seed=2)
+    assert backend.batch_set_v1(ours, host_indices(pool, [20, 21, 22, 23])) == [True] * 4
+    got = peer.call("get", pages=[30, 31, 32, 33], hashes=ours)
+    assert got["results"] == [True] * 4
+    assert got["digests"] == [hashlib.sha256(page_bytes(pool, p)).hexdigest() for p in (20, 21, 22, 23)]
+
+
 # ---- a tidekv pool in a child process -----------------------------------------------------
 
 

@@ -236,19 +236,7 @@ def test_two_processes_on_one_master_see_each_others_pages(master: str, backends
     peer = sglang_rig.LineChild("hicache_peer.py", spec, tmp_path / "peer.log")
     try:
         backend, pool = attach(backends, master, shape, segment_size=32 << 20)
-        theirs, ours = page_hashes(4, seed=20), page_hashes(4, seed=21)
-        # The peer writes (into its own segment first); this process reads.
-        reply = peer.call("set", pages=[0, 1, 2, 3], hashes=theirs, seed=1)
-        assert reply["results"] == [True] * 4
-        assert backend.batch_exists(theirs) == 4
-        assert backend.batch_get_v1(theirs, host_indices(pool, [10, 11, 12, 13])) == [True] * 4
-        assert [hashlib.sha256(page_bytes(pool, p)).hexdigest() for p in (10, 11, 12, 13)] == reply["digests"]
-        # This process writes; the peer reads.
-        sglang_rig.fill_pages(pool, [20, 21, 22, 23], seed=2)
-        assert backend.batch_set_v1(ours, host_indices(pool, [20, 21, 22, 23])) == [True] * 4
-        got = peer.call("get", pages=[30, 31, 32, 33], hashes=ours)
-        assert got["results"] == [True] * 4
-        assert got["digests"] == [hashlib.sha256(page_bytes(pool, p)).hexdigest() for p in (20, 21, 22, 23)]
+        sglang_rig.swap_pages_with(peer, backend, pool)
     finally:
         peer.stop()
 
