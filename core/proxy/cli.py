@@ -66,11 +66,13 @@ remembered prefix go round robin.
 --policy store --master HOST:PORT asks the tidekv master instead: the prompt goes to the
 prefill instance whose own store segment holds the longest run of the prompt's leading KV
 blocks. Prefill instances that save to the store (kv_connector_extra_config "master", and
-"store_segment_size" > 0 so that they hold a segment) name their key namespace in their
-answers; the proxy learns it from each instance's first answer, gets the prompt's token ids
-from the instance's POST /tokenize (token-id prompts are used as given) and asks the master
-where each block's first chunk lives (one round trip, no lease). Instances not yet heard
-from, a master that does not answer, and prompts nobody holds go round robin.
+"store_segment_size" > 0 so that they hold a segment) name their key namespaces (one per
+tensor-parallel rank) in their answers; the proxy learns them from each instance's first
+answer (from each of its engines' with data parallelism), gets the prompt's token ids from the
+instance's POST /tokenize (token-id prompts are used as given) and asks the master where each
+block's first chunk lives (one round trip, no lease). An instance holds a block when every
+rank's slice of it lies in that rank's own segment. Instances not yet heard from, a master
+that does not answer, and prompts nobody holds go round robin.
 
 --policy conductor [--master HOST:PORT] [--ttft-slo-ms MS] estimates each prefill
 instance's time to first token: its queued work (prompt tokens sent to it and not yet

@@ -4,7 +4,8 @@ segment holds the longest run of the prompt's leading KV blocks, as the tidekv m
 A prefill instance that saves to the store says so in the PD contract of its answers
 (``tidekv.kvcache.contract.KVHandoff``: ``prefix_namespaces``, ``block_size``, and each
 tensor-parallel rank's transfer engine, whose segment that rank's saves prefer); the proxy
-learns that card from the first answer of each instance.
+learns that card from the first answer of each instance (of each engine behind its URL, with
+data parallelism, and counts the best).
 For a new request it gets the prompt's token ids (given, or from the instance's own
 ``/tokenize``, so chat templates match), derives every rank's block keys exactly as the
 connector does (``tidekv.kvcache.prefix``), and asks the master where the first chunk of each
