@@ -20,6 +20,8 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 30.0
 """How long a child has for its hello."""
+COMMAND_TIMEOUT_S = 20.0
+"""How long a child has, by default, for the answer to a command."""
 
 
 class JsonLineChild:

@@ -92,7 +92,13 @@ def held_by_instance(cards: Mapping[int, Sequence[StoreCard]], token_ids: Sequen
     rank's slice of each on that rank's engine, in the best of the instance's engines (one card
     each: data-parallel engines behind one URL). One ``locate`` call for every instance's keys;
     empty if ``locate`` cannot say."""
-    keys_of = {(i, j): card.first_chunk_keys(token_ids) for i, some in cards.items() for j, card in enumerate(some)}
+    by_namespaces: dict[tuple[str, ...], list[list[str]]] = {}  # instances of one model share them: hash once
+    keys_of = {}
+    for i, some in cards.items():
+        for j, card in enumerate(some):
+            if card.namespaces not in by_namespaces:
+                by_namespaces[card.namespaces] = card.first_chunk_keys(token_ids)
+            keys_of[(i, j)] = by_namespaces[card.namespaces]
     keys = sorted({k for per_rank in keys_of.values() for ks in per_rank for k in ks})
     located = locate(keys) if keys else None
     if located is None:

@@ -17,9 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.childproc import JsonLineChild
-
-COMMAND_TIMEOUT_S = 20.0
+from tests.childproc import COMMAND_TIMEOUT_S, JsonLineChild
 
 
 class ChildError(AssertionError):

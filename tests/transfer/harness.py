@@ -18,12 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.childproc import JsonLineChild
+from tests.childproc import COMMAND_TIMEOUT_S, JsonLineChild
 from tests.transfer.reference import READ, Copy, first_difference
 from tidekv import TransferConfig, TransferOp, TransferRequest, TransportKind
 from tidekv.transfer import Region
-
-COMMAND_TIMEOUT_S = 20.0
 
 _DRIVEN = ("tcp", "shm")
 """Transports the contract suite knows how to drive: "tcp" forces tcp; "shm" is AUTO towards a
