@@ -16,13 +16,20 @@ ParallelCompile("TIDEKV_BUILD_JOBS", default=0).install()
 COMPILE_ARGS = ["-O2", "-g0", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 LINK_ARGS = ["-pthread", "-ldl"]  # -ldl: dlopen of libcuda on glibc < 2.34
 
+# The extension exports PyInit__native alone. Where a toolchain links libstdc++ statically (the
+# GPU hosts' image does), its locale facets' ids would otherwise be exported as unique symbols
+# that the loader binds every later library to: `import torch` after a TransferEngine existed
+# then crashed in torch's first ostream insert (H200, 2026-12-04).
+EXTENSION_MAP = "native/extension.map"
+
 native = Pybind11Extension(
     "tidekv._native",
     sorted(glob("native/**/*.cpp", recursive=True)),
     include_dirs=["native"],
     cxx_std=17,
     extra_compile_args=COMPILE_ARGS,
-    extra_link_args=LINK_ARGS,
+    extra_link_args=[*LINK_ARGS, f"-Wl,--version-script={EXTENSION_MAP}"],
+    depends=[EXTENSION_MAP],
 )
 
 # The pybind11 half of native/: everything else is the data path the C API links too.

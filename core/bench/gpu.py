@@ -113,33 +113,37 @@ def _kv_bytes() -> int:
     return LAYERS * 2 * CACHE_BLOCKS * RUN_BYTES
 
 
-def _baseline_copies(gpu: Any, pairs: list[tuple[int, int, int]]) -> tuple[str, Callable[[], None]]:
-    """Device-to-device copies of (dst, src, n) in this process: torch's when it has CUDA."""
+def _cuda_torch() -> Any:
+    """torch when it is installed with CUDA (the baseline's copies are then its ``copy_``), else None."""
     try:
         import torch
-
-        if torch.cuda.is_available():
-            storage: dict[int, Any] = {}
-
-            def view(addr: int, n: int) -> Any:
-                # A tensor over existing GPU memory, through __cuda_array_interface__.
-                class _Array:
-                    __cuda_array_interface__ = {"data": (addr, False), "shape": (n,), "typestr": "|u1", "version": 3}
-
-                t = torch.as_tensor(_Array(), device="cuda")
-                storage[addr] = t
-                return t
-
-            views = [(view(d, n), view(s, n)) for d, s, n in pairs]
-
-            def run_torch() -> None:
-                for dst, src in views:
-                    dst.copy_(src, non_blocking=True)
-                torch.cuda.synchronize()
-
-            return "torch D2D copy_", run_torch
     except ImportError:
-        pass
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def _baseline_copies(gpu: Any, torch: Any, pairs: list[tuple[int, int, int]]) -> tuple[str, Callable[[], None]]:
+    """Device-to-device copies of (dst, src, n) in this process: torch's when it has CUDA."""
+    if torch is not None:
+        storage: dict[int, Any] = {}
+
+        def view(addr: int, n: int) -> Any:
+            # A tensor over existing GPU memory, through __cuda_array_interface__.
+            class _Array:
+                __cuda_array_interface__ = {"data": (addr, False), "shape": (n,), "typestr": "|u1", "version": 3}
+
+            t = torch.as_tensor(_Array(), device="cuda")
+            storage[addr] = t
+            return t
+
+        views = [(view(d, n), view(s, n)) for d, s, n in pairs]
+
+        def run_torch() -> None:
+            for dst, src in views:
+                dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+
+        return "torch D2D copy_", run_torch
 
     def run_driver() -> None:
         for d, s, n in pairs:
@@ -151,6 +155,7 @@ def _baseline_copies(gpu: Any, pairs: list[tuple[int, int, int]]) -> tuple[str, 
 def run(reps: int = 10, progress: Callable[[str], None] = lambda line: None) -> list[Row]:
     from tidekv.bench.gpumem import DeviceMemory
 
+    torch = _cuda_torch()
     gpu = DeviceMemory()
     target = _Target()
     auto = TransferEngine()
@@ -179,7 +184,7 @@ def run(reps: int = 10, progress: Callable[[str], None] = lambda line: None) -> 
                     for a, b in pairs]
             t = _median(batch(auto, reqs), reps)
             progress(f"{name}: baseline")
-            label, base = _baseline_copies(gpu, [(local + a * size, src + b * size, size) for a, b in pairs])
+            label, base = _baseline_copies(gpu, torch, [(local + a * size, src + b * size, size) for a, b in pairs])
             b_s = _median(base, reps)
             rows.append(Row(name, count * size, count, t, label, b_s, b_s / t, 0.8, b_s / t >= 0.8))
         progress("staged tcp 64x1MiB")

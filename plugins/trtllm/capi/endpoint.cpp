@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <memory>
+#include <system_error>
 
 #include "boundary.h"
 #include "common/errors.h"
