@@ -6,6 +6,7 @@ an etcd cluster). Every error names the setting the text came from. Neighbours: 
 
 from __future__ import annotations
 
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,11 @@ def parse_host_port(text: Any, what: str) -> tuple[str, int]:
             or not 0 < int(port) < 65536:
         raise ConfigError(f"{what}={text!r} is not 'host:port' (e.g. 127.0.0.1:50051)")
     return host, int(port)
+
+
+def format_host_port(host: str, port: int) -> str:
+    """"host:port", with an IPv6 address in brackets ("[::1]:5000"): what ``parse_host_port`` reads."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -96,6 +102,13 @@ class MasterAddress:
     @property
     def is_cluster(self) -> bool:
         return self.address is None
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """The hosts a client dials first: the lone master's, or the etcd members'."""
+        if self.address is not None:
+            return (parse_host_port(self.address, "master")[0],)
+        return tuple(urllib.parse.urlsplit(e).hostname or "" for e in self.etcd_endpoints)
 
     def __str__(self) -> str:
         if self.address is not None:

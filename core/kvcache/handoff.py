@@ -36,9 +36,10 @@ import zmq
 
 from tidekv import auth
 from tidekv.auth import ClientHandshake, Sealer, ServerHandshake
-from tidekv.errors import AuthenticationError
+from tidekv.errors import AuthenticationError, ConfigError
 from tidekv.kvcache.contract import PROTOCOL_VERSION, KVHandoff
 from tidekv.logs import WarnEvery
+from tidekv.values import format_host_port
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ class HoldTable:
     ``is_held`` may be called from any thread (the worker's step thread calls them).
     """
 
-    def __init__(self, host: str, hold_timeout_s: float, secret: str | None = None) -> None:
+    def __init__(self, host: str, hold_timeout_s: float, secret: str | None = None, port: int = 0) -> None:
         self.hold_timeout_s = hold_timeout_s
         self._secret = secret
         self._sessions: collections.OrderedDict[bytes, Sealer] = collections.OrderedDict()
@@ -125,8 +126,17 @@ class HoldTable:
         ctx = zmq.Context.instance()
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
-        port = sock.bind_to_random_port(f"tcp://{host}")
-        self.address = f"{host}:{port}"
+        sock.setsockopt(zmq.IPV6, 1)  # (IPv4 addresses work as before)
+        try:
+            if port:
+                sock.bind(f"tcp://{format_host_port(host, port)}")
+            else:
+                port = sock.bind_to_random_port(f"tcp://{format_host_port(host, 0).rpartition(':')[0]}")
+        except zmq.ZMQError as exc:
+            sock.close()
+            raise ConfigError(f"the PD hold table cannot listen on {format_host_port(host, port)}: {exc} "
+                              "(hold_port, engine_host)") from None
+        self.address = format_host_port(host, port)
         # close() wakes the receiver through its own inproc pair (a peer cannot send on it).
         stop_endpoint = f"inproc://tidekv-holds-{id(self):x}-{port}"
         stop_rx = ctx.socket(zmq.PAIR)
@@ -350,6 +360,7 @@ class Releaser:
                 sock = zmq.Context.instance().socket(zmq.DEALER)
                 sock.setsockopt(zmq.LINGER, 1000)
                 sock.setsockopt(zmq.SNDHWM, 100_000)
+                sock.setsockopt(zmq.IPV6, 1)
                 sock.connect(f"tcp://{address}")
                 self._socks[address] = sock
             message = _encode(release)

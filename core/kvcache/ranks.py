@@ -56,10 +56,11 @@ def layout_tag(model_tag: str, tp_rank: int, tp_size: int) -> str:
     return f"{model_tag}|tp{tp_rank}/{tp_size}"
 
 
-def rank_port(port: int, tp_rank: int, tp_size: int = 1, dp_rank: int = 0) -> int:
+def rank_port(port: int, tp_rank: int, tp_size: int = 1, dp_rank: int = 0, setting: str = "engine_port") -> int:
     """The port a rank listens on when the ranks of one host share a configured ``port``:
     ``port + dp_rank * tp_size + tp_rank`` (``dp_rank``: the engine's data-parallel rank on this
-    host, each DP engine having ``tp_size`` ranks); 0 (any free port) stays 0.
+    host, each DP engine having ``tp_size`` ranks); 0 (any free port) stays 0. ``setting``: the
+    port's setting, for the message (engine_port, hold_port).
 
     Raises:
         ConfigError: that port is past 65535.
@@ -70,8 +71,8 @@ def rank_port(port: int, tp_rank: int, tp_size: int = 1, dp_rank: int = 0) -> in
     if port + offset > 65535:
         which = f"data-parallel rank {dp_rank}, tensor-parallel rank {tp_rank}" if dp_rank else \
             f"tensor-parallel rank {tp_rank}"
-        raise ConfigError(f"engine_port={port} leaves no port for {which} (a rank listens on engine_port + "
-                          f"dp_rank * tensor_parallel_size + tp_rank, at most 65535); choose engine_port <= "
+        raise ConfigError(f"{setting}={port} leaves no port for {which} (a rank listens on {setting} + "
+                          f"dp_rank * tensor_parallel_size + tp_rank, at most 65535); choose {setting} <= "
                           f"{65535 - offset}, or 0")
     return port + offset
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -17,8 +18,13 @@ from typing import Any
 
 from tidekv.config import MasterAddress, TransportKind, secret_from_env
 from tidekv.errors import ConfigError
+from tidekv.hostaddr import advertised_host, is_wildcard
 
 LOAD_MODES = ("sync", "async")
+
+CONNECTOR_CONFIG_ENV = "TIDEKV_CONNECTOR_CONFIG"
+"""The environment variable holding the connector settings as JSON, for engines whose own config
+has no room for them (TensorRT-LLM's ``kv_connector_config``)."""
 
 MASTER_ENV = "TIDEKV_MASTER"
 """The environment variable every tidekv plugin reads the store master's address from when the
@@ -74,10 +80,15 @@ class KVConnectorConfig:
     """Save computed prompt blocks to the store (needs master). Default True."""
     load: bool = True
     """Load the longest stored prefix instead of recomputing it (needs master). Default True."""
-    engine_host: str = "127.0.0.1"
-    """Address this instance's transfer engine listens on; peers must reach it. Default 127.0.0.1."""
+    engine_host: str | None = None
+    """Address this instance's transfer engine and PD hold table listen on and advertise; peers
+    must reach it. Default ``$TIDEKV_HOST``, else the local address that routes to ``master``,
+    else (no master) the default route's interface (``listen_host``)."""
     engine_port: int = 0
-    """Port of the transfer engine (0 = any free). Default 0."""
+    """Port of the transfer engine (0 = any free); rank r of a host takes engine_port + r. Default 0."""
+    hold_port: int = 0
+    """Port of the PD hold table, where decodes tell a prefill to release held blocks (0 = any
+    free); rank r of a host takes hold_port + r. Default 0."""
     transport: str = "auto"
     """auto (shared memory to same-host peers), tcp or shm. Default auto."""
     store_timeout_s: float = 2.0
@@ -101,8 +112,13 @@ class KVConnectorConfig:
         for name in ("save", "load"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
-        if not isinstance(self.engine_port, int) or not 0 <= self.engine_port <= 65535:
-            raise ConfigError(f"engine_port={self.engine_port!r} must be 0..65535")
+        if self.engine_host is not None and (not isinstance(self.engine_host, str) or is_wildcard(self.engine_host)):
+            raise ConfigError(f"engine_host={self.engine_host!r} must be this host's address as peers reach it "
+                              "(not a wildcard), or unset")
+        for name in ("engine_port", "hold_port"):
+            port = getattr(self, name)
+            if not isinstance(port, int) or not 0 <= port <= 65535:
+                raise ConfigError(f"{name}={port!r} must be 0..65535")
         if self.transport not in {k.value for k in TransportKind}:
             raise ConfigError(f"transport={self.transport!r} is invalid; allowed {[k.value for k in TransportKind]}")
         if not isinstance(self.store_timeout_s, (int, float)) or not 0.01 <= self.store_timeout_s <= 600:
@@ -115,6 +131,35 @@ class KVConnectorConfig:
     @property
     def is_sync_load(self) -> bool:
         return self.load_mode == "sync"
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> KVConnectorConfig:
+        """The settings in ``$TIDEKV_CONNECTOR_CONFIG`` (a JSON object of this class's keys;
+        unset = every default), through ``from_mapping``.
+
+        Raises:
+            ConfigError: the variable is not a JSON object, or a key or value is bad.
+        """
+        env = os.environ if environ is None else environ
+        raw = env.get(CONNECTOR_CONFIG_ENV, "")
+        try:
+            values = json.loads(raw) if raw else {}
+        except ValueError as exc:
+            raise ConfigError(f"${CONNECTOR_CONFIG_ENV} is not JSON ({exc}): {raw!r}") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"${CONNECTOR_CONFIG_ENV} must be a JSON object of connector settings, not {raw!r}")
+        return cls.from_mapping(values, environ=env)
+
+    def listen_host(self, environ: Mapping[str, str] | None = None) -> str:
+        """The address the engine and hold table bind and advertise (``tidekv.hostaddr``):
+        ``engine_host``, else ``$TIDEKV_HOST``, else the interface routing to the master, else the
+        default route's (a PD peer is on another host, by design).
+
+        Raises:
+            ConfigError: no route to the master.
+        """
+        toward = MasterAddress.parse(self.master).hosts if self.master else None
+        return advertised_host(self.engine_host, toward, setting="engine_host", environ=environ)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None,

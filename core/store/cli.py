@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import ipaddress
 import json
 import logging
 import os
 import shlex
 import signal
 import threading
+import urllib.parse
 from typing import Any
 
 from tidekv.config import (
@@ -24,10 +24,12 @@ from tidekv.config import (
     StoreConfig,
     TlsConfig,
     TransferConfig,
+    parse_etcd_endpoints,
     parse_size,
     secret_from_env,
 )
 from tidekv.errors import ConfigError
+from tidekv.hostaddr import advertised_host, is_loopback
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +65,9 @@ def _size(text: str) -> int:
 def _add_master_flags(parser: argparse.ArgumentParser) -> None:
     d = MasterConfig()
     parser.add_argument("--config", metavar="FILE", help="JSON file with any of the settings below (flags win)")
-    parser.add_argument("--host", default=None, help=f"address to bind (default {d.host}; $TIDEKV_MASTER_HOST)")
+    parser.add_argument("--host", default=None,
+                        help="address to bind and advertise ($TIDEKV_MASTER_HOST; default $TIDEKV_HOST, else with "
+                             f"--etcd the interface that routes to etcd, else {d.host})")
     parser.add_argument("--port", type=int, default=None, help=f"RPC port, 0 = any free (default {d.port})")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help=f"HTTP port for /metrics and /health, 0 = any free, -1 = off (default {d.metrics_port})")
@@ -147,6 +151,9 @@ def master_config_from_args(args: argparse.Namespace) -> MasterConfig:
     if env.secret is not None:  # TIDEKV_SECRET / TIDEKV_SECRET_FILE, the engines' setting
         values["secret"] = env.secret
     values.update({n: getattr(args, n) for n in names if getattr(args, n, None) is not None})
+    if "host" not in values:  # $TIDEKV_HOST, else the interface that routes to etcd, else loopback
+        etcd = parse_etcd_endpoints(values["etcd"], "etcd") if values.get("etcd") else ()
+        values["host"] = advertised_host(None, [urllib.parse.urlsplit(url).hostname or "" for url in etcd])
     return MasterConfig(**values)
 
 
@@ -178,8 +185,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     _add_master_flags(up)
     up.add_argument("--segment-size", type=_size, default=_size("1GiB"),
                     help="memory this process contributes to the pool (default 1GiB)")
-    up.add_argument("--engine-host", default="127.0.0.1",
-                    help="address the segment's transfer engine listens on (default 127.0.0.1)")
+    up.add_argument("--engine-host", default=None,
+                    help="address the segment's transfer engine listens on and advertises (default $TIDEKV_HOST, "
+                         "else the interface that routes to the master's --host)")
+    up.add_argument("--engine-port", type=int, default=0,
+                    help="port of the segment's transfer engine (default 0: any free port)")
     up.add_argument("--selftest", action="store_true",
                     help="put and get one object through the pool, print the result and exit")
     up.set_defaults(func=_run_up)
@@ -188,20 +198,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 def exposure_warning(host: str, what: str, secret: str | None) -> str | None:
     """The warning for a service bound to a non-loopback ``host`` without a secret; None on
     loopback, or with a secret (then every peer must prove it)."""
-    if _is_loopback(host) or secret:
+    if is_loopback(host) or secret:
         return None
     return (f"{what} listens on {host}, beyond this host, and no TIDEKV_SECRET is set: anyone who reaches it "
             "can read, overwrite and remove every object; bind 127.0.0.1, or set TIDEKV_SECRET (or "
             "TIDEKV_SECRET_FILE) on every master, engine and plugin")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve anywhere
 
 
 def _warn_if_exposed(host: str, what: str) -> None:
@@ -235,7 +236,8 @@ def _run_up(args: argparse.Namespace) -> int:
                         config.tls_cert_file if config.tls_ca_file else None,
                         config.tls_key_file if config.tls_ca_file else None)
     store = Store.connect(server.address, segment_size=args.segment_size, config=StoreConfig.from_env(),
-                          transfer_config=TransferConfig.from_env(), host=args.engine_host, tls=tls)
+                          transfer_config=TransferConfig.from_env(), host=args.engine_host, port=args.engine_port,
+                          tls=tls)
     try:
         info = {
             "master": server.address,

@@ -23,6 +23,7 @@ from typing import Any
 
 from tidekv.config import MasterAddress, StoreConfig, TlsConfig, TransferConfig
 from tidekv.errors import ConfigError, ObjectLeasedError, ObjectNotFoundError, StoreError, TransferError
+from tidekv.hostaddr import advertised_host
 from tidekv.store import protocol as p
 from tidekv.store import tenants
 from tidekv.store.keys import Buffer, Key, buffer_span, key_bytes, show_key
@@ -103,7 +104,8 @@ class Store:
         config: StoreConfig | None = None,
         engine: TransferEngine | None = None,
         transfer_config: TransferConfig | None = None,
-        host: str = "127.0.0.1",
+        host: str | None = None,
+        port: int = 0,
         tls: TlsConfig | None = None,
         tenant: str | None = None,
     ) -> Store:
@@ -117,7 +119,10 @@ class Store:
             config: client settings (default ``StoreConfig.from_env()``).
             engine: an existing TransferEngine to share (default: a new one on ``host``).
             transfer_config: settings for the new engine.
-            host: address the new engine listens on (peers must reach it there).
+            host: address the new engine listens on and advertises (peers must reach it there);
+                default ``$TIDEKV_HOST``, else the local address that routes to the master
+                (loopback for a master on loopback): ``tidekv.hostaddr``.
+            port: port the new engine listens on (0: any free one).
             tls: how to reach the master over TLS (default ``TlsConfig.from_env()``: plain TCP
                 unless ``TIDEKV_TLS_ENABLE`` is set).
             tenant: the tenant to act for on a master with tenants (``tidekv.store.tenants``;
@@ -135,8 +140,10 @@ class Store:
         owns = engine is None
         tls_config = tls if tls is not None else TlsConfig.from_env()
         tenant = tenants.tenant_from_env() if tenant is None else tenant and tenants.check_name(tenant)
-        eng = engine if engine is not None else TransferEngine(host=host, config=transfer_config)
-        return cls(master, cfg, eng, owns, tls_config, tenant)
+        if engine is None:
+            address = master if isinstance(master, MasterAddress) else MasterAddress.parse(master)
+            engine = TransferEngine(host=advertised_host(host, address.hosts), port=port, config=transfer_config)
+        return cls(master, cfg, engine, owns, tls_config, tenant)
 
     # ---- bytes API ----------------------------------------------------------------------
 

@@ -70,6 +70,7 @@ class MasterConnection(asyncio.BufferedProtocol):
             return
         self._server._connections.add(transport)
         peer = transport.get_extra_info("peername")
+        self._session.peer_host = peer[0] if isinstance(peer, tuple) else None
         self._auth = ServerHandshake(self._server.config.secret, "master",
                                      f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer),
                                      self._server.service.tenant_secrets())
@@ -243,7 +244,7 @@ class MasterConnection(asyncio.BufferedProtocol):
                 self._turn_away(p.frame(p.encode(p.Reply(0, error_kind=p.ErrorKind.AUTH, error=str(exc)))),
                                 f"failed authentication: {exc}")
                 return False
-            self._session = Session(self._auth.tenant)
+            self._session = Session(self._auth.tenant, self._session.peer_host)
             self._auth = None
             return True
         return False

@@ -29,6 +29,7 @@ from typing import Any
 from tidekv.config import MasterConfig
 from tidekv.errors import (AuthenticationError, ConfigError, MasterNotReadyError, ProtocolVersionError,
                            SegmentNotRegisteredError, TidekvError)
+from tidekv.hostaddr import HOST_VARIABLE, is_loopback
 from tidekv.metrics import Registry
 from tidekv.store import journal as j
 from tidekv.store import mount_proof
@@ -50,13 +51,14 @@ class Session:
     """One client connection as the master sees it: the tenant it proved it acts for, the client
     it said hello as, and the key listing it is paging through (``ListKeys``)."""
 
-    __slots__ = ("__weakref__", "client_id", "listing", "listed", "namespace")
+    __slots__ = ("__weakref__", "client_id", "listing", "listed", "namespace", "peer_host")
 
-    def __init__(self, tenant: str = t.DEFAULT) -> None:
+    def __init__(self, tenant: str = t.DEFAULT, peer_host: str | None = None) -> None:
         self.client_id: str | None = None  # as the master names it (in the tenant's namespace)
         self.listing: list[bytes] | None = None  # the keys present when the listing started
         self.listed = 0  # how many of them earlier pages covered
         self.namespace = t.Namespace(tenant)
+        self.peer_host = peer_host  # the address the connection came from (None: in-process)
 
     @property
     def tenant(self) -> str:
@@ -75,6 +77,18 @@ class Session:
             return (f"{kind} names client {client_id!r}, but this connection said hello as {self.client_id!r}; "
                     "a connection acts for its own client only")
         return ""
+
+    def engine_refusal(self, engine: str) -> str:
+        """Why a mount from this connection may not name ``engine`` ("" when it may): an engine on
+        loopback named by a client on another host, which no other host could reach (worse: each
+        would dial a process of its own host)."""
+        host = engine.rpartition(":")[0]
+        if self.peer_host is None or is_loopback(self.peer_host) or not is_loopback(host):
+            return ""
+        return (f"the segment's engine {engine} listens on loopback, but this client connected from "
+                f"{self.peer_host}: no other host can reach it. Let the engine listen on this host's address: "
+                f"leave the store's host (vLLM/SGLang: engine_host) unset, so that tidekv takes the interface "
+                f"that routes to the master, or set ${HOST_VARIABLE}={self.peer_host}")
 
 
 MAX_INCARNATION_CHARS = 128
@@ -184,6 +198,12 @@ class MasterService:
             if refusal:
                 self._failures.inc(reason="invalid")
                 return self._error(envelope.request_id, p.ErrorKind.INVALID, session.namespace.text(refusal))
+        if session is not None and type(body) is p.MountSegment:
+            refusal = session.engine_refusal(body.engine)
+            if refusal:
+                self._failures.inc(reason="loopback_engine")
+                logger.warning("refused the mount of segment %r by client %s: %s", body.name, body.client_id, refusal)
+                return self._error(envelope.request_id, p.ErrorKind.INVALID, refusal)
         log = self.objects.journal
         if log is not None:
             before = len(log.ops)

@@ -21,6 +21,7 @@ from typing import Any
 from tidekv import _native
 from tidekv.config import TransferConfig
 from tidekv.errors import ConfigError, EngineClosedError, TransferError
+from tidekv.hostaddr import advertised_host
 from tidekv.transfer.batch import TransferHandle, TransferRequest
 from tidekv.transfer.directory import DirectDirectory, PeerDirectory
 from tidekv.transfer.region import Region, memory_of
@@ -83,7 +84,8 @@ class TransferEngine:
                                          "127.0.0.1:50051", peer_addr)]).wait()
 
     Args:
-        host: address to listen on and to advertise (default 127.0.0.1).
+        host: address to listen on and to advertise; default ``$TIDEKV_HOST``, else 127.0.0.1
+            (``tidekv.hostaddr``: a wildcard is refused, peers would dial themselves).
         port: port to listen on; 0 picks a free one.
         config: settings; default ``TransferConfig.from_env()``.
         directory: how peer names become descriptors; default: ask the peer directly.
@@ -94,7 +96,7 @@ class TransferEngine:
 
     def __init__(
         self,
-        host: str = "127.0.0.1",
+        host: str | None = None,
         port: int = 0,
         config: TransferConfig | None = None,
         directory: PeerDirectory | None = None,
@@ -102,7 +104,7 @@ class TransferEngine:
         if not 0 <= port <= 65535:
             raise ConfigError(f"port={port} is out of range; allowed 0..65535")
         self.config = config if config is not None else TransferConfig.from_env()
-        self._native = _native.Engine(_native_options(host, port, self.config))
+        self._native = _native.Engine(_native_options(advertised_host(host), port, self.config))
         self._lock = threading.Lock()
         self._regions: dict[int, Region] = {}
         self._closed = False

@@ -35,7 +35,9 @@ from tidekv.errors import (
     EngineClosedError,
     VersionNotFoundError,
 )
+from tidekv.hostaddr import advertised_host
 from tidekv.transfer import Region, TransferEngine
+from tidekv.values import format_host_port
 from tidekv.weights import layout
 from tidekv.weights import protocol as p
 
@@ -69,7 +71,7 @@ class Publisher:
 
     Example::
 
-        pub = Publisher(model.state_dict())          # control socket on 127.0.0.1, free port
+        pub = Publisher(model.state_dict())          # this host's address (tidekv.hostaddr), free port
         pub.publish(1)                               # snapshot; pullable at pub.address
         ... train ...
         pub.publish(2)
@@ -77,7 +79,8 @@ class Publisher:
     Args:
         tensors: a state dict or (name, tensor) pairs (torch tensors; GPU ones are copied to
             host memory at publish time). The same objects are read again at every publish.
-        host: address to listen on and advertise (control socket and transfer engine).
+        host: address to listen on and advertise (control socket and transfer engine); default
+            ``$TIDEKV_HOST``, else the default route's interface, else 127.0.0.1 (``tidekv.hostaddr``).
         port: control socket port; 0 picks a free one.
         config: settings; default ``WeightsConfig.from_env()``.
         engine: a transfer engine to use (default: a new one on ``host``, closed with this).
@@ -90,12 +93,13 @@ class Publisher:
         self,
         tensors: Mapping[str, Any] | Iterable[tuple[str, Any]],
         *,
-        host: str = "127.0.0.1",
+        host: str | None = None,
         port: int = 0,
         config: WeightsConfig | None = None,
         engine: TransferEngine | None = None,
     ) -> None:
         self.config = config if config is not None else WeightsConfig.from_env()
+        host = advertised_host(host, None)  # subscribers are on other hosts, by design
         self._pairs = layout.named_tensors(tensors)
         self._own_engine = engine is None
         self.engine = engine if engine is not None else TransferEngine(host=host)
@@ -111,17 +115,18 @@ class Publisher:
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.IPV6, 1)  # (IPv4 addresses work as before)
         try:
             if port:
-                self._sock.bind(f"tcp://{host}:{port}")
+                self._sock.bind(f"tcp://{format_host_port(host, port)}")
             else:
-                port = self._sock.bind_to_random_port(f"tcp://{host}")
+                port = self._sock.bind_to_random_port(f"tcp://{format_host_port(host, 0).rpartition(':')[0]}")
         except zmq.ZMQError as exc:
             self._sock.close()
             if self._own_engine:
                 self.engine.close()
-            raise ConfigError(f"cannot bind the weights control socket on {host}:{port}: {exc}") from None
-        self.address = f"{host}:{port}"
+            raise ConfigError(f"cannot bind the weights control socket on {format_host_port(host, port)}: {exc}") from None
+        self.address = format_host_port(host, port)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name=f"tidekv-weights-{port}", daemon=True)
         self._thread.start()

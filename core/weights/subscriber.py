@@ -40,6 +40,7 @@ from tidekv.errors import (
     VersionNotFoundError,
     VersionPendingError,
 )
+from tidekv.hostaddr import advertised_host
 from tidekv.transfer import Region, TransferEngine, TransferOp, TransferRequest
 from tidekv.weights import layout
 from tidekv.weights import protocol as p
@@ -85,6 +86,7 @@ class _Control:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.REQ_RELAXED, 1)
         self._sock.setsockopt(zmq.REQ_CORRELATE, 1)
+        self._sock.setsockopt(zmq.IPV6, 1)
         self._sock.connect(f"tcp://{address}")
 
     def call(self, request: p.Request, timeout_s: float | None = None, *, may_greet_again: bool = True) -> p.Reply:
@@ -150,7 +152,8 @@ class Subscriber:
 
     Args:
         publisher: the publisher's control address, "host:port" (``Publisher.address``).
-        host: address this receiver's transfer engine listens on (its children read from it).
+        host: address this receiver's transfer engine listens on (its children read from it);
+            default ``$TIDEKV_HOST``, else the local address that routes to the publisher.
         config: settings for the control channel (timeouts); chunking and fan-out come from
             the publisher. Default ``WeightsConfig.from_env()``.
         engine: a transfer engine to use (default: a new one on ``host``, closed with this).
@@ -160,14 +163,14 @@ class Subscriber:
         self,
         publisher: str,
         *,
-        host: str = "127.0.0.1",
+        host: str | None = None,
         config: WeightsConfig | None = None,
         engine: TransferEngine | None = None,
     ) -> None:
         self.config = config if config is not None else WeightsConfig.from_env()
-        parse_host_port(publisher, "publisher address")  # before an engine exists to leak
+        publisher_host, _ = parse_host_port(publisher, "publisher address")  # before an engine exists to leak
         self._own_engine = engine is None
-        self.engine = engine if engine is not None else TransferEngine(host=host)
+        self.engine = engine if engine is not None else TransferEngine(host=advertised_host(host, [publisher_host]))
         # The engine's secret guards the control channel too: one setting per process.
         self._control = _Control(publisher, self.config.rpc_timeout_s, self.engine.config.secret)
         self._header = self.engine.register(bytearray(layout.HEADER_BYTES))

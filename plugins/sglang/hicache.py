@@ -34,6 +34,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 
 from tidekv.config import StoreConfig, TransferConfig, TransportKind
 from tidekv.errors import ConfigError, StoreError, TidekvError
+from tidekv.kvcache.ranks import rank_port
 from tidekv.store import Store
 from tidekv_sglang.keys import PageKeys
 from tidekv_sglang.settings import HiCacheSettings
@@ -107,7 +108,8 @@ class TidekvHiCacheStorage(HiCacheStorage):
         transfer = TransferConfig.from_env(transport=TransportKind(s.transport), secret=s.secret)
         store_config = StoreConfig.from_env(rpc_timeout_s=float(s.rpc_timeout_s), replicas=s.replicas)
         self.store = Store.connect(s.master, segment_size=s.segment_size, config=store_config,
-                                   transfer_config=transfer, host=s.engine_host)
+                                   transfer_config=transfer, host=s.engine_host,
+                                   port=rank_port(s.engine_port, storage_config.tp_rank))
         self.mem_pool_host: Any = None
         self._pool_region: Any = None
         self._written: set[str] = set()

@@ -16,6 +16,7 @@ from typing import Any
 
 from tidekv.config import TransportKind, parse_size, secret_from_env
 from tidekv.errors import ConfigError
+from tidekv.hostaddr import is_wildcard
 from tidekv.kvcache.settings import MASTER_ENV, check_master_address, resolve_master
 
 SGLANG_KEYS = frozenset({
@@ -37,8 +38,13 @@ class HiCacheSettings:
     """Bytes of host memory each SGLang rank contributes to the pool (int or "4GiB"; units are
     binary however written, "4GB" = 4 GiB, as ``tidekv.config.parse_size`` reads them). Default 0:
     the rank only uses memory others contribute (e.g. the ``tidekv up`` process)."""
-    engine_host: str = "127.0.0.1"
-    """Address the rank's transfer engine listens on; other pool members must reach it. Default 127.0.0.1."""
+    engine_host: str | None = None
+    """Address the rank's transfer engine listens on and advertises; other pool members must
+    reach it. Default ``$TIDEKV_HOST``, else the local address that routes to the master
+    (``tidekv.hostaddr``)."""
+    engine_port: int = 0
+    """Port of the rank's transfer engine (0 = any free); tensor-parallel rank r takes
+    engine_port + r. Default 0."""
     transport: str = "auto"
     """auto (shared memory to same-host peers, tcp otherwise), tcp or shm. Default auto."""
     replicas: int = 1
@@ -53,8 +59,11 @@ class HiCacheSettings:
 
     def __post_init__(self) -> None:
         check_master_address("master", self.master)
-        if not isinstance(self.engine_host, str) or not self.engine_host:
-            raise ConfigError(f"engine_host={self.engine_host!r} must be a non-empty address")
+        if self.engine_host is not None and (not isinstance(self.engine_host, str) or is_wildcard(self.engine_host)):
+            raise ConfigError(f"engine_host={self.engine_host!r} must be this host's address as peers reach it "
+                              "(not a wildcard), or unset")
+        if isinstance(self.engine_port, bool) or not isinstance(self.engine_port, int) or not 0 <= self.engine_port <= 65535:
+            raise ConfigError(f"engine_port={self.engine_port!r} must be 0..65535")
         if self.transport not in {k.value for k in TransportKind}:
             raise ConfigError(f"transport={self.transport!r} is invalid; allowed {[k.value for k in TransportKind]}")
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or not 1 <= self.replicas <= 16:

@@ -9,8 +9,10 @@ Loaded by TensorRT-LLM's ``kv_connector_config`` (LLM-API YAML)::
       connector_worker_class: TidekvConnectorWorker
 
 Settings come from the environment (the config above has no room for them):
-``$TIDEKV_MASTER`` names the store master (unset: no store, the connector does nothing), the
-shared secret ``$TIDEKV_SECRET``; the rest are ``KVConnectorConfig``'s defaults.
+``$TIDEKV_CONNECTOR_CONFIG`` holds the keys vLLM's ``kv_connector_extra_config`` takes, as JSON
+(``{"engine_port": 7000}``; ``KVConnectorConfig.from_environment``); ``$TIDEKV_MASTER`` names
+the store master when it names none (unset: no store, the connector does nothing),
+``$TIDEKV_SECRET`` the shared secret.
 
 Translation only. What it shares with the vLLM connector lives in ``tidekv.kvcache``: the keys
 (``prefix``, ``ranks``), which blocks a request loads and saves (``prefix_reuse``), moving them
@@ -64,7 +66,7 @@ class TidekvTrtllmMetadata:
 
 
 def _settings() -> KVConnectorConfig:
-    return KVConnectorConfig.from_mapping({})
+    return KVConnectorConfig.from_environment()
 
 
 def _model_tag(llm_args: Any) -> str:
@@ -165,7 +167,7 @@ class TidekvConnectorWorker(KvCacheConnectorWorker):  # type: ignore[misc]
         self.block_size = int(llm_args.kv_cache_config.tokens_per_block)
         self.model_tag = ranks.layout_tag(_model_tag(llm_args), self.tp_rank, tp_size)
         config = TransferConfig.from_env(transport=TransportKind(self.settings.transport), secret=self.settings.secret)
-        self.engine = TransferEngine(self.settings.engine_host, ranks.rank_port(self.settings.engine_port, self.tp_rank),
+        self.engine = TransferEngine(self.settings.listen_host(), ranks.rank_port(self.settings.engine_port, self.tp_rank),
                                      config)
         self.layout: KVLayout | None = None
         self._saves = SaveQueue()

@@ -40,8 +40,9 @@ logger = logging.getLogger(__name__)
 class TidekvWeightTransferInitInfo(WeightTransferInitInfo):
     publisher: str
     """The trainer's ``Publisher.address``, "host:port"."""
-    host: str = "127.0.0.1"
-    """Address this worker's transfer engine listens on (other receivers may read from it)."""
+    host: str | None = None
+    """Address this worker's transfer engine listens on (other receivers may read from it).
+    Default ``$TIDEKV_HOST``, else the local address that routes to the publisher."""
 
 
 @dataclass

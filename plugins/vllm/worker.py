@@ -80,8 +80,10 @@ class TidekvWorker:
                                           tp_rank, tp_size)
         config = TransferConfig.from_env(transport=TransportKind(settings.transport), secret=settings.secret)
         port = ranks.rank_port(settings.engine_port, tp_rank, tp_size, dp_rank)
-        self.engine = TransferEngine(settings.engine_host, port, config)
-        self.holds = HoldTable(settings.engine_host, settings.hold_timeout_s, settings.secret)
+        host = settings.listen_host()
+        self.engine = TransferEngine(host, port, config)
+        self.holds = HoldTable(host, settings.hold_timeout_s, settings.secret,
+                               ranks.rank_port(settings.hold_port, tp_rank, tp_size, dp_rank, "hold_port"))
         self.releaser = Releaser(settings.secret)
         self.layout: KVLayout | None = None
         self._kv_caches: dict[str, torch.Tensor] = {}

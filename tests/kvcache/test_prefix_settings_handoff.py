@@ -265,3 +265,54 @@ def test_release_of_another_protocol_version_is_dropped_naming_both(caplog: pyte
     finally:
         sender.close()
         table.close()
+
+
+def test_connector_settings_from_the_environment_as_json() -> None:
+    from tidekv.kvcache.settings import CONNECTOR_CONFIG_ENV
+
+    got = KVConnectorConfig.from_environment({CONNECTOR_CONFIG_ENV: '{"engine_port": 7000, "hold_port": 7100}',
+                                              MASTER_ENV: "10.0.0.5:50051"})
+    assert (got.engine_port, got.hold_port, got.master) == (7000, 7100, "10.0.0.5:50051")
+    assert KVConnectorConfig.from_environment({}).engine_port == 0
+    with pytest.raises(ConfigError, match="not JSON"):
+        KVConnectorConfig.from_environment({CONNECTOR_CONFIG_ENV: "engine_port=7000"})
+    with pytest.raises(ConfigError, match="JSON object"):
+        KVConnectorConfig.from_environment({CONNECTOR_CONFIG_ENV: "[7000]"})
+    with pytest.raises(ConfigError, match="did you mean 'hold_port'"):
+        KVConnectorConfig.from_environment({CONNECTOR_CONFIG_ENV: '{"hold_prot": 1}'})
+
+
+def test_the_engine_address_follows_the_master_unless_set() -> None:
+    from tidekv.hostaddr import HOST_VARIABLE
+
+    assert KVConnectorConfig(master="127.0.0.1:50051").listen_host({}) == "127.0.0.1"
+    assert KVConnectorConfig(master="127.0.0.1:50051", engine_host="10.1.2.3").listen_host({}) == "10.1.2.3"
+    assert KVConnectorConfig(master="127.0.0.1:50051").listen_host({HOST_VARIABLE: "10.4.5.6"}) == "10.4.5.6"
+    for bad in ("0.0.0.0", "::"):
+        with pytest.raises(ConfigError, match="wildcard"):
+            KVConnectorConfig(engine_host=bad)
+    with pytest.raises(ConfigError, match="hold_port=70000"):
+        KVConnectorConfig(hold_port=70000)
+
+
+def test_the_hold_table_listens_on_a_set_port_and_on_ipv6() -> None:
+    from tidekv.bench.process import free_port
+
+    port = free_port()
+    table = HoldTable("127.0.0.1", hold_timeout_s=60.0, port=port)
+    try:
+        assert table.address == f"127.0.0.1:{port}"
+        with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
+            HoldTable("127.0.0.1", hold_timeout_s=60.0, port=port)  # taken
+    finally:
+        table.close()
+    v6 = HoldTable("::1", hold_timeout_s=60.0)
+    releaser = Releaser()
+    try:
+        assert v6.address.startswith("[::1]:")
+        v6.hold("r")
+        releaser.release(v6.address, "r")
+        assert _released_until(v6, {"r"}) == {"r"}
+    finally:
+        releaser.close()
+        v6.close()
