@@ -223,9 +223,19 @@ def _parse(name: str, raw: str, kind: Any) -> Any:
 
 
 def _from_env(cls: type[T], environ: Mapping[str, str], overrides: Mapping[str, Any], prefix: str = ENV_PREFIX) -> T:
-    values: dict[str, Any] = {}
+    values = _env_values(cls, environ, prefix)
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    unknown = set(overrides) - names
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {sorted(unknown)}; allowed {sorted(names)}")
+    values.update(overrides)
+    return cls(**values)
+
+
+def _env_values(cls: type, environ: Mapping[str, str], prefix: str) -> dict[str, Any]:
+    """The fields of ``cls`` that ``prefix<FIELD>`` variables set, parsed (not yet validated together)."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
         raw = environ.get(prefix + f.name.upper())
         if raw is not None and f.name.endswith("_bytes") and f.type in (int, "int"):
             try:
@@ -234,11 +244,138 @@ def _from_env(cls: type[T], environ: Mapping[str, str], overrides: Mapping[str, 
                 values[f.name] = parse_size(raw, prefix + f.name.upper())
         elif raw is not None:
             values[f.name] = _parse(prefix + f.name.upper(), raw, f.type)
-    unknown = set(overrides) - names
-    if unknown:
-        raise ConfigError(f"unknown setting(s) {sorted(unknown)}; allowed {sorted(names)}")
-    values.update(overrides)
-    return cls(**values)
+    return values
+
+
+ETCD_ENV_PREFIX = ENV_PREFIX + "ETCD_"
+ETCD_MASTER_FLAGS = ("ca_file", "cert_file", "key_file", "user", "password_file")
+"""The EtcdSecurity fields ``tidekv master`` takes as ``--etcd-<field>`` flags: every one but
+``password``, which a command line would show to anyone who lists processes."""
+_ETCD_PASSWORD_FIELDS = frozenset({"password", "password_file"})
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdSecurity:
+    """How tidekv reaches a secured etcd: TLS (a CA, a client certificate) and an etcd user.
+
+    One set of settings for both sides of ``tidekv.store.etcd``: the masters of a cluster
+    (``tidekv master --etcd-ca-file ...``, or ``TIDEKV_ETCD_<FIELD>``) and the store clients that
+    find the leader through ``etcd://H:P/NAME`` (``TIDEKV_ETCD_<FIELD>``: their address has room
+    for nothing else). Defaults: plain http, no user.
+    """
+
+    ca_file: str | None = None
+    """PEM CAs etcd's certificate is checked against (its host name or IP must match the URL).
+    Set, etcd is spoken to over https, ``etcd://`` addresses included. Default None: http, or the
+    system's CAs for a master given https:// URLs."""
+    cert_file: str | None = None
+    """PEM certificate presented to etcd, for an etcd that requires one (``--client-cert-auth``);
+    with ``key_file``. With etcd's authentication on as well, it must carry no Common Name: etcd's
+    JSON gateway, which tidekv speaks, refuses such certificates then. Default None."""
+    key_file: str | None = None
+    """PEM private key of ``cert_file``. Default None."""
+    user: str | None = None
+    """etcd user to authenticate as (for an etcd with ``auth enable``); its role needs read and
+    write on the keys under ``/tidekv/``. Default None (no authentication)."""
+    password: str | None = field(default=None, repr=False)
+    """The user's password, from ``TIDEKV_ETCD_PASSWORD`` (never a flag). Default None."""
+    password_file: str | None = None
+    """File that holds the user's password (trailing whitespace stripped); read again each time
+    tidekv authenticates, so a rotated password is picked up. Default None."""
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ConfigError(f"cert_file={self.cert_file!r}, key_file={self.key_file!r}: give both or neither; "
+                              f"set {self.how_to_set('cert_file')} and {self.how_to_set('key_file')}")
+        for name in ("ca_file", "cert_file", "key_file", "password_file"):
+            _check_readable(name, getattr(self, name))
+        if self.user == "":
+            raise ConfigError("user='' is invalid; use None for no etcd authentication")
+        if self.password is not None and self.password_file is not None:
+            raise ConfigError(f"password and password_file={self.password_file!r} are both set; set one")
+        if self.password == "":
+            raise ConfigError("password='' is invalid; an etcd user has a password")
+        has_password = self.password is not None or self.password_file is not None
+        if self.user is not None and not has_password:
+            raise ConfigError(f"user={self.user!r} has no password; set {self.how_to_set('password')}")
+        if self.user is None and has_password:
+            raise ConfigError(f"an etcd password is set but no user; set {self.how_to_set('user')}")
+        if self.password_file is not None:
+            read_secret_file(self.password_file, "password_file")
+
+    @property
+    def is_tls(self) -> bool:
+        """True when etcd is reached over https because a CA or client certificate is given."""
+        return self.ca_file is not None or self.cert_file is not None
+
+    @property
+    def scheme(self) -> str:
+        """The scheme of etcd URLs given without one: "https" with TLS files, else "http"."""
+        return "https" if self.is_tls else "http"
+
+    def check_urls(self, urls: tuple[str, ...], what: str) -> None:
+        """Raises ConfigError naming ``what`` when TLS files are set but a URL is http://."""
+        plain = [u for u in urls if u.startswith("http://")]
+        if self.is_tls and plain:
+            raise ConfigError(f"{what}={','.join(urls)!r}: {', '.join(plain)} is plain http, but the etcd TLS "
+                              "files (ca_file, cert_file) are set; use https:// URLs")
+
+    def cluster_urls(self, address: MasterAddress) -> tuple[str, ...]:
+        """The client URLs of the etcd members an ``etcd://H:P[,H:P]/NAME`` address names."""
+        return tuple(f"{self.scheme}://{url.partition('://')[2]}" for url in address.etcd_endpoints)
+
+    def client_context(self) -> ssl.SSLContext:
+        """The TLS context etcd is reached with (the system's CAs when ``ca_file`` is None).
+
+        Raises:
+            ConfigError: a file holds no usable PEM certificate or key.
+        """
+        try:
+            context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca_file)
+            if self.cert_file is not None:
+                context.load_cert_chain(self.cert_file, self.key_file)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(f"etcd TLS files ca_file={self.ca_file!r}, cert_file={self.cert_file!r}, "
+                              f"key_file={self.key_file!r} cannot be loaded: {exc}") from None
+        return context
+
+    def read_password(self) -> str:
+        """The user's password (from ``password_file``, read now). Raises ConfigError as
+        ``read_secret_file`` does; ``AssertionError`` when there is no user."""
+        if self.password is not None:
+            return self.password
+        assert self.password_file is not None, "read_password() is for a user with a password"
+        return read_secret_file(self.password_file, "password_file")
+
+    @staticmethod
+    def how_to_set(name: str) -> str:
+        """Where an operator gives field ``name``: its variable and, for masters, its flag."""
+        if name in _ETCD_PASSWORD_FIELDS:
+            return (f"{ETCD_ENV_PREFIX}PASSWORD_FILE or {ETCD_ENV_PREFIX}PASSWORD "
+                    "(tidekv master: --etcd-password-file)")
+        return f"{ETCD_ENV_PREFIX}{name.upper()} (tidekv master: --etcd-{name.replace('_', '-')})"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, *, defaults: Mapping[str, Any] | None = None,
+                 **overrides: Any) -> EtcdSecurity:
+        """Builds the settings: ``defaults`` (a config file's) < ``TIDEKV_ETCD_*`` < ``overrides``
+        (flags). A layer that gives the password either way replaces both of the layers below.
+
+        Raises:
+            ConfigError: a setting is unknown or invalid, or the settings do not go together.
+        """
+        env = environ if environ is not None else os.environ
+        names = {f.name for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for layer in (defaults or {}, _env_values(cls, env, ETCD_ENV_PREFIX), overrides):
+            unknown = set(layer) - names
+            if unknown:
+                raise ConfigError(f"unknown etcd setting(s) {sorted(unknown)}; allowed {sorted(names)}")
+            if _ETCD_PASSWORD_FIELDS & layer.keys():
+                values = {k: v for k, v in values.items() if k not in _ETCD_PASSWORD_FIELDS}
+            values.update(layer)
+        return cls(**values)
 
 
 DEFAULT_MAX_BATCH_KEYS = 2048
@@ -304,10 +441,14 @@ class MasterConfig:
     a lone master restarted on it comes back with every object. None = no journal (a restart
     starts empty). Default None."""
     etcd: str = ""
-    """etcd client URLs ("http://H:P[,...]"): the master campaigns for leadership of ``cluster``
-    and stands by when another leads. Empty = a lone master. Default empty."""
+    """etcd client URLs ("http://H:P[,...]", or https:// for an etcd that serves TLS, see
+    ``etcd_security``): the master campaigns for leadership of ``cluster`` and stands by when
+    another leads. Empty = a lone master. Default empty."""
     cluster: str = "tidekv"
     """Name of the cluster of masters in etcd (with ``etcd``). Default "tidekv"."""
+    etcd_security: EtcdSecurity = field(default_factory=EtcdSecurity)
+    """How the master reaches a secured etcd (TLS, an etcd user): flags ``--etcd-ca-file`` and
+    the like; ``from_env`` reads ``TIDEKV_ETCD_*``, as store clients do. Default: http, no user."""
     leader_ttl_s: int = 3
     """TTL of the leader's etcd lease: a dead leader is replaced after at most this long. Default 3 s (2..60)."""
     sync_timeout_s: float = 1.0
@@ -341,8 +482,10 @@ class MasterConfig:
         _check_range("leader_ttl_s", self.leader_ttl_s, 2, 60)
         _check_range("sync_timeout_s", self.sync_timeout_s, 0.05, 60)
         _check_range("min_standbys", self.min_standbys, 0, 8)
+        if not isinstance(self.etcd_security, EtcdSecurity):
+            raise ConfigError(f"etcd_security={self.etcd_security!r} is not an EtcdSecurity")
         if self.etcd:
-            parse_etcd_endpoints(self.etcd, "etcd")
+            self.etcd_security.check_urls(self.etcd_urls(), "etcd")
             if self.state_dir:
                 raise ConfigError("state_dir and etcd exclude each other: in a cluster the standbys hold the "
                                   "index (drop state_dir, or run a lone master)")
@@ -377,6 +520,10 @@ class MasterConfig:
         for name in ("tls_cert_file", "tls_key_file", "tls_ca_file", "tenants_file"):
             _check_readable(name, getattr(self, name))
 
+    def etcd_urls(self) -> tuple[str, ...]:
+        """etcd's client URLs from ``etcd`` (those without a scheme take etcd_security's). Raises ConfigError."""
+        return parse_etcd_endpoints(self.etcd, "etcd", self.etcd_security.scheme)
+
     def server_tls(self) -> ssl.SSLContext | None:
         """The TLS context the master serves with, or None for plain TCP."""
         if self.tls_cert_file is None:
@@ -397,13 +544,15 @@ class MasterConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> MasterConfig:
         """Builds a config from ``TIDEKV_MASTER_*`` variables (the secret from ``TIDEKV_SECRET`` or
-        ``TIDEKV_SECRET_FILE``); keyword overrides win."""
+        ``TIDEKV_SECRET_FILE``, etcd_security from ``TIDEKV_ETCD_*``); keyword overrides win."""
         env = environ if environ is not None else os.environ
         if ENV_PREFIX + "MASTER_SECRET" in env:
             raise ConfigError(f"{ENV_PREFIX}MASTER_SECRET is not a setting: the master takes {ENV_PREFIX}SECRET "
                               f"(or {SECRET_FILE_VARIABLE}), as the transfer engines do")
         if "secret" not in overrides:
             overrides = {**overrides, "secret": secret_from_env(env)}
+        if "etcd_security" not in overrides:
+            overrides = {**overrides, "etcd_security": EtcdSecurity.from_env(env)}
         return _from_env(cls, env, overrides, prefix=ENV_PREFIX + "MASTER_")
 
 
@@ -554,6 +703,7 @@ ENV_PREFIXES: dict[type, str] = {
     StoreConfig: ENV_PREFIX + "STORE_",
     WeightsConfig: ENV_PREFIX + "WEIGHTS_",
     TlsConfig: ENV_PREFIX + "TLS_",
+    EtcdSecurity: ETCD_ENV_PREFIX,
 }
 """The variable prefix each component's ``from_env()`` reads."""
 
@@ -570,7 +720,8 @@ def settings_sources(cls: type, environ: Mapping[str, str] | None = None) -> lis
 
     Returns:
         ``(field, value, source)`` per field, in declaration order; source is "default" or
-        "env TIDEKV_<NAME>". A field declared with ``repr=False`` (a secret) shows as
+        "env TIDEKV_<NAME>". A field that holds another component (MasterConfig's etcd_security)
+        is left out: that component has rows of its own. A field declared with ``repr=False`` (a secret) shows as
         ``SECRET_SHOWN_AS`` when set, never as its text.
 
     Raises:
@@ -581,6 +732,8 @@ def settings_sources(cls: type, environ: Mapping[str, str] | None = None) -> lis
     config = cls.from_env(env)  # type: ignore[attr-defined]
     rows: list[tuple[str, Any, str]] = []
     for f in dataclasses.fields(config):
+        if type(getattr(config, f.name)) in ENV_PREFIXES:  # a composed component: a row set of its own
+            continue
         variable = prefix + f.name.upper()
         if f.name == "secret":  # one setting for every component (secret_from_env)
             variable = SECRET_FILE_VARIABLE if SECRET_FILE_VARIABLE in env else ENV_PREFIX + "SECRET"

@@ -82,7 +82,8 @@ class MasterAddress:
     address: str | None
     """The lone master's "host:port"; None for an etcd cluster."""
     etcd_endpoints: tuple[str, ...] = ()
-    """etcd's client URLs ("http://host:port"), for a cluster."""
+    """etcd's client URLs ("http://host:port"), for a cluster (https once TLS settings are given:
+    ``tidekv.config.EtcdSecurity.cluster_urls``)."""
     cluster: str = ""
     """The cluster's name in etcd."""
 
@@ -116,11 +117,19 @@ class MasterAddress:
         return ETCD_SCHEME + ",".join(e[len("http://"):] for e in self.etcd_endpoints) + "/" + self.cluster
 
 
-def parse_etcd_endpoints(text: str, what: str = "--etcd") -> tuple[str, ...]:
-    """"http://H:P[,http://H:P...]" (the scheme may be left out) -> client URLs; raises ConfigError."""
+ETCD_URL_SCHEMES = ("http", "https")
+
+
+def parse_etcd_endpoints(text: str, what: str = "--etcd", scheme: str = "http") -> tuple[str, ...]:
+    """"http[s]://H:P[,http[s]://H:P...]" -> client URLs; an entry without a scheme takes
+    ``scheme``. Raises ConfigError naming ``what`` for any other scheme or a bad "host:port"."""
     out = []
     for item in text.split(","):
-        hostport = item.strip().removeprefix("http://")
+        given, sep, hostport = item.strip().rpartition("://")
+        given = given if sep else scheme
+        if given not in ETCD_URL_SCHEMES:
+            raise ConfigError(f"{what}={text!r}: {item.strip()!r} is not an etcd client URL; use http://HOST:PORT, "
+                              "or https://HOST:PORT for an etcd that serves TLS")
         parse_host_port(hostport, what)
-        out.append("http://" + hostport)
+        out.append(f"{given}://{hostport}")
     return tuple(out)

@@ -67,7 +67,8 @@ def test_doctor_json_names_every_transport_and_passes_its_self_tests() -> None:
     settings = doc["settings"]
     assert settings["config_file"] is None and "no config file" in settings["config_file_note"]
     components = {c["component"]: c for c in settings["components"]}
-    assert set(components) == {"TransferConfig", "MasterConfig", "StoreConfig", "WeightsConfig", "TlsConfig"}
+    assert set(components) == {"TransferConfig", "MasterConfig", "StoreConfig", "WeightsConfig", "TlsConfig",
+                               "EtcdSecurity"}
     assert {s["source"] for c in components.values() for s in c["settings"]} == {"default"}
     assert "doctor: self-test tcp" in run.stderr and "doctor: self-test shm" in run.stderr
 

@@ -20,6 +20,8 @@ from typing import Any
 
 from tidekv.config import (
     ENV_PREFIX,
+    ETCD_MASTER_FLAGS,
+    EtcdSecurity,
     MasterConfig,
     StoreConfig,
     TlsConfig,
@@ -121,9 +123,11 @@ def _add_master_flags(parser: argparse.ArgumentParser) -> None:
                         "quota): each in a namespace of its own; clients name theirs with TIDEKV_TENANT "
                         "(default: no tenants)")
     parser.add_argument("--etcd", default=None, metavar="URLS",
-                        help="etcd client URLs http://H:P[,...]: campaign for leadership of --cluster, stand by "
-                        "while another master leads (default: none, a lone master)")
+                        help="etcd client URLs http://H:P[,...] (https:// for an etcd serving TLS, see --etcd-ca-file): "
+                        "campaign for leadership of --cluster, stand by while another master leads (default: none, "
+                        "a lone master)")
     parser.add_argument("--cluster", default=None, help=f"name of the cluster of masters in etcd (default {d.cluster})")
+    _add_etcd_flags(parser)
     parser.add_argument("--leader-ttl-s", type=int, default=None,
                         help=f"TTL of the leader's etcd lease; a dead leader is replaced within it (default {d.leader_ttl_s})")
     parser.add_argument("--min-standbys", type=int, default=None,
@@ -131,6 +135,39 @@ def _add_master_flags(parser: argparse.ArgumentParser) -> None:
                         f"alone may (default {d.min_standbys})")
     parser.add_argument("--sync-timeout-s", type=float, default=None,
                         help=f"a standby this late to confirm a change leaves the in-sync set (default {d.sync_timeout_s})")
+
+
+_ETCD_FLAG_HELP = {
+    "ca_file": ("PEM", "CA that signed etcd's certificate; etcd is reached over https (--etcd https://...)"),
+    "cert_file": ("PEM", ("client certificate for an etcd with --client-cert-auth (with --etcd-key-file; no "
+                          "Common Name when etcd also has authentication on)")),
+    "key_file": ("PEM", "private key of --etcd-cert-file"),
+    "user": ("NAME", "etcd user to authenticate as; its role needs readwrite on the prefix /tidekv/"),
+    "password_file": ("FILE", "file holding the etcd user's password (or $TIDEKV_ETCD_PASSWORD; never a flag)"),
+}
+assert set(_ETCD_FLAG_HELP) == set(ETCD_MASTER_FLAGS)
+
+
+def _add_etcd_flags(parser: argparse.ArgumentParser) -> None:
+    """``--etcd-<field>`` for EtcdSecurity's fields; store clients take the same settings as
+    $TIDEKV_ETCD_<FIELD>, which the master reads too (flags win)."""
+    for name in ETCD_MASTER_FLAGS:
+        metavar, text = _ETCD_FLAG_HELP[name]
+        parser.add_argument(f"--etcd-{name.replace('_', '-')}", dest=f"etcd_{name}", default=None, metavar=metavar,
+                            help=f"{text} (${ENV_PREFIX}ETCD_{name.upper()})")
+
+
+def _etcd_security(args: argparse.Namespace, values: dict[str, Any]) -> EtcdSecurity:
+    """The config file's "etcd_security" (an object) < $TIDEKV_ETCD_* < --etcd-* flags."""
+    from_file = values.get("etcd_security")
+    if from_file is not None and not isinstance(from_file, dict):
+        raise ConfigError(f"config file {args.config}: etcd_security must be an object of "
+                          f"{sorted(f.name for f in dataclasses.fields(EtcdSecurity))}")
+    flags = {n: getattr(args, f"etcd_{n}") for n in ETCD_MASTER_FLAGS if getattr(args, f"etcd_{n}", None) is not None}
+    if flags and not values.get("etcd"):
+        raise ConfigError(f"{', '.join('--etcd-' + n.replace('_', '-') for n in flags)} given without --etcd: "
+                          "a lone master uses no etcd")
+    return EtcdSecurity.from_env(defaults=from_file, **flags)
 
 
 def master_config_from_args(args: argparse.Namespace) -> MasterConfig:
@@ -146,11 +183,12 @@ def master_config_from_args(args: argparse.Namespace) -> MasterConfig:
         unknown = set(values) - names
         if unknown:
             raise ConfigError(f"config file {args.config}: unknown setting(s) {sorted(unknown)}; allowed {sorted(names)}")
-    env = MasterConfig.from_env()
+    env = MasterConfig.from_env(etcd_security=EtcdSecurity())  # that one is layered below
     values.update({n: getattr(env, n) for n in names if f"{ENV_PREFIX}MASTER_{n.upper()}" in os.environ})
     if env.secret is not None:  # TIDEKV_SECRET / TIDEKV_SECRET_FILE, the engines' setting
         values["secret"] = env.secret
     values.update({n: getattr(args, n) for n in names if getattr(args, n, None) is not None})
+    values["etcd_security"] = _etcd_security(args, values)
     if "host" not in values:  # $TIDEKV_HOST, else the interface that routes to etcd, else loopback
         etcd = parse_etcd_endpoints(values["etcd"], "etcd") if values.get("etcd") else ()
         values["host"] = advertised_host(None, [urllib.parse.urlsplit(url).hostname or "" for url in etcd])

@@ -7,7 +7,8 @@ in-sync master in etcd (so nobody who may lack its changes can lead after it), r
 mirror into its service and serves, replicating to the standbys that follow it from then on.
 A leader that loses its lease (or finds it about to pass) steps down at once: it closes every
 connection, so no reply waiting for replication is ever sent, drops its index and stands by
-again under a new id. Neighbours: ``server`` (the event loop and connections this drives),
+again under a new id. A master whose TLS or user etcd refuses does not start (``EtcdAccessError``
+from its first read of etcd). Neighbours: ``server`` (the event loop and connections this drives),
 ``election``, ``replication``.
 """
 
@@ -19,9 +20,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from tidekv.config import parse_etcd_endpoints
-from tidekv.store.election import POLL_S, Campaign, Leader
-from tidekv.store.etcd import EtcdClient, EtcdUnavailableError
+from tidekv.store.election import POLL_S, REFUSED_RETRY_S, Campaign, Leader
+from tidekv.store.etcd import EtcdAccessError, EtcdClient, EtcdError, EtcdUnavailableError
 from tidekv.store.journal import Mirror
 from tidekv.store.master import MasterService
 from tidekv.store.replication import FollowSession, Replicator
@@ -44,15 +44,25 @@ class ClusterRole:
         config = server.config
         self.server = server
         self.cluster = config.cluster
-        self.etcd = EtcdClient(parse_etcd_endpoints(config.etcd), timeout_s=max(0.5, config.leader_ttl_s / 4))
+        self.etcd = EtcdClient(config.etcd_urls(), timeout_s=max(0.5, config.leader_ttl_s / 4),
+                               security=config.etcd_security)
         self.campaign = Campaign(self.etcd, config.cluster, config.leader_ttl_s,
                                  on_elected=self._elected, on_deposed=self._deposed)
+        self._check_etcd()
         self.state = Role.STANDBY
         self._session: FollowSession | None = None
         self._mirror: Mirror | None = None
         self._idle = threading.Event()  # the follow thread is between sessions
         self._thread: threading.Thread | None = None
         self._standing_by(server.service)
+
+    def _check_etcd(self) -> None:
+        """One read of etcd before the master starts: a refused TLS handshake or user stops it with
+        the reason (EtcdAccessError); an etcd that does not answer yet is only waited for."""
+        try:
+            self.campaign.leader()
+        except EtcdUnavailableError as exc:
+            logger.warning("etcd of cluster %s does not answer yet; standing by until it does: %s", self.cluster, exc)
 
     def start(self) -> None:
         self.campaign.start(self._me())
@@ -93,6 +103,9 @@ class ClusterRole:
                 leader = self.campaign.leader()
             except EtcdUnavailableError:
                 continue
+            except EtcdAccessError:  # the campaign, polling the same etcd, logs it
+                time.sleep(REFUSED_RETRY_S)
+                continue
             service = self.server.service
             if leader is None or leader.master_id == service.master_id:
                 continue
@@ -121,7 +134,7 @@ class ClusterRole:
             try:
                 if self.campaign.set_insync([me]):
                     break
-            except EtcdUnavailableError:
+            except EtcdError:
                 pass
             time.sleep(POLL_S)
         else:

@@ -18,8 +18,9 @@ is when it sent its last keep-alive that etcd answered; etcd cannot let the leas
 ``Campaign`` runs one thread per master: standing by it polls the leader key every
 ``POLL_S`` and campaigns when eligible; leading it keeps the lease alive. It reports through two
 callbacks, called from its thread: ``on_elected(revision)`` and ``on_deposed(reason)``.
-Neighbours: ``etcd`` (the calls), ``server`` (acts on the callbacks), ``master_client`` (reads
-the leader key).
+An etcd that refuses the master's TLS or user (``EtcdAccessError``) is retried every
+``REFUSED_RETRY_S`` and logged as an error. Neighbours: ``etcd`` (the calls), ``server`` (acts on
+the callbacks), ``master_client`` (reads the leader key).
 """
 
 from __future__ import annotations
@@ -31,13 +32,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tidekv.store.etcd import EtcdClient, EtcdUnavailableError
+from tidekv.store.etcd import EtcdAccessError, EtcdClient, EtcdError, EtcdUnavailableError
 from tidekv.store.master_client import leader_key
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.1
 """How often a standby looks at the leader key."""
+REFUSED_RETRY_S = 1.0
+"""How long the campaign waits after etcd refused its TLS or user (each try may cost etcd an
+authentication) before it tries again: an operator may fix etcd's side meanwhile."""
+REFUSED_LOG_INTERVAL_S = 30.0
+"""At most one error line per this long while etcd keeps refusing."""
 
 
 def insync_key(cluster: str) -> str:
@@ -68,6 +74,7 @@ class Campaign:
         self._valid_until = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._refused_logged = -REFUSED_LOG_INTERVAL_S
 
     # ---- what the server asks -----------------------------------------------------------
 
@@ -115,13 +122,14 @@ class Campaign:
         if self._lease:
             try:
                 self.etcd.revoke(self._lease)
-            except EtcdUnavailableError:
-                pass
+            except EtcdError:
+                pass  # the lease expires by itself within its TTL
 
     # ---- the thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            wait_s = self.ttl_s / 6 if self._revision else POLL_S
             try:
                 if self._revision:
                     self._keep_alive()
@@ -129,9 +137,19 @@ class Campaign:
                     self._stand_by()
             except EtcdUnavailableError as exc:
                 logger.debug("election of %s: %s", self.cluster, exc)
+            except EtcdAccessError as exc:
+                self._refused(exc)
+                wait_s = min(wait_s, REFUSED_RETRY_S) if self._revision else REFUSED_RETRY_S
             if self._revision and time.monotonic() >= self._valid_until:
                 self._deposed("its etcd lease could not be renewed in time")
-            self._stop.wait(self.ttl_s / 6 if self._revision else POLL_S)
+            self._stop.wait(wait_s)
+
+    def _refused(self, exc: EtcdAccessError) -> None:
+        now = time.monotonic()
+        if now - self._refused_logged >= REFUSED_LOG_INTERVAL_S:
+            self._refused_logged = now
+            logger.error("master %s cannot campaign in cluster %s: %s", self._me.master_id if self._me else "?",
+                         self.cluster, exc)
 
     def _stand_by(self) -> None:
         me = self._me

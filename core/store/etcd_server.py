@@ -8,22 +8,33 @@ data (it rejoins the cluster). This is not how etcd is run in production: that i
 operator's own etcd, reached with ``--etcd``. Neighbours: ``etcd`` (the client), the
 ``tidekv bench failover`` run and the store's failover tests, which both use this.
 
+Secured, as an operator's etcd may be: ``EtcdServerTls`` serves the client URLs over https
+(and with a client certificate given, requires one: ``--client-cert-auth``); ``EtcdServerAuth``
+turns authentication on with a root user and one user whose role may read and write one key
+prefix, set up through the JSON gateway's auth calls (Debian's etcd-server ships no etcdctl).
+``client_settings()`` is what a tidekv client then needs; ``admin()`` calls etcd as root.
+
 Ownership: an ``EtcdServer`` owns its member processes; ``stop()`` ends them all. Not
 thread-safe.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import secrets
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tidekv.bench.process import free_port
+from tidekv.config import EtcdSecurity
 from tidekv.errors import ConfigError, TidekvError
 
 logger = logging.getLogger(__name__)
@@ -35,7 +46,6 @@ START_TIMEOUT_S = 20.0
 START_ATTEMPTS = 3
 """Times a cluster is started on fresh ports when a member finds one of its ports taken."""
 _PORT_TAKEN = "bind: address already in use"
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def etcd_binary() -> str | None:
@@ -43,27 +53,84 @@ def etcd_binary() -> str | None:
     return shutil.which("etcd")
 
 
-def _get_json(url: str, body: bytes | None = None, timeout_s: float = 0.5) -> Any:
-    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
-    with _OPENER.open(request, timeout=timeout_s) as response:
-        return json.loads(response.read())
+@dataclass(frozen=True, slots=True)
+class EtcdServerTls:
+    """TLS on the members' client URLs (their peer URLs stay plain http, on loopback)."""
+
+    ca_file: str
+    """PEM CA that signed ``cert_file`` (and, with ``client_cert_file``, the clients' certificates)."""
+    cert_file: str
+    """PEM certificate the members present, valid for 127.0.0.1."""
+    key_file: str
+    """PEM private key of ``cert_file``."""
+    client_cert_file: str | None = None
+    """Set: etcd requires client certificates signed by ``ca_file`` (``--client-cert-auth``), and
+    this server's own calls present this one (with no Common Name when authentication is on too:
+    etcd's JSON gateway refuses such certificates then). Default None: none required."""
+    client_key_file: str | None = None
+    """PEM private key of ``client_cert_file``."""
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdServerAuth:
+    """etcd authentication: a root user, and ``user`` whose role, of the same name, may read and
+    write the keys under ``key_prefix`` and nothing else."""
+
+    password: str
+    """``user``'s password."""
+    user: str = "tidekv"
+    """The user tidekv authenticates as. Default "tidekv"."""
+    key_prefix: str = "/tidekv/"
+    """The keys its role may read and write. Default "/tidekv/" (every key of tidekv's)."""
+    token_ttl_s: int = 300
+    """How long a token stays valid unused (etcd's ``--auth-token-ttl``). Default 300 s."""
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The range end that covers every key starting with ``prefix`` (etcdctl's --prefix)."""
+    return prefix[:-1] + bytes([prefix[-1] + 1])
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
 class EtcdMember:
     """One etcd process of an ``EtcdServer`` (its name, ports and data directory stay fixed)."""
 
-    def __init__(self, binary: str, name: str, work_dir: Path) -> None:
+    def __init__(self, binary: str, name: str, work_dir: Path, tls: EtcdServerTls | None = None,
+                 auth_token_ttl_s: int | None = None) -> None:
         self.binary = binary
         self.name = name
         self.data_dir = work_dir / f"{name}.data"
         self.log_path = work_dir / f"{name}.log"
         self.client_port, self.peer_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.client_port}"
-        """Its client URL ("http://127.0.0.1:PORT"), as ``--etcd`` takes it."""
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.client_port}"
+        """Its client URL ("http://127.0.0.1:PORT", https with TLS), as ``--etcd`` takes it."""
         self.peer_url = f"http://127.0.0.1:{self.peer_port}"
         self.initial_cluster = ""
         self.proc: subprocess.Popen[bytes] | None = None
         self._log_start = 0
+        self._security_args: list[str] = []
+        handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+        if tls is not None:
+            self._security_args = ["--cert-file", tls.cert_file, "--key-file", tls.key_file]
+            if tls.client_cert_file is not None:
+                self._security_args += ["--trusted-ca-file", tls.ca_file, "--client-cert-auth"]
+            security = EtcdSecurity(ca_file=tls.ca_file, cert_file=tls.client_cert_file, key_file=tls.client_key_file)
+            handlers.append(urllib.request.HTTPSHandler(context=security.client_context()))
+        if auth_token_ttl_s is not None:
+            self._security_args += ["--auth-token", "simple", "--auth-token-ttl", str(auth_token_ttl_s)]
+        self._opener = urllib.request.build_opener(*handlers)
+
+    def call(self, path: str, body: dict[str, Any] | None = None, token: str | None = None,
+             timeout_s: float = 0.5) -> Any:
+        """POSTs ``body`` (GET without one) to this member; the JSON reply. Raises OSError
+        (urllib's HTTPError for a refusal) or ValueError."""
+        headers = {"Content-Type": "application/json", **({"Authorization": token} if token else {})}
+        data = None if body is None else json.dumps(body).encode()
+        with self._opener.open(urllib.request.Request(self.url + path, data, headers), timeout=timeout_s) as response:
+            return json.loads(response.read())
 
     def start(self) -> None:
         """Launches the process (returns at once: a member of several is healthy only with a quorum)."""
@@ -75,7 +142,7 @@ class EtcdMember:
                  "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
                  "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
                  "--initial-cluster", self.initial_cluster,
-                 "--heartbeat-interval", "50", "--election-timeout", "500"],
+                 "--heartbeat-interval", "50", "--election-timeout", "500", *self._security_args],
                 stdout=log, stderr=log)
         logger.info("etcd member %s starting on %s (pid %d)", self.name, self.url, self.proc.pid)
 
@@ -85,7 +152,7 @@ class EtcdMember:
     def is_healthy(self) -> bool:
         """True when it answers ``/health`` with true (it is part of a cluster that has a leader)."""
         try:
-            return _get_json(self.url + "/health").get("health") in ("true", True)
+            return self.call("/health").get("health") in ("true", True)
         except (OSError, ValueError):
             return False
 
@@ -102,11 +169,11 @@ class EtcdMember:
 
     def member_id(self) -> int:
         """Its raft member id."""
-        return int(_get_json(self.url + "/v3/maintenance/status", b"{}")["header"]["member_id"])
+        return int(self.call("/v3/maintenance/status", {})["header"]["member_id"])
 
     def leader_id(self) -> int:
         """The raft member id of the cluster's leader, as this member sees it."""
-        return int(_get_json(self.url + "/v3/maintenance/status", b"{}")["leader"])
+        return int(self.call("/v3/maintenance/status", {})["leader"])
 
     def kill(self) -> None:
         """SIGKILL, then reap."""
@@ -143,6 +210,8 @@ class EtcdServer:
     Args:
         work_dir: where the members' data directories and logs go (it must exist).
         members: how many (1, or 3 to survive the loss of one).
+        tls: serve the client URLs over https (default: http).
+        auth: turn authentication on once the cluster is healthy (default: off).
 
     A port is picked free and bound by etcd a moment later; when another process takes it in
     between (another server a test starts can), the member exits, and the whole cluster is
@@ -153,14 +222,20 @@ class EtcdServer:
         TidekvError: a member did not become healthy in time (every member is stopped again).
     """
 
-    def __init__(self, work_dir: Path, members: int = 1) -> None:
+    def __init__(self, work_dir: Path, members: int = 1, *, tls: EtcdServerTls | None = None,
+                 auth: EtcdServerAuth | None = None) -> None:
         binary = etcd_binary()
         if binary is None:
             raise ConfigError(MISSING)
         if members < 1:
             raise ConfigError(f"members={members}: an etcd cluster has at least 1 member")
+        self.tls = tls
+        self.auth = auth
+        self.root_password = secrets.token_hex(16)
+        """The root user's password (with ``auth``)."""
+        ttl_s = auth.token_ttl_s if auth is not None else None
         for attempt in range(1, START_ATTEMPTS + 1):
-            self.members = [EtcdMember(binary, f"etcd{i}", work_dir) for i in range(members)]
+            self.members = [EtcdMember(binary, f"etcd{i}", work_dir, tls, ttl_s) for i in range(members)]
             try:
                 self._start()
                 return
@@ -180,9 +255,66 @@ class EtcdServer:
         try:
             for m in self.members:
                 m.wait_healthy()
+            if self.auth is not None:
+                self._enable_auth(self.auth)
         except BaseException:
             self.stop()
             raise
+
+    def _enable_auth(self, auth: EtcdServerAuth) -> None:
+        prefix = auth.key_prefix.encode()
+        for path, body in (
+                ("/v3/auth/user/add", {"name": "root", "password": self.root_password}),
+                ("/v3/auth/user/grant", {"user": "root", "role": "root"}),
+                ("/v3/auth/role/add", {"name": auth.user}),
+                ("/v3/auth/role/grant", {"name": auth.user, "perm": {
+                    "permType": "READWRITE", "key": _b64(prefix), "range_end": _b64(_prefix_end(prefix))}}),
+                ("/v3/auth/user/add", {"name": auth.user, "password": auth.password}),
+                ("/v3/auth/user/grant", {"user": auth.user, "role": auth.user}),
+                ("/v3/auth/enable", {})):
+            self.admin(path, body)
+        logger.info("etcd %s: authentication on; user %s may read and write %s", self.url, auth.user, auth.key_prefix)
+
+    def admin(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Calls the gateway's ``path`` as root (anonymously while authentication is off).
+
+        Raises:
+            TidekvError: no member answered, or etcd refused the call (the message quotes it).
+        """
+        errors = []
+        for m in self.members:
+            if not m.is_alive():
+                continue
+            try:
+                reply: dict[str, Any] = m.call(path, body, self._root_token(m, path), timeout_s=5.0)
+                return reply
+            except urllib.error.HTTPError as exc:
+                raise TidekvError(f"etcd {m.url} refused {path}: HTTP {exc.code} "
+                                  f"{exc.read().decode(errors='replace')}") from None
+            except (OSError, ValueError) as exc:
+                errors.append(f"{m.url}: {exc}")
+        raise TidekvError(f"no etcd member of {self.url} answered {path}: {'; '.join(errors)}")
+
+    def _root_token(self, member: EtcdMember, path: str) -> str | None:
+        """root's token from ``member``; None while authentication is off."""
+        if self.auth is None or path == "/v3/auth/enable":
+            return None
+        try:
+            reply = member.call("/v3/auth/authenticate", {"name": "root", "password": self.root_password}, timeout_s=5.0)
+        except urllib.error.HTTPError as exc:
+            text = exc.read()
+            if b"authentication is not enabled" in text:
+                return None
+            raise TidekvError(f"etcd {member.url} refused root: HTTP {exc.code} {text.decode(errors='replace')}") \
+                from None
+        return str(reply["token"])
+
+    def client_settings(self) -> EtcdSecurity:
+        """What a tidekv client sets to reach this etcd: its CA, the client certificate, the user."""
+        tls, auth = self.tls, self.auth
+        return EtcdSecurity(ca_file=tls.ca_file if tls else None, cert_file=tls.client_cert_file if tls else None,
+                            key_file=tls.client_key_file if tls else None, user=auth.user if auth else None,
+                            password=auth.password if auth else None)
 
     @property
     def url(self) -> str:
@@ -192,7 +324,7 @@ class EtcdServer:
     @property
     def endpoints(self) -> str:
         """Every member's "host:port", comma-separated, as ``etcd://H:P,H:P/NAME`` takes them."""
-        return ",".join(m.url.removeprefix("http://") for m in self.members)
+        return ",".join(m.url.partition("://")[2] for m in self.members)
 
     def leader(self) -> EtcdMember:
         """The member that leads the raft cluster now (waits up to 10 s for one)."""

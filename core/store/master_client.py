@@ -26,7 +26,8 @@ PutStart                         only when it certainly never reached a      Mas
                                  a repeat would start a second put           nothing was acknowledged
 ==============================  ==========================================  ==============================
 
-Other errors (AuthenticationError, ConfigError, ProtocolVersionError, RpcError) are never retried. Thread-safe.
+Other errors (AuthenticationError, ConfigError, ProtocolVersionError, RpcError, and EtcdAccessError:
+etcd refused this client's TLS or user while it looked for the leader) are never retried. Thread-safe.
 Neighbours: ``rpc`` (one connection), ``election`` (where the leader is written), ``client``.
 """
 
@@ -41,7 +42,7 @@ from typing import Any
 
 import msgspec
 
-from tidekv.config import MasterAddress, TlsConfig
+from tidekv.config import EtcdSecurity, MasterAddress, TlsConfig
 from tidekv.errors import MasterUnavailableError
 from tidekv.store import protocol as p
 from tidekv.store import tenants
@@ -77,11 +78,17 @@ class MasterClient:
         tls: reach the master over TLS (default: plain TCP).
         tenant: the tenant this client acts for (``tenants``); None: ``TIDEKV_TENANT``, "" for
             none (the default tenant).
+        etcd_security: how to reach a secured etcd, for an ``etcd://`` master; None:
+            ``EtcdSecurity.from_env()`` (``TIDEKV_ETCD_*``).
+
+    Raises:
+        ConfigError: ``master`` is neither form, or the etcd settings are invalid.
     """
 
     def __init__(self, master: str | MasterAddress, client_id: str, *, timeout_s: float,
                  failover_timeout_s: float = 0.0, busy_poll_us: int = 0, register: bool = False,
-                 secret: str | None = None, tls: TlsConfig | None = None, tenant: str | None = None) -> None:
+                 secret: str | None = None, tls: TlsConfig | None = None, tenant: str | None = None,
+                 etcd_security: EtcdSecurity | None = None) -> None:
         self.master = master if isinstance(master, MasterAddress) else MasterAddress.parse(master)
         self.client_id = client_id
         self.timeout_s = timeout_s
@@ -91,8 +98,11 @@ class MasterClient:
         self._secret = secret
         self.tenant = tenants.tenant_from_env() if tenant is None else tenant and tenants.check_name(tenant)
         self._tls = (tls if tls is not None else TlsConfig()).client_context()
-        self._etcd = EtcdClient(self.master.etcd_endpoints, timeout_s=min(timeout_s, 1.0)) \
-            if self.master.is_cluster else None
+        self._etcd: EtcdClient | None = None
+        if self.master.is_cluster:
+            security = etcd_security if etcd_security is not None else EtcdSecurity.from_env()
+            self._etcd = EtcdClient(security.cluster_urls(self.master), timeout_s=min(timeout_s, 1.0),
+                                    security=security)
         self._lock = threading.Lock()
         self._channel: MasterChannel | None = None
         self._closed = False
@@ -114,6 +124,7 @@ class MasterClient:
             MasterUnavailableError: no master answered within ``failover_timeout_s``.
             MasterNotReadyError: a master answered, but none served within ``failover_timeout_s``.
             ProtocolVersionError, ConfigError, RpcError: the master refused the request.
+            EtcdAccessError: etcd refused this client's TLS or user (an ``etcd://`` master).
         """
         deadline = time.monotonic() + (self.failover_timeout_s if failover_timeout_s is None else failover_timeout_s)
         while True:
@@ -122,7 +133,7 @@ class MasterClient:
                 channel = self._current()
                 if channel is None:
                     raise MasterUnavailableError(f"no leader of cluster {self.master} is registered in etcd "
-                                                 f"{', '.join(self.master.etcd_endpoints)}", is_request_sent=False)
+                                                 f"{', '.join(self._etcd.endpoints if self._etcd else ())}", is_request_sent=False)
                 return channel.call(body, timeout_s)
             except MasterUnavailableError as exc:
                 self._lost(channel)

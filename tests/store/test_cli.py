@@ -20,7 +20,7 @@ import pytest
 
 from tests.store.conftest import Connect
 from tests.childproc import REPO_ROOT
-from tidekv.config import MasterConfig
+from tidekv.config import ETCD_MASTER_FLAGS, MasterConfig
 from tidekv.store import protocol as p
 from tidekv.store.rpc import MasterChannel
 
@@ -39,6 +39,12 @@ def test_help_exits_zero(command: str) -> None:
     for f in dataclasses.fields(MasterConfig):  # every master setting has a documented flag
         if f.name == "secret":  # never a flag (it would show in ps): the variables, documented
             assert "TIDEKV_SECRET" in result.stdout and "TIDEKV_SECRET_FILE" in result.stdout
+            continue
+        if f.name == "etcd_security":  # composed: a flag per field but the password, and its variable
+            for name in ETCD_MASTER_FLAGS:
+                assert f"--etcd-{name.replace('_', '-')} " in result.stdout, name
+                assert f"$TIDEKV_ETCD_{name.upper()}" in result.stdout, name
+            assert "$TIDEKV_ETCD_PASSWORD;" in result.stdout
             continue
         assert f"--{f.name.replace('_', '-')} " in result.stdout, f.name
     if command == "up":

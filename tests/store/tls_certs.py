@@ -1,5 +1,6 @@
 """Test certificates made with the openssl command line: a CA, a server certificate for
-127.0.0.1 and a client certificate, both signed by the CA, and a second CA that signed neither."""
+127.0.0.1 and a client certificate, both signed by the CA, and a second CA that signed neither;
+``issue_client_cert`` signs more client certificates with the CA."""
 
 from __future__ import annotations
 
@@ -41,3 +42,14 @@ def make_certs(directory: Path) -> Certs:
              "-out", f"{who}.pem", "-days", "2", "-extfile", "san.ext", cwd=d)
     return Certs(str(d / "ca.pem"), str(d / "server.pem"), str(d / "server.key"), str(d / "client.pem"),
                  str(d / "client.key"), str(d / "other-ca.pem"))
+
+
+def issue_client_cert(certs: Certs, name: str, subject: str) -> tuple[str, str]:
+    """One more client certificate signed by ``certs.ca``, with ``subject`` (e.g. "/O=tidekv", a
+    subject without a Common Name); returns its (certificate, key) paths."""
+    d = Path(certs.ca).parent
+    _run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject,
+         cwd=d)
+    _run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+         "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext", cwd=d)
+    return str(d / f"{name}.pem"), str(d / f"{name}.key")
