@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import select
 import socket
 import ssl
@@ -225,6 +226,9 @@ class MasterChannel:
                 n = sock.recv_into(memoryview(buf)[have:])
             except (BlockingIOError, ssl.SSLWantReadError):
                 if have == 0 and time.perf_counter() < spin_until:
+                    # Spin, but hand the core to anything runnable: on a small host the master
+                    # and the holder we wait for may be queued behind this very spin.
+                    os.sched_yield()
                     continue
                 self._wait(sock, select.POLLIN, deadline)
                 continue

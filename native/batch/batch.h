@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/errors.h"
@@ -48,12 +49,16 @@ class Task {
   // A plain memory copy on the running thread (its link's is_local_copy()): it never waits on a peer.
   bool is_local_copy() const { return is_local_copy_; }
   void set_local_copy() { is_local_copy_ = true; }
-  // A worker that dequeues the task before this time leaves it to the batch's waiter until then.
+  // A deferred task nobody claimed by this time is handed to a worker (Engine::defer).
   void defer_until(std::chrono::steady_clock::time_point t) { defer_until_ = t; }
   std::chrono::steady_clock::time_point deferred_until() const { return defer_until_; }
+  // Called once, by whichever thread claims the task, before its body runs (the engine stops
+  // the fallback timer of a deferred task there). Set before the task is visible to others.
+  void set_on_claim(std::function<void()> on_claim) { on_claim_ = std::move(on_claim); }
   // Runs the body if nobody claimed it yet; drops the body afterwards (it holds the batch).
   bool try_run(const Deadline& deadline = std::nullopt) {
     if (claimed_.exchange(true, std::memory_order_acq_rel)) return false;
+    if (on_claim_) std::exchange(on_claim_, nullptr)();
     body_(deadline);
     body_ = nullptr;
     return true;
@@ -63,6 +68,7 @@ class Task {
   std::atomic<bool> claimed_{false};
   bool is_local_copy_ = false;
   std::function<void(const Deadline&)> body_;
+  std::function<void()> on_claim_;
   std::chrono::steady_clock::time_point defer_until_{};
 };
 

@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -74,7 +75,6 @@ Engine::Engine(EngineOptions options)
       if (!closed_.load()) {
         queue_.push_back(std::move(task));
         queue_cv_.notify_one();
-        if (watchers_) deferred_cv_.notify_one();
         return;
       }
     }
@@ -98,8 +98,15 @@ Engine::Engine(EngineOptions options)
     if (availability_[i].available) self.sections.emplace_back(uint16_t(transports_[i]->id()), transports_[i]->describe());
   descriptor_bytes_ = self.encode();
   listener_->start(descriptor_bytes_);
+  defer_timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC);  // steady_clock's clock
+  if (defer_timer_fd_ < 0) {
+    int err = errno;
+    close();
+    TIDEKV_THROW(kConfig, std::string("cannot create the engine's timer: ") + strerror(err));
+  }
   try {
     for (int i = 0; i < std::max(1, ctx_.options.worker_threads); ++i) workers_.emplace_back([this] { worker_loop(); });
+    watcher_ = std::thread([this] { watch_deferred(); });
   } catch (const std::system_error& e) {
     close();
     TIDEKV_THROW(kConfig, std::string("cannot start the engine's worker threads: ") + e.what());
@@ -134,8 +141,13 @@ void Engine::close() {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     queue_cv_.notify_all();
-    deferred_cv_.notify_all();
+    if (defer_timer_fd_ >= 0) {  // fires at once: the watcher sees closed_ and leaves
+      itimerspec soon{};
+      soon.it_value.tv_nsec = 1;
+      timerfd_settime(defer_timer_fd_, 0, &soon, nullptr);
+    }
   }
+  if (watcher_.joinable()) watcher_.join();
   for (auto& w : workers_) w.join();
   workers_.clear();
   std::deque<std::shared_ptr<Task>> leftover;
@@ -146,6 +158,11 @@ void Engine::close() {
     deferred_.clear();
   }
   for (auto& task : leftover) task->try_run();
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);  // (a late waiter's claim touches it under this lock)
+    if (defer_timer_fd_ >= 0) ::close(defer_timer_fd_);
+    defer_timer_fd_ = -1;
+  }
   if (listener_) listener_->stop();
   regions_.retire();  // same-host peers see this engine gone (and look it up again) from here on
   for (auto& t : transports_) t->close();
@@ -429,14 +446,70 @@ std::shared_ptr<Batch> Engine::submit(std::vector<Request> requests) {
 }
 
 void Engine::defer(const std::shared_ptr<Task>& task) {
-  task->defer_until(std::chrono::steady_clock::now() + std::chrono::microseconds(ctx_.options.defer_grace_us));
+  auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(ctx_.options.defer_grace_us);
+  task->defer_until(until);
+  task->set_on_claim([this] { deferred_claimed(); });
   std::lock_guard<std::mutex> lock(queue_mu_);
   deferred_.push_back(task);
-  // One worker watches the deadlines of all deferred tasks (see worker_loop). Waking one for
-  // every small request instead cost more than the request itself on a 2-vCPU host: the woken
-  // thread takes a core from the two that are busy with the request (tidekv bench transfer, tcp
-  // single 4 KiB 0.10-0.17 -> 0.22-0.26 GB/s with no wake-up).
-  if (watchers_ == 0) queue_cv_.notify_one();
+  // No thread is woken here. Waking a worker to watch the deadline of every small request
+  // cost more than the request itself on a 2-vCPU host: 2 context switches and ~6 futex calls
+  // per request, and the woken thread took a core from the two busy with the request
+  // (a 4 KiB store put: ~6.5 futex calls per put, a worker wake-up per put).
+  if (!is_timer_armed_) arm_defer_timer(until);
+}
+
+void Engine::arm_defer_timer(std::chrono::steady_clock::time_point when) {
+  if (defer_timer_fd_ < 0) return;
+  itimerspec spec{};
+  if (when != std::chrono::steady_clock::time_point{}) {
+    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch()).count();
+    spec.it_value.tv_sec = time_t(ns / 1000000000);
+    spec.it_value.tv_nsec = long(ns % 1000000000);
+    if (spec.it_value.tv_sec == 0 && spec.it_value.tv_nsec == 0) spec.it_value.tv_nsec = 1;  // (zero disarms)
+  }
+  timerfd_settime(defer_timer_fd_, TFD_TIMER_ABSTIME, &spec, nullptr);
+  is_timer_armed_ = when != std::chrono::steady_clock::time_point{};
+}
+
+void Engine::deferred_claimed() {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  while (!deferred_.empty() && deferred_.front()->is_claimed()) deferred_.pop_front();
+  // With tasks left the timer stays set for an earlier deadline; the watcher re-arms it.
+  if (deferred_.empty() && is_timer_armed_) arm_defer_timer({});
+}
+
+void Engine::watch_deferred() {
+  for (;;) {
+    uint64_t expirations = 0;
+    ssize_t n = ::read(defer_timer_fd_, &expirations, sizeof(expirations));
+    if (closed_.load()) return;
+    if (n < 0 && errno != EINTR && errno != EAGAIN) {
+      ctx_.log.emit_once("defer-timer", LogLevel::kError,
+                         std::string("the engine's timer failed; small batches nobody waits for may stall: ") +
+                             strerror(errno));
+      return;
+    }
+    size_t due = 0;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      is_timer_armed_ = false;
+      auto now = std::chrono::steady_clock::now();
+      while (!deferred_.empty()) {
+        auto& front = deferred_.front();
+        if (!front->is_claimed()) {
+          if (front->deferred_until() > now) break;
+          queue_.push_back(std::move(front));  // nobody waited for it: a worker runs it
+          ++due;
+        }
+        deferred_.pop_front();
+      }
+      if (!deferred_.empty()) arm_defer_timer(deferred_.front()->deferred_until());
+    }
+    if (due == 1)
+      queue_cv_.notify_one();
+    else if (due > 1)
+      queue_cv_.notify_all();
+  }
 }
 
 void Engine::plan_peer(const std::shared_ptr<Batch>& batch, Peer& peer, const std::vector<uint32_t>& requests,
@@ -504,7 +577,6 @@ void Engine::enqueue(const std::shared_ptr<Batch>& batch) {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     for (const auto& t : tasks) queue_.push_back(t);
-    if (watchers_) deferred_cv_.notify_one();
   }
   if (tasks.size() == 1)
     queue_cv_.notify_one();
@@ -515,42 +587,10 @@ void Engine::enqueue(const std::shared_ptr<Batch>& batch) {
 void Engine::worker_loop() {
   std::unique_lock<std::mutex> lock(queue_mu_);
   for (;;) {
-    queue_cv_.wait(lock, [&] { return !queue_.empty() || (!deferred_.empty() && watchers_ == 0) || closed_.load(); });
-    std::shared_ptr<Task> task;
-    if (!queue_.empty()) {
-      task = std::move(queue_.front());
-      queue_.pop_front();
-    } else if (!deferred_.empty()) {
-      // The watcher: deferred tasks come in deadline order, and nearly all were claimed by their
-      // batch's waiter long before their deadline. It sleeps to the first unclaimed one's
-      // deadline, drops what was claimed meanwhile, and runs what is due; with nothing left it
-      // stays on for one more grace period, so a steady stream of small requests costs it one
-      // wake-up per grace period rather than one per request. Work arriving in the queue calls
-      // it back there (enqueue wakes it).
-      ++watchers_;
-      auto linger = std::chrono::steady_clock::now();
-      for (;;) {
-        while (!deferred_.empty() && deferred_.front()->is_claimed()) {
-          linger = std::max(linger, deferred_.front()->deferred_until());
-          deferred_.pop_front();
-        }
-        if (closed_.load() || !queue_.empty()) break;
-        auto now = std::chrono::steady_clock::now();
-        auto until = deferred_.empty() ? linger : deferred_.front()->deferred_until();
-        if (now >= until) break;
-        deferred_cv_.wait_until(lock, until);
-      }
-      --watchers_;
-      if (!queue_.empty() && !closed_.load()) {
-        if (!deferred_.empty()) queue_cv_.notify_one();  // an idle worker watches while this one works
-        continue;
-      }
-      if (deferred_.empty()) continue;
-      task = std::move(deferred_.front());
-      deferred_.pop_front();
-    } else {
-      return;  // closed and drained
-    }
+    queue_cv_.wait(lock, [&] { return !queue_.empty() || closed_.load(); });
+    if (queue_.empty()) return;  // closed and drained (close() runs what is deferred)
+    std::shared_ptr<Task> task = std::move(queue_.front());
+    queue_.pop_front();
     if (task->is_claimed()) continue;
     lock.unlock();
     task->try_run();

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -82,8 +83,17 @@ class Engine {
   void worker_loop();
   void enqueue(const std::shared_ptr<Batch>& batch);
   // Queues a small task for its batch's waiter to run, with a worker as the fallback after
-  // defer_grace_us.
+  // defer_grace_us: a kernel timer (defer_timer_fd_) wakes the watcher thread at the first
+  // unclaimed deadline, and a waiter that claims the task stops it, so a task that is waited
+  // for (nearly all) wakes no thread at all.
   void defer(const std::shared_ptr<Task>& task);
+  // A deferred task was claimed: forgets the claimed ones at the front, stops the timer when
+  // none is left. Called with queue_mu_ not held.
+  void deferred_claimed();
+  // The watcher thread: hands deferred tasks that reached their deadline unclaimed to a worker.
+  void watch_deferred();
+  // Called with queue_mu_ held: the timer fires at `when` (a zero time point: never).
+  void arm_defer_timer(std::chrono::steady_clock::time_point when);
   // Chooses a link for each request and plans them; `locations` are the requests' local ones.
   void plan_peer(const std::shared_ptr<Batch>& batch, Peer& peer, const std::vector<uint32_t>& requests,
                  const std::vector<MemoryLocation>& locations, bool* all_same_host);
@@ -117,8 +127,9 @@ class Engine {
   std::condition_variable queue_cv_;
   std::deque<std::shared_ptr<Task>> queue_;
   std::deque<std::shared_ptr<Task>> deferred_;  // in deadline order (one grace period for all)
-  std::condition_variable deferred_cv_;         // the watcher's: it sleeps to the next deadline
-  int watchers_ = 0;                            // workers watching deferred_ (0 or 1)
+  int defer_timer_fd_ = -1;                     // timerfd: fires at the first unclaimed deadline
+  bool is_timer_armed_ = false;                 // guarded by queue_mu_
+  std::thread watcher_;                         // sleeps in read(defer_timer_fd_)
   std::vector<std::thread> workers_;
   std::atomic<bool> closed_{false};
 };
