@@ -29,9 +29,9 @@ from tidekv.transfer import TransferOp, TransferRequest
 
 
 class Agent:
-    def __init__(self, master: str, segment_size: int, store: dict[str, Any]) -> None:
+    def __init__(self, master: str, segment_size: int, store: dict[str, Any], host: str | None = None) -> None:
         self.master = master
-        self.store = Store.connect(master, segment_size=segment_size, config=StoreConfig(**store))
+        self.store = Store.connect(master, segment_size=segment_size, config=StoreConfig(**store), host=host)
         self.books = churn.Books()
 
     def hello(self) -> dict[str, Any]:
@@ -49,6 +49,8 @@ class Agent:
             return {"size": len(data), "digest": digest(data)}
         if op == "stats":
             return {"stats": self.store.stats()}
+        if op == "locate":
+            return {"engines": self.store.locate_many(cmd["keys"])}
         if op == "read_loop":
             return self.read_loop(cmd["key"], cmd["duration_s"], cmd["base_size"])
         if op == "churn":  # the mixed load of tidekv.bench.churn on this agent's keys, books kept across calls
@@ -110,7 +112,7 @@ class Agent:
 def main() -> int:
     spec = json.loads(sys.argv[1])
     configure_logging("DEBUG" if os.environ.get("TIDEKV_TEST_DEBUG") else "INFO")
-    agent = Agent(spec["master"], spec["segment_size"], spec["store"])
+    agent = Agent(spec["master"], spec["segment_size"], spec["store"], spec.get("host"))
     print(json.dumps(agent.hello()), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)

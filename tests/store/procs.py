@@ -13,7 +13,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +41,10 @@ class ChildProcess(JsonLineChild):
 
     error = ChildError
 
-    def __init__(self, module: str, spec: dict[str, Any], log_path: Path, name: str) -> None:
+    def __init__(self, module: str, spec: dict[str, Any], log_path: Path, name: str, prefix: Sequence[str] = ()) -> None:
         self.name = name
-        super().__init__([sys.executable, "-m", module, json.dumps(spec)], log_path, name)
+        # prefix: what runs it elsewhere, e.g. on another "host" of tests/multihost (ip netns exec ...)
+        super().__init__([*prefix, sys.executable, "-m", module, json.dumps(spec)], log_path, name)
         self.pid = self.proc.pid
 
     def call(self, cmd: str, timeout_s: float = COMMAND_TIMEOUT_S, **args: Any) -> dict[str, Any]:
@@ -85,9 +86,9 @@ class ChildProcess(JsonLineChild):
 class MasterProcess(ChildProcess):
     """A MasterServer in its own process. ``config`` holds MasterConfig fields (port 0 by default)."""
 
-    def __init__(self, config: dict[str, Any], log_path: Path, name: str = "master") -> None:
+    def __init__(self, config: dict[str, Any], log_path: Path, name: str = "master", prefix: Sequence[str] = ()) -> None:
         config = {"port": 0, "metrics_port": 0, **config}
-        super().__init__("tests.store.master_main", {"config": config}, log_path, name)
+        super().__init__("tests.store.master_main", {"config": config}, log_path, name, prefix)
         self.address: str = self.hello["address"]
         self.port: int = self.hello["port"]
         self.metrics_port: int = self.hello["metrics_port"]
@@ -97,9 +98,10 @@ class MasterProcess(ChildProcess):
 class AgentProcess(ChildProcess):
     """A Store client in its own process; ``segment_size`` > 0 makes it a holder of pool memory."""
 
-    def __init__(self, master: str, segment_size: int, store: dict[str, Any], log_path: Path, name: str) -> None:
-        super().__init__("tests.store.agent_main", {"master": master, "segment_size": segment_size, "store": store},
-                         log_path, name)
+    def __init__(self, master: str, segment_size: int, store: dict[str, Any], log_path: Path, name: str,
+                 prefix: Sequence[str] = (), host: str | None = None) -> None:
+        super().__init__("tests.store.agent_main", {"master": master, "segment_size": segment_size, "store": store,
+                                                    "host": host}, log_path, name, prefix)
         self.engine: str = self.hello["engine"]
         self.segment: str = self.hello["segment"]
         self.client_id: str = self.hello["client_id"]

@@ -76,6 +76,7 @@ class TargetProcess(JsonLineChild):
         config: TransferConfig keyword arguments (transport as its string value).
         log_path: where the child's stderr (its engine log) goes.
         port: the engine's port (0: any free one).
+        host: the engine's address (default 127.0.0.1).
     """
 
     error = TargetError
@@ -87,9 +88,11 @@ class TargetProcess(JsonLineChild):
         log_path: Path,
         prefix: Sequence[str] = (),
         port: int = 0,
+        host: str = "127.0.0.1",
     ) -> None:
-        # prefix: a command the target runs under, e.g. ["prlimit", "--nofile=256"].
-        spec = json.dumps({"regions": regions, "config": config, "port": port})
+        # prefix: a command the target runs under, e.g. ["prlimit", "--nofile=256"], or a rig
+        # host's (tests/multihost); host: the address its engine listens on.
+        spec = json.dumps({"regions": regions, "config": config, "port": port, "host": host})
         super().__init__([*prefix, sys.executable, "-m", "tests.transfer.target_main", spec], log_path, "target")
         self.name: str = self.hello["name"]
         self.label = f"target {self.name}"

@@ -2,7 +2,7 @@
 
 Run as ``python -m tests.transfer.target_main '<json spec>'`` from the repository root. The spec
 gives the engine config and the regions to create, each filled with ``reference.pattern(seed)``.
-An optional "port" in the spec is the engine's (default 0: any free one). The first stdout line reports the engine name, pid and region addresses; every later line
+Optional "port" and "host" in the spec are the engine's (default 0: any free one, and 127.0.0.1). The first stdout line reports the engine name, pid and region addresses; every later line
 answers one command. Logs go to stderr. EOF on stdin (the test process died) stops the target.
 Neighbours: ``harness.TargetProcess`` is the other end of the pipe.
 """
@@ -25,10 +25,10 @@ from tidekv.transfer import Region
 
 
 class Target:
-    def __init__(self, config: dict[str, Any], port: int = 0) -> None:
+    def __init__(self, config: dict[str, Any], port: int = 0, host: str = "127.0.0.1") -> None:
         if "transport" in config:
             config = dict(config, transport=TransportKind(config["transport"]))
-        self.engine = TransferEngine(host="127.0.0.1", port=port, config=TransferConfig(**config))
+        self.engine = TransferEngine(host=host, port=port, config=TransferConfig(**config))
         self.regions: dict[str, Region] = {}
         self.keep: dict[str, Any] = {}
         self.retired: dict[str, Region] = {}  # unregistered plain memory, still readable here
@@ -94,7 +94,7 @@ def main() -> int:
     )
     spec = json.loads(sys.argv[1])
     out = sys.stdout
-    target = Target(spec.get("config", {}), spec.get("port", 0))
+    target = Target(spec.get("config", {}), spec.get("port", 0), spec.get("host", "127.0.0.1"))
     regions = {name: target.add(name, *args) for name, args in spec.get("regions", {}).items()}
     out.write(json.dumps({"name": target.engine.name, "pid": os.getpid(), "regions": regions}) + "\n")
     out.flush()

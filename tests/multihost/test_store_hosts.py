@@ -1,0 +1,115 @@
+"""The store across hosts (network namespaces on one bridge, ``rig``): with nothing set but the
+master's address, holders advertise the address that routes to the master, clients on other
+hosts put and get through them, a holder forced onto loopback is refused, and a holder's host
+cut off mid-run loses nothing (typed errors, no stale reads, its objects copied elsewhere)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.multihost.rig import Host, Rig
+from tests.store.payload import digest, payload
+from tests.store.procs import AgentProcess, ChildError, MasterProcess, wait_until
+
+MIB = 1 << 20
+FAST = {"heartbeat_interval_s": 0.2, "rpc_timeout_s": 5.0}
+"""Client settings that only make liveness second-scale (the test's clock), nothing about addresses."""
+TYPED_ERRORS = {"PeerUnavailableError", "TransferError", "ObjectNotFoundError", "MasterUnavailableError",
+                "TimeoutError", "StoreError"}
+"""What a get may raise while a holder is cut off: tidekv's typed errors, never wrong bytes."""
+
+
+@pytest.fixture
+def on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
+    """``on(host, "master", **config)`` / ``on(host, "agent", master, segment_size, **store)``:
+    a master or a store client on a rig host, stopped after the test (``engine_host=`` forces a
+    client's engine address)."""
+    monkeypatch.delenv("TIDEKV_HOST", raising=False)  # nothing set but the master's address
+    started: list[Any] = []
+    names = itertools.count()
+
+    def start(where: Host, kind: str, *args: Any, **kwargs: Any) -> Any:
+        n = next(names)
+        log = tmp_path / f"{kind}-{n}-{where.name}.log"
+        if kind == "master":
+            child: Any = MasterProcess({"host": where.ip, **kwargs}, log, name=f"master@{where.name}",
+                                       prefix=where.command([]))
+        else:
+            master, segment_size = args
+            engine_host = kwargs.pop("engine_host", None)
+            child = AgentProcess(master, segment_size, kwargs, log, f"agent{n}@{where.name}",
+                                 prefix=where.command([]), host=engine_host)
+        started.append(child)
+        return child
+
+    yield start
+    for child in reversed(started):
+        child.stop()
+
+
+def _get_digest(agent: AgentProcess, key: str) -> str:
+    return str(agent.call("get", key=key)["digest"])
+
+
+def test_three_hosts_work_with_only_the_masters_address(multihost: Callable[..., Rig],
+                                                        on: Callable[..., Any]) -> None:
+    """The many-hosts issue's run: master on host 1, a holder on host 2, a client on host 3."""
+    h1, h2, h3 = multihost(3).hosts
+    master = on(h1, "master")
+    assert master.address == f"{h1.ip}:{master.port}"
+    holder = on(h2, "agent", master.address, 64 * MIB)
+    assert holder.engine.startswith(f"{h2.ip}:"), f"the holder advertises {holder.engine}, not host 2's address"
+    client = on(h3, "agent", master.address, 0)
+    client.call("put", key="k1", seed=1, size=300_000)
+    assert _get_digest(client, "k1") == digest(payload(1, 300_000))
+    assert client.call("locate", keys=["k1"])["engines"] == [[holder.engine]]
+    # Forced onto loopback on a host that reached the master from elsewhere: refused, naming the fix.
+    with pytest.raises(ChildError) as refused:
+        on(h3, "agent", master.address, 64 * MIB, engine_host="127.0.0.1")
+    text = str(refused.value)
+    assert "listens on loopback" in text and f"connected from {h3.ip}" in text and "TIDEKV_HOST" in text, text
+
+
+def test_a_holders_host_cut_off_loses_nothing(multihost: Callable[..., Rig], on: Callable[..., Any]) -> None:
+    """Master, two holders and a client (which holds a segment too) on four hosts, two replicas of
+    every object; holder b's host is cut off (not killed), then healed."""
+    hm, ha, hb, hc = multihost(4).hosts
+    master = on(hm, "master", client_ttl_s=1.0, lease_ttl_s=0.5, suspend_grace_s=60.0)
+    a = on(ha, "agent", master.address, 16 * MIB, **FAST)
+    b = on(hb, "agent", master.address, 16 * MIB, **FAST)
+    client = on(hc, "agent", master.address, 16 * MIB, **FAST)
+    keys = [f"obj-{i}" for i in range(30)]
+    for i, key in enumerate(keys):
+        client.call("put", key=key, seed=i, size=64 * 1024 + i, replicas=2)
+    located = client.call("locate", keys=keys)["engines"]
+    on_b = [k for k, engines in zip(keys, located) if b.engine in engines]
+    assert on_b and all(len(engines) == 2 for engines in located), located
+    hb.cut()
+    wait_until(lambda: b.segment not in client.call("stats")["stats"]["segments"], 15.0,
+               "the master to stop placing on and reading from the cut-off holder")
+    # Every object reads back whole from its other replica; a put lands on the hosts still reachable.
+    for i, key in enumerate(keys):
+        reply = client.try_call("get", key=key)
+        if reply["ok"]:
+            assert reply["digest"] == digest(payload(i, 64 * 1024 + i)), f"{key}: wrong bytes"
+        else:
+            assert reply["error_type"] in TYPED_ERRORS, reply
+            pytest.fail(f"{key} unreadable with one replica left: {reply}")
+    client.call("put", key="during-cut", seed=99, size=4096, replicas=2)
+    wait_until(lambda: client.call("stats")["stats"]["repairs"]["done"] >= len(on_b), 30.0,
+               "the objects b held to be copied to the hosts still reachable")
+    after = client.call("locate", keys=keys)["engines"]
+    assert all(len(engines) == 2 and b.engine not in engines for engines in after), after
+    hb.heal()
+    wait_until(lambda: b.segment in client.call("stats")["stats"]["segments"], 20.0,
+               "the healed holder to be taken back")
+    for i, key in enumerate(keys):
+        assert _get_digest(client, key) == digest(payload(i, 64 * 1024 + i)), f"{key} after the heal"
+    assert _get_digest(a, "during-cut") == digest(payload(99, 4096))
+    stats = client.call("stats")["stats"]
+    assert stats["objects_lost"] == 0 and stats["repairs"]["failed"] == 0, stats
