@@ -18,7 +18,7 @@ from typing import Any
 
 from tidekv.config import MasterAddress, TransportKind, secret_from_env
 from tidekv.errors import ConfigError
-from tidekv.hostaddr import advertised_host, is_wildcard
+from tidekv.hostaddr import HOST_VARIABLE, advertised_host, is_loopback, is_wildcard
 
 LOAD_MODES = ("sync", "async")
 
@@ -153,13 +153,22 @@ class KVConnectorConfig:
     def listen_host(self, environ: Mapping[str, str] | None = None) -> str:
         """The address the engine and hold table bind and advertise (``tidekv.hostaddr``):
         ``engine_host``, else ``$TIDEKV_HOST``, else the interface routing to the master, else the
-        default route's (a PD peer is on another host, by design).
+        default route's (a PD peer is on another host, by design). Called at start-up, before
+        the model loads, so that an address other hosts cannot reach fails there.
 
         Raises:
-            ConfigError: no route to the master.
+            ConfigError: no route to the master, or a loopback address while the master is on
+                another host (its decodes and pool members could not reach this instance).
         """
         toward = MasterAddress.parse(self.master).hosts if self.master else None
-        return advertised_host(self.engine_host, toward, setting="engine_host", environ=environ)
+        host = advertised_host(self.engine_host, toward, setting="engine_host", environ=environ)
+        if toward and is_loopback(host) and not all(is_loopback(h) for h in toward):
+            raise ConfigError(f"this instance's transfer engine would listen on {host} (engine_host or "
+                              f"${HOST_VARIABLE}), loopback, while the store master {self.master} is on another "
+                              "host: no other host could pull this instance's KV or read its segment. Leave "
+                              f"engine_host and ${HOST_VARIABLE} unset (the interface that routes to the master "
+                              "is taken) or set this host's address")
+        return host
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None,

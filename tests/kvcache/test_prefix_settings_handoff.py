@@ -293,6 +293,11 @@ def test_the_engine_address_follows_the_master_unless_set() -> None:
             KVConnectorConfig(engine_host=bad)
     with pytest.raises(ConfigError, match="hold_port=70000"):
         KVConnectorConfig(hold_port=70000)
+    # Loopback while the master is elsewhere: refused at start-up, before the model loads.
+    for forced in ({}, {HOST_VARIABLE: "127.0.0.1"}):
+        engine_host = None if forced else "127.0.0.1"
+        with pytest.raises(ConfigError, match="no other host could pull"):
+            KVConnectorConfig(master="10.9.9.9:50051", engine_host=engine_host).listen_host(forced)
 
 
 def test_the_hold_table_listens_on_a_set_port_and_on_ipv6() -> None:
