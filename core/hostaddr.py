@@ -109,10 +109,10 @@ def advertised_host(explicit: str | None = None, toward: Sequence[str] | None = 
         if value is None or value == "":
             continue
         if is_wildcard(value):
+            unset = name if name == f"${HOST_VARIABLE}" else f"{name} and ${HOST_VARIABLE}"
             raise ConfigError(f"{name}={value!r} is a wildcard: tidekv advertises the address it listens on, and "
                               "a peer told to dial a wildcard dials itself; give this host's address (e.g. "
-                              f"10.0.0.5), or leave {name} and ${HOST_VARIABLE} unset to use the interface "
-                              "that routes to the master")
+                              f"10.0.0.5), or leave {unset} unset to use the interface that routes to the master")
         return value.strip("[]")
     if toward is None:
         found = default_route_source()

@@ -160,3 +160,13 @@ def test_cpus_fact_names_vllms_reservation_setting_on_small_hosts(monkeypatch: p
     fact = next(f for f in report.host_facts() if f.name == "cpus")
     assert fact.value == str(cpus)
     assert ("VLLM_CPU_NUM_OF_RESERVED_CPU=1" in fact.note) is names_the_setting
+
+
+def test_doctor_says_which_address_listeners_take_and_why() -> None:
+    from tidekv.doctor.report import address_fact
+
+    assert address_fact({"TIDEKV_HOST": "10.0.0.9"}).value == "10.0.0.9"
+    local = address_fact({"TIDEKV_MASTER": "127.0.0.1:50051"})
+    assert local.value == "127.0.0.1" and "on loopback" in local.note
+    wrong = address_fact({"TIDEKV_HOST": "0.0.0.0"})
+    assert wrong.value == "?" and "wildcard" in wrong.note

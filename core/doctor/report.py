@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidekv import __version__
-from tidekv.config import ENV_PREFIX, ENV_PREFIXES, TransferConfig, settings_sources
+from tidekv.config import ENV_PREFIX, ENV_PREFIXES, MasterAddress, TransferConfig, settings_sources
 from tidekv.doctor.selftest import Progress, SelfTestResult, SelfTestState, TargetMemory, run_selftests
 from tidekv.errors import ConfigError
+from tidekv.hostaddr import HOST_VARIABLE, advertised_host, default_route_source, is_loopback
+from tidekv.kvcache.settings import CONNECTOR_CONFIG_ENV, MASTER_ENV
 from tidekv.transfer import memory, transports
 from tidekv.transfer.transports import TransportStatus
 
@@ -36,6 +38,8 @@ OTHER_VARIABLES = {
     ENV_PREFIX + "MASTER": "store master host:port the engine plugins connect to",
     ENV_PREFIX + "BENCH_DEBUG": "benchmarks print per-request detail",
     ENV_PREFIX + "BUILD_JOBS": "parallel compile jobs when building the native module",
+    HOST_VARIABLE: "the address every tidekv listener of a process binds and advertises (tidekv.hostaddr)",
+    CONNECTOR_CONFIG_ENV: "the KV connector's settings as JSON, for TensorRT-LLM (its config has no room for them)",
 }
 """TIDEKV_* variables read outside the config classes, and what each does."""
 
@@ -119,7 +123,7 @@ def diagnose(environ: Mapping[str, str] | None = None, *, timeout_s: float = 30.
         version=__version__,
         python=f"{platform.python_version()} ({sys.executable})",
         native_module=_native_module(),
-        host=tuple(host_facts()),
+        host=(*host_facts(), address_fact(env)),
         transports=statuses,
         components=components,
         other_variables=tuple((name, env[name], what) for name, what in OTHER_VARIABLES.items() if name in env),
@@ -152,6 +156,27 @@ def host_facts() -> list[HostFact]:
                  "usable by this process; vLLM's CPU backend with a KV connector keeps no core back for its "
                  "scheduler on two: run it with VLLM_CPU_NUM_OF_RESERVED_CPU=1 (README: vLLM plugin)"),
     ]
+
+
+def address_fact(environ: Mapping[str, str]) -> HostFact:
+    """The address a listener of this host binds and advertises when its own setting is unset,
+    and why (``tidekv.hostaddr``): what peers on other hosts will be told to dial."""
+    master = environ.get(MASTER_ENV, "")
+    try:
+        if environ.get(HOST_VARIABLE):
+            return HostFact("listen address", advertised_host(None, (), environ=environ), f"from ${HOST_VARIABLE}")
+        if master:
+            toward = MasterAddress.parse(master, f"${MASTER_ENV}").hosts
+            value = advertised_host(None, toward, environ=environ)
+            why = (f"the master (${MASTER_ENV}={master}) is on loopback: every peer must be on this host"
+                   if is_loopback(value) else f"the interface that routes to the master (${MASTER_ENV}={master})")
+            return HostFact("listen address", value, why)
+        found = default_route_source()
+        return HostFact("listen address", f"127.0.0.1 / {found or '127.0.0.1'}",
+                        "no master named: a TransferEngine or lone master listens on loopback, an engine plugin "
+                        f"without a master on the default route's interface; set ${HOST_VARIABLE} or ${MASTER_ENV}")
+    except ConfigError as exc:
+        return HostFact("listen address", "?", str(exc))
 
 
 def unrecognised_variables(environ: Mapping[str, str]) -> list[str]:
