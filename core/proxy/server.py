@@ -66,6 +66,7 @@ from tidekv.proxy.store_policy import (
     prompt_token_ids,
     tokenize_request,
 )
+from tidekv.values import format_host_port
 
 if TYPE_CHECKING:
     import aiohttp
@@ -133,13 +134,12 @@ class ProxyServer:
             sock = socket.create_server((self.config.host, self.config.port), family=family)
         except OSError as exc:
             await self._session.close()
-            raise ConfigError(f"cannot listen on {self.config.host}:{self.config.port}: {exc}; "
+            raise ConfigError(f"cannot listen on {format_host_port(self.config.host, self.config.port)}: {exc}; "
                               "choose another --host/--port") from None
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()
-        host = f"[{self.config.host}]" if family == socket.AF_INET6 else self.config.host
-        self.address = f"http://{host}:{sock.getsockname()[1]}"
+        self.address = f"http://{format_host_port(self.config.host, sock.getsockname()[1])}"
         logger.info("proxy listening on %s: prefill %s, decode %s, policy %s, timeout %.1f s", self.address,
                     list(self.config.prefill_urls), list(self.config.decode_urls), self.config.policy.value,
                     self.config.timeout_s)

@@ -32,6 +32,7 @@ from tidekv.config import (
 )
 from tidekv.errors import ConfigError
 from tidekv.hostaddr import advertised_host, is_loopback
+from tidekv.values import format_host_port
 
 logger = logging.getLogger(__name__)
 
@@ -279,7 +280,7 @@ def _run_up(args: argparse.Namespace) -> int:
     try:
         info = {
             "master": server.address,
-            "metrics": f"http://{server.config.host}:{server.metrics_port}/metrics" if server.metrics_port else None,
+            "metrics": f"http://{format_host_port(server.config.host, server.metrics_port)}/metrics" if server.metrics_port else None,
             "segment_bytes": args.segment_size,
             "engine": store.engine.name,
         }

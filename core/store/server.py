@@ -31,6 +31,7 @@ from tidekv.store.collector import FrozenHeap
 from tidekv.store.connection import MasterConnection
 from tidekv.store.master import MasterService
 from tidekv.store.replication import Replicator
+from tidekv.values import format_host_port
 
 if TYPE_CHECKING:
     from tidekv.store.cluster import ClusterRole
@@ -92,7 +93,7 @@ class MasterServer:
     @property
     def address(self) -> str:
         """Where clients connect: "host:port"."""
-        return f"{self.config.host}:{self.rpc_port}"
+        return format_host_port(self.config.host, self.rpc_port)
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -145,7 +146,7 @@ class MasterServer:
                 http = await asyncio.start_server(self._http, self.config.host, self.config.metrics_port)
                 self.metrics_port = http.sockets[0].getsockname()[1]
         except BaseException as exc:  # noqa: BLE001 - reported to start()'s or serve_forever()'s caller
-            reason = f"master cannot listen on {self.config.host}:{port}, {what}: {exc}"
+            reason = f"master cannot listen on {format_host_port(self.config.host, port)}, {what}: {exc}"
             self._error = exc if isinstance(exc, ConfigError) else ConfigError(reason)
             self._ready.set()
             if self._rpc is not None:

@@ -58,3 +58,23 @@ def test_a_master_on_loopback_keeps_engines_on_loopback(spawn_master: SpawnMaste
     monkeypatch.setenv(HOST_VARIABLE, "127.0.0.1")
     with Store.connect(master.address, segment_size=1 << 20) as st:
         assert st.engine.name.startswith("127.0.0.1:")
+
+
+def test_ipv6_addresses_print_and_parse_bracketed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tidekv.config import MasterConfig
+    from tidekv.store import MasterServer
+
+    monkeypatch.delenv(HOST_VARIABLE, raising=False)
+    try:
+        server = MasterServer(MasterConfig(host="::1", port=0, metrics_port=-1)).start()
+    except ConfigError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    try:
+        assert server.address.startswith("[::1]:"), server.address
+        with Store.connect(server.address, segment_size=1 << 20) as holder, \
+                Store.connect(server.address, segment_size=0) as client:
+            assert holder.engine.name.startswith("[::1]:"), holder.engine.name
+            client.put("k", b"over v6")
+            assert client.get("k") == b"over v6"
+    finally:
+        server.stop()
