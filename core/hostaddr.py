@@ -117,7 +117,9 @@ def advertised_host(explicit: str | None = None, toward: Sequence[str] | None = 
     if toward is None:
         found = default_route_source()
         if found is None:
-            logger.info("no default route: listening on %s; set $%s for peers on other hosts", LOOPBACK, HOST_VARIABLE)
+            logger.warning("no default route and no peer named: %s on %s, where peers on other hosts cannot reach "
+                           "it; set $%s (or the component's own setting) to this host's address", setting, LOOPBACK,
+                           HOST_VARIABLE)
         return found or LOOPBACK
     remote = [h.strip("[]") for h in toward if h and not is_loopback(h)]
     if not remote:

@@ -20,6 +20,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -272,6 +273,57 @@ def _child_main(spec_path: str, out_path: str) -> None:
         sys.stdin.read()  # serve (hold the KV for a decode) until the parent closes stdin
 
 
+# ---- HTTP, from here or from another host ---------------------------------------------------
+
+_HTTP_CHILD = """\
+import json, sys, urllib.error, urllib.request
+url, body, headers, timeout_s = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), float(sys.argv[4])
+req = urllib.request.Request(url, data=body.encode() if body else None, headers=headers)
+try:
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        status, data = resp.status, resp.read()
+except urllib.error.HTTPError as e:
+    status, data = e.code, e.read()
+sys.stdout.write(json.dumps({"status": status, "body": data.decode(errors="replace")}))
+"""
+"""What ``http`` runs on another host: one request; its status and body printed as JSON."""
+
+
+def http(url: str, body: dict[str, Any] | None = None, *, timeout_s: float = 60.0,
+         headers: dict[str, str] | None = None, via: Sequence[str] = (),
+         python: str = sys.executable) -> tuple[int, str]:
+    """GETs ``url`` (POSTs ``body`` as JSON when given) and returns the status and the body as text.
+
+    Args:
+        via: argv prefix that runs a command on another host (a ``tests/multihost`` rig host's
+            ``command([])``): the request is made there, by a ``python -c`` child, for servers this
+            process cannot reach. Empty: made here.
+
+    Raises:
+        OSError: no answer (refused, unreachable, or none within ``timeout_s``), as urllib raises.
+    """
+    data = None if body is None else json.dumps(body)
+    all_headers = {**({"Content-Type": "application/json"} if body is not None else {}), **(headers or {})}
+    if not via:
+        req = urllib.request.Request(url, data=None if data is None else data.encode(), headers=all_headers)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                return resp.status, resp.read().decode(errors="replace")
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(errors="replace")
+    argv = [*via, python, "-I", "-c", _HTTP_CHILD, url, data or "", json.dumps(all_headers), str(timeout_s)]
+    try:
+        # The margin over the request's own timeout is for the child's start (a namespace, a Python).
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 30, check=False)
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"{url} from {' '.join(via)}: no answer within {timeout_s + 30:.0f} s") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise OSError(f"{url} from {' '.join(via)}: {last}")
+    answer = json.loads(done.stdout)
+    return int(answer["status"]), str(answer["body"])
+
+
 # ---- OpenAI-compatible server ----------------------------------------------------------------
 
 
@@ -283,6 +335,11 @@ class OpenAIServer:
 
     Use as a context manager: entering starts the server and waits for GET /health; leaving
     stops it (SIGTERM, then SIGKILL of its process group). `log()` returns its output so far.
+
+    ``host`` is the address it listens on (``--host``, and ``url``'s). ``via`` is an argv prefix
+    that runs it on another host (a ``tests/multihost`` rig host's ``command([])``), whose network
+    this process may not reach: its requests (``http``, ``post``, ``metric``, the health check)
+    are then made from that host too.
     """
 
     def __init__(
@@ -298,14 +355,18 @@ class OpenAIServer:
         python: str = sys.executable,
         cpus: set[int] | None = None,
         in_process: bool = False,
+        host: str = "127.0.0.1",
+        via: Sequence[str] = (),
     ) -> None:
         self.port = free_port()
         self._cpus = cpus  # CPU affinity of the server and every process it starts; None: inherited
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self.model_name = served_model_name
+        self.via = list(via)
+        self._python = python
         self._argv = [
-            python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-            "--served-model-name", served_model_name, "--host", "127.0.0.1", "--port", str(self.port),
+            *self.via, python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+            "--served-model-name", served_model_name, "--host", host, "--port", str(self.port),
             "--dtype", "float32", "--enforce-eager", "--max-model-len", str(max_model_len),
             "--max-num-seqs", "4", "--block-size", "32", "--seed", "0",
         ]
@@ -349,10 +410,9 @@ class OpenAIServer:
                 self.stop()
                 raise HarnessError(f"vLLM server exited with {self._proc.returncode} before it was healthy; log:\n{_tail(log)}")
             with contextlib.suppress(OSError):
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        self.startup_s = time.monotonic() - t0
-                        return
+                if self.http("/health", timeout_s=2)[0] == 200:
+                    self.startup_s = time.monotonic() - t0
+                    return
             time.sleep(0.5)
         log = self.log()
         self.stop()
@@ -371,6 +431,11 @@ class OpenAIServer:
         if self._own_log:
             self._log_path.unlink(missing_ok=True)
 
+    def http(self, path: str, body: dict[str, Any] | None = None, timeout_s: float = 60.0,
+             headers: dict[str, str] | None = None) -> tuple[int, str]:
+        """``http()`` to this server's ``path``, made from the host it runs on."""
+        return http(self.url + path, body, timeout_s=timeout_s, headers=headers, via=self.via, python=self._python)
+
     def post(self, path: str, body: dict[str, Any], timeout_s: float = 60.0,
              headers: dict[str, str] | None = None) -> dict[str, Any]:
         """POSTs JSON to the server (with ``headers`` besides the content type) and returns the
@@ -379,22 +444,20 @@ class OpenAIServer:
         Raises:
             HarnessError: non-2xx status or no answer within `timeout_s`.
         """
-        req = urllib.request.Request(
-            self.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json",
-                                                                      **(headers or {})}
-        )
         try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            raise HarnessError(f"POST {path} -> {e.code}: {e.read().decode(errors='replace')}") from e
+            status, text = self.http(path, body, timeout_s=timeout_s, headers=headers)
         except OSError as e:
             raise HarnessError(f"POST {path} failed: {e}; server log:\n{_tail(self.log())}") from e
+        if not 200 <= status < 300:
+            raise HarnessError(f"POST {path} -> {status}: {text}")
+        answer: dict[str, Any] = json.loads(text)
+        return answer
 
     def metric(self, name: str) -> float:
         """The sum of every series of Prometheus metric ``name`` in the server's /metrics (0 if absent)."""
-        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as resp:
-            text = resp.read().decode()
+        status, text = self.http("/metrics", timeout_s=30)
+        if status != 200:
+            raise HarnessError(f"GET /metrics -> {status}: {text[:2000]}")
         total = 0.0
         for line in text.splitlines():
             if line.split("{")[0].split(" ")[0] == name:

@@ -25,6 +25,7 @@ from tidekv.kvcache.layout import KVLayout
 from tidekv.kvcache.prefix_reuse import BlockJob
 from tidekv.kvcache.settings import KVConnectorConfig
 from tidekv.kvcache.store_link import StoreLink
+from tidekv.logs import WarnEvery
 from tidekv.transfer import TransferEngine, TransferHandle, TransferOp
 from tidekv_vllm.metadata import PullJob, TidekvHandshake, TidekvMetadata
 
@@ -90,6 +91,7 @@ class TidekvWorker:
         self._pulls: dict[str, _Pull] = {}
         self._load_errors: set[int] = set()
         self._saves = SaveQueue()
+        self._save_failures = WarnEvery()
         self._link: StoreLink | None = None
         if settings.master and (settings.save or settings.load):
             self._link = StoreLink(settings.master, self._connect_store, owner=f"rank {tp_rank}")
@@ -288,8 +290,13 @@ class TidekvWorker:
         try:
             save_blocks(store, self.layout, self.tp_rank, job)
         except TidekvError as exc:
-            # A failed save only costs a future recompute; never the request.
-            logger.warning("tidekv: saving %d blocks of request %s failed: %s", len(job.blocks), job.request_id, exc)
+            # A failed save only costs a future recompute; never the request. A pool without
+            # memory (a lone master, store_segment_size 0 everywhere) fails every one: say it
+            # once per interval, with the count.
+            held_back = self._save_failures.due()
+            if held_back is not None:
+                logger.warning("tidekv: saving %d blocks of request %s failed: %s%s", len(job.blocks), job.request_id,
+                               exc, f" ({held_back} more save(s) failed since the last report)" if held_back else "")
             self._link_lost(exc)
 
     def _link_lost(self, exc: TidekvError) -> None:
