@@ -115,10 +115,26 @@ class ClusterRole:
             self._idle.clear()
             self._session = session
             if self.state is Role.STANDBY:
-                session.run()
+                self._follow(session, leader)
             self._session = None
             if session.mirror is not None:
                 self._mirror = session.mirror
+
+    def _follow(self, session: FollowSession, followed: Leader) -> None:
+        """Runs ``session`` until it ends, ending it once etcd names another leader: a leader
+        whose host was cut off never closes the connection, and a standby still bound to it
+        would hold back every change the new leader makes (it waits for an in-sync standby)."""
+        started = time.monotonic()
+        thread = threading.Thread(target=session.run, name="tidekv-follow", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(POLL_S)
+            seen_at, leader = self.campaign.last_seen  # the campaign polls the leader key every POLL_S
+            if (thread.is_alive() and seen_at > started and leader is not None
+                    and leader.master_id != followed.master_id):
+                logger.info("standby %s: %s now leads; leaving %s", self.server.service.master_id,
+                            leader.address, session.leader)
+                session.stop()
 
     # ---- transitions --------------------------------------------------------------------
 

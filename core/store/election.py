@@ -75,6 +75,8 @@ class Campaign:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._refused_logged = -REFUSED_LOG_INTERVAL_S
+        self.last_seen: tuple[float, Leader | None] = (0.0, None)
+        """When (time.monotonic) the last poll while standing by ran, and the leader it found."""
 
     # ---- what the server asks -----------------------------------------------------------
 
@@ -102,10 +104,7 @@ class Campaign:
 
     def leader(self) -> Leader | None:
         kv = self.etcd.get(leader_key(self.cluster))
-        if kv is None:
-            return None
-        value = json.loads(kv.value)
-        return Leader(value["id"], value["address"])
+        return None if kv is None else _leader(kv.value)
 
     def set_insync(self, members: list[str]) -> bool:
         """Records the in-sync set, only while this master still holds the leader key."""
@@ -155,6 +154,7 @@ class Campaign:
         me = self._me
         assert me is not None
         kv = self.etcd.get(leader_key(self.cluster))
+        self.last_seen = (time.monotonic(), None if kv is None else _leader(kv.value))
         if kv is not None:
             if json.loads(kv.value)["id"] == me.master_id or (self._lease and kv.lease == self._lease):
                 self.etcd.revoke(kv.lease)  # our own key from before a deposition: let it go
@@ -193,3 +193,8 @@ class Campaign:
         logger.warning("master %s no longer leads cluster %s: %s", self._me.master_id if self._me else "?",
                        self.cluster, reason)
         self._on_deposed(reason)
+
+
+def _leader(value: bytes) -> Leader:
+    fields = json.loads(value)
+    return Leader(fields["id"], fields["address"])

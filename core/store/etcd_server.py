@@ -2,8 +2,12 @@
 
 Runs Debian's ``etcd`` (package ``etcd-server``) on free 127.0.0.1 ports: each member has its
 own client port, peer port and data directory, and the members form one cluster through
-``--initial-cluster``. Short raft timings (heartbeat 50 ms, election 500 ms) keep the loss of a
-member's leadership brief. A member can be SIGKILLed and started again on the same ports and
+``--initial-cluster``. Given ``hosts`` (one ``EtcdHost`` per member: an address, and the argv
+prefix that runs a command there, as a network namespace of ``tests/multihost`` does), each
+member listens on its host's address instead, and everything this server asks a member (its
+health, who leads, the auth set-up) runs there too, as a short child process through the prefix:
+this process may have no route to the hosts. Short raft timings (heartbeat 50 ms, election
+500 ms) keep the loss of a member's leadership brief. A member can be SIGKILLed and started again on the same ports and
 data (it rejoins the cluster). This is not how etcd is run in production: that is the
 operator's own etcd, reached with ``--etcd``. Neighbours: ``etcd`` (the client), the
 ``tidekv bench failover`` run and the store's failover tests, which both use this.
@@ -21,14 +25,18 @@ thread-safe.
 from __future__ import annotations
 
 import base64
+import email.message
+import io
 import json
 import logging
 import secrets
 import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +54,48 @@ START_TIMEOUT_S = 20.0
 START_ATTEMPTS = 3
 """Times a cluster is started on fresh ports when a member finds one of its ports taken."""
 _PORT_TAKEN = "bind: address already in use"
+HOST_CALL_OVERHEAD_S = 10.0
+"""What a call to a member on another host may take beyond its own timeout: starting the child
+process that makes it there (a Python interpreter, behind the prefix)."""
+_CALL_ON_HOST = r"""
+import json, ssl, sys, urllib.error, urllib.request
+spec = json.loads(sys.argv[1])
+handlers = [urllib.request.ProxyHandler({})]
+if spec["url"].startswith("https://"):
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=spec["ca_file"])
+    if spec["cert_file"] is not None:
+        context.load_cert_chain(spec["cert_file"], spec["key_file"])
+    handlers.append(urllib.request.HTTPSHandler(context=context))
+data = None if spec["data"] is None else spec["data"].encode()
+request = urllib.request.Request(spec["url"], data, spec["headers"])
+try:
+    with urllib.request.build_opener(*handlers).open(request, timeout=spec["timeout_s"]) as response:
+        out = {"reply": response.read().decode(errors="replace")}
+except urllib.error.HTTPError as exc:
+    out = {"status": exc.code, "reason": str(exc.reason), "body": exc.read().decode(errors="replace")}
+except OSError as exc:
+    out = {"error": f"{type(exc).__name__}: {exc}"}
+print(json.dumps(out), flush=True)
+"""
+"""What a member's host runs for one call (stdlib only, under ``python -I``): the request, then
+one JSON line: the reply's text, the HTTP refusal, or the OSError."""
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdHost:
+    """Where a member runs: it listens on ``ip``, and its process, like every call this server
+    makes to it, runs through ``prefix``."""
+
+    ip: str = "127.0.0.1"
+    """The address its client and peer URLs are on. Default 127.0.0.1."""
+    prefix: tuple[str, ...] = ()
+    """The argv that runs a command on that host, prepended to etcd's own (e.g. a
+    ``tests/multihost`` host's ``command([])``); it must exec the command, so that ``kill()``
+    reaches etcd itself. Default (): this process's own host, calls made from this process."""
+
+
+LOOPBACK = EtcdHost()
+"""Every member on this host's 127.0.0.1: the default."""
 
 
 def etcd_binary() -> str | None:
@@ -55,12 +105,13 @@ def etcd_binary() -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class EtcdServerTls:
-    """TLS on the members' client URLs (their peer URLs stay plain http, on loopback)."""
+    """TLS on the members' client URLs (their peer URLs stay plain http, on loopback or the
+    ``EtcdHost`` addresses)."""
 
     ca_file: str
     """PEM CA that signed ``cert_file`` (and, with ``client_cert_file``, the clients' certificates)."""
     cert_file: str
-    """PEM certificate the members present, valid for 127.0.0.1."""
+    """PEM certificate the members present, valid for 127.0.0.1 (with ``hosts``, for every host's address)."""
     key_file: str
     """PEM private key of ``cert_file``."""
     client_cert_file: str | None = None
@@ -99,21 +150,27 @@ class EtcdMember:
     """One etcd process of an ``EtcdServer`` (its name, ports and data directory stay fixed)."""
 
     def __init__(self, binary: str, name: str, work_dir: Path, tls: EtcdServerTls | None = None,
-                 auth_token_ttl_s: int | None = None) -> None:
+                 auth_token_ttl_s: int | None = None, host: EtcdHost = LOOPBACK, pre_vote: bool = False) -> None:
         self.binary = binary
         self.name = name
+        self.host = host
         self.data_dir = work_dir / f"{name}.data"
         self.log_path = work_dir / f"{name}.log"
+        # Picked free here, for a host that may be another network namespace: a port taken
+        # there meanwhile is the same retry as one taken here (``lost_a_port``).
         self.client_port, self.peer_port = free_port(), free_port()
-        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.client_port}"
-        """Its client URL ("http://127.0.0.1:PORT", https with TLS), as ``--etcd`` takes it."""
-        self.peer_url = f"http://127.0.0.1:{self.peer_port}"
+        self.url = f"{'https' if tls else 'http'}://{host.ip}:{self.client_port}"
+        """Its client URL ("http://IP:PORT", https with TLS), as ``--etcd`` takes it."""
+        self.peer_url = f"http://{host.ip}:{self.peer_port}"
         self.initial_cluster = ""
         self.proc: subprocess.Popen[bytes] | None = None
         self._log_start = 0
         self._security_args: list[str] = []
+        self._tls_files: dict[str, str | None] = {"ca_file": None, "cert_file": None, "key_file": None}
         handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
         if tls is not None:
+            self._tls_files = {"ca_file": tls.ca_file, "cert_file": tls.client_cert_file,
+                               "key_file": tls.client_key_file}
             self._security_args = ["--cert-file", tls.cert_file, "--key-file", tls.key_file]
             if tls.client_cert_file is not None:
                 self._security_args += ["--trusted-ca-file", tls.ca_file, "--client-cert-auth"]
@@ -121,16 +178,43 @@ class EtcdMember:
             handlers.append(urllib.request.HTTPSHandler(context=security.client_context()))
         if auth_token_ttl_s is not None:
             self._security_args += ["--auth-token", "simple", "--auth-token-ttl", str(auth_token_ttl_s)]
+        self._raft_args = ["--pre-vote"] if pre_vote else []
         self._opener = urllib.request.build_opener(*handlers)
 
     def call(self, path: str, body: dict[str, Any] | None = None, token: str | None = None,
              timeout_s: float = 0.5) -> Any:
-        """POSTs ``body`` (GET without one) to this member; the JSON reply. Raises OSError
-        (urllib's HTTPError for a refusal) or ValueError."""
+        """POSTs ``body`` (GET without one) to this member, from its host; the JSON reply. Raises
+        OSError (urllib's HTTPError for a refusal) or ValueError."""
         headers = {"Content-Type": "application/json", **({"Authorization": token} if token else {})}
+        if self.host.prefix:
+            return json.loads(self._call_on_host(path, None if body is None else json.dumps(body), headers, timeout_s))
         data = None if body is None else json.dumps(body).encode()
         with self._opener.open(urllib.request.Request(self.url + path, data, headers), timeout=timeout_s) as response:
             return json.loads(response.read())
+
+    def _call_on_host(self, path: str, data: str | None, headers: dict[str, str], timeout_s: float) -> str:
+        """``call``'s request, made by a child process on the member's host; the reply's text.
+        Raises what ``call`` raises, as urllib would have here."""
+        url = self.url + path
+        spec = {"url": url, "data": data, "headers": headers, "timeout_s": timeout_s, **self._tls_files}
+        argv = [*self.host.prefix, sys.executable, "-I", "-c", _CALL_ON_HOST, json.dumps(spec)]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + HOST_CALL_OVERHEAD_S,
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            raise OSError(f"the call of {url} on {self.host.ip} did not return within "
+                          f"{timeout_s + HOST_CALL_OVERHEAD_S:.1f} s") from None
+        try:
+            out = json.loads(done.stdout.splitlines()[-1])
+        except (IndexError, ValueError):
+            raise OSError(f"the call of {url} on {self.host.ip} exited with {done.returncode} and no answer; "
+                          f"its stderr: {done.stderr.strip()[-2000:]}") from None
+        if "status" in out:
+            raise urllib.error.HTTPError(url, int(out["status"]), str(out["reason"]), email.message.Message(),
+                                         io.BytesIO(str(out["body"]).encode()))
+        if "error" in out:
+            raise OSError(f"{url} (called on {self.host.ip}): {out['error']}")
+        return str(out["reply"])
 
     def start(self) -> None:
         """Launches the process (returns at once: a member of several is healthy only with a quorum)."""
@@ -138,11 +222,12 @@ class EtcdMember:
         with open(self.log_path, "ab") as log:
             self._log_start = log.tell()
             self.proc = subprocess.Popen(
-                [self.binary, "--name", self.name, "--data-dir", str(self.data_dir),
+                [*self.host.prefix, self.binary, "--name", self.name, "--data-dir", str(self.data_dir),
                  "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
                  "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
                  "--initial-cluster", self.initial_cluster,
-                 "--heartbeat-interval", "50", "--election-timeout", "500", *self._security_args],
+                 "--heartbeat-interval", "50", "--election-timeout", "500", *self._raft_args,
+                 *self._security_args],
                 stdout=log, stderr=log)
         logger.info("etcd member %s starting on %s (pid %d)", self.name, self.url, self.proc.pid)
 
@@ -208,34 +293,49 @@ class EtcdServer:
     """``members`` etcd processes forming one cluster, started and healthy when this returns.
 
     Args:
-        work_dir: where the members' data directories and logs go (it must exist).
+        work_dir: where the members' data directories and logs go (it must exist, and be
+            visible to ``hosts`` at the same path).
         members: how many (1, or 3 to survive the loss of one).
         tls: serve the client URLs over https (default: http).
         auth: turn authentication on once the cluster is healthy (default: off).
+        hosts: where each member runs, one ``EtcdHost`` per member (then ``members`` is their
+            number; give it as 1 or that number). Default None: every member on 127.0.0.1 here.
+        pre_vote: members run raft's pre-vote phase (``--pre-vote``, etcd 3.5's default): one cut
+            off from the others, which keeps campaigning meanwhile, does not depose the raft
+            leader when it is back. Default False (etcd 3.4's default: it does, and the cluster
+            has no leader for an election or more).
 
     A port is picked free and bound by etcd a moment later; when another process takes it in
     between (another server a test starts can), the member exits, and the whole cluster is
     started again on fresh ports and empty data directories, up to ``START_ATTEMPTS`` times.
 
     Raises:
-        ConfigError: the etcd binary is not installed.
+        ConfigError: the etcd binary is not installed, or ``members`` and ``hosts`` disagree.
         TidekvError: a member did not become healthy in time (every member is stopped again).
     """
 
     def __init__(self, work_dir: Path, members: int = 1, *, tls: EtcdServerTls | None = None,
-                 auth: EtcdServerAuth | None = None) -> None:
+                 auth: EtcdServerAuth | None = None, hosts: Sequence[EtcdHost] | None = None,
+                 pre_vote: bool = False) -> None:
         binary = etcd_binary()
         if binary is None:
             raise ConfigError(MISSING)
+        if hosts is not None:
+            if not hosts or members not in (1, len(hosts)):
+                raise ConfigError(f"members={members}, hosts={list(hosts)!r}: give one EtcdHost per member "
+                                  "(members may be left at 1)")
+            members = len(hosts)
         if members < 1:
             raise ConfigError(f"members={members}: an etcd cluster has at least 1 member")
+        places = list(hosts) if hosts is not None else [LOOPBACK] * members
         self.tls = tls
         self.auth = auth
         self.root_password = secrets.token_hex(16)
         """The root user's password (with ``auth``)."""
         ttl_s = auth.token_ttl_s if auth is not None else None
         for attempt in range(1, START_ATTEMPTS + 1):
-            self.members = [EtcdMember(binary, f"etcd{i}", work_dir, tls, ttl_s) for i in range(members)]
+            self.members = [EtcdMember(binary, f"etcd{i}", work_dir, tls, ttl_s, place, pre_vote)
+                            for i, place in enumerate(places)]
             try:
                 self._start()
                 return

@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import logging
+import os
+import select
 import socket
 import ssl
 import threading
@@ -40,6 +43,10 @@ from tidekv.store.journal import Mirror, Op
 
 logger = logging.getLogger(__name__)
 
+CONNECT_TIMEOUT_S = 2.0
+"""How long a standby waits for its connection to the leader (and its TLS handshake)."""
+STOP_POLL_S = 0.05
+"""How often a standby waiting for that connection looks whether it was told to stop."""
 REPLICA_MAGIC = b"tkvR"
 """First bytes a standby sends (a store client sends ``protocol.MAGIC``)."""
 
@@ -226,6 +233,17 @@ def _read_frame(reader: BinaryIO) -> bytes | None:
     return body if len(body) == size else None
 
 
+def _keep_alive(sock: socket.socket, within_s: float) -> None:
+    """TCP keep-alive probes that end a connection to a silent peer within about ``within_s``:
+    a follow connection otherwise outlives a leader whose host vanished (no FIN ever comes)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if hasattr(socket, "TCP_KEEPIDLE"):  # Linux; elsewhere the system's (long) defaults apply
+        interval = max(1, int(within_s / 4))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, interval)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+
+
 class FollowSession:
     """The standby's side: one connection to the leader, applying batches to a Mirror (in the
     calling thread, blocking) until the connection ends or ``stop()``."""
@@ -248,9 +266,11 @@ class FollowSession:
 
     def run(self) -> None:
         try:
-            sock = socket.create_connection(self._address, timeout=2.0)
+            sock = self._connect()
         except OSError as exc:
             logger.debug("standby %s: cannot reach leader %s: %s", self.master_id, self.leader, exc)
+            return
+        if sock is None:
             return
         if self._tls is not None:
             try:
@@ -266,6 +286,7 @@ class FollowSession:
             self._sock = sock
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _keep_alive(sock, self._lease_ttl_s)
         try:
             reader = sock.makefile("rb")
             auth = ClientHandshake(self._secret, "master", self.leader)
@@ -299,6 +320,33 @@ class FollowSession:
             with self._lock:
                 self._sock = None
             sock.close()
+
+    def _connect(self) -> socket.socket | None:
+        """A socket connected to the leader within CONNECT_TIMEOUT_S (OSError otherwise), or None
+        once ``stop()`` was called: a leader whose host was cut off answers no SYN, and a standby
+        must not stay waiting on it after etcd named another. A TLS handshake that follows takes
+        at most CONNECT_TIMEOUT_S too."""
+        family, kind, proto, _, address = socket.getaddrinfo(*self._address, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            error = sock.connect_ex(address)
+            deadline = time.monotonic() + CONNECT_TIMEOUT_S
+            while error in (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK):
+                if self._stopped:
+                    sock.close()
+                    return None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no connection within {CONNECT_TIMEOUT_S:.0f} s")
+                if select.select([], [sock], [], STOP_POLL_S)[1]:
+                    error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if error:
+                raise OSError(error, os.strerror(error))
+            sock.settimeout(CONNECT_TIMEOUT_S)  # the TLS handshake's; reads then block (run)
+            return sock
+        except BaseException:
+            sock.close()
+            raise
 
     def stop(self) -> None:
         with self._lock:

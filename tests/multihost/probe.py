@@ -4,7 +4,10 @@ report of what the process sees of its namespaces. Each prints one JSON line on 
     probe.py serve LABEL [PORT]  listen on 0.0.0.0 (port 0 unless given): prints {"port": N}, then
                                  answers every connection with LABEL and closes it
     probe.py connect HOST PORT TIMEOUT_S
-                                 prints {"reply": str | null, "error": str | null, "elapsed_s": float}
+                                 prints {"connected": bool, "reply": str | null, "error": str | null,
+                                 "elapsed_s": float}; a server that says nothing within TIMEOUT_S
+                                 of the connection leaves connected true, reply null and the
+                                 read's timeout as error
     probe.py facts [IP]          prints the pid, the pids in /proc, the PID namespace, /dev/shm's
                                  names, the boot id and whether IP can be bound here
 
@@ -36,13 +39,14 @@ def serve(label: str, port: int) -> None:
 
 def connect(host: str, port: int, timeout_s: float) -> None:
     start = time.monotonic()
-    reply, error = None, None
+    connected, reply, error = False, None, None
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as conn:
+            connected = True
             reply = conn.makefile().readline().strip()
     except OSError as e:
         error = f"{type(e).__name__}: {e}"
-    _say({"reply": reply, "error": error, "elapsed_s": time.monotonic() - start})
+    _say({"connected": connected, "reply": reply, "error": error, "elapsed_s": time.monotonic() - start})
 
 
 def facts(address: str | None) -> None:
