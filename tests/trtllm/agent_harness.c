@@ -1,5 +1,6 @@
 /* Replays TensorRT-LLM's MooncakeTransferAgent call sequence (../shared/reference/
- * trtllm-mooncake-agent.md) against libtransfer_engine.so, between two processes on 127.0.0.1.
+ * trtllm-mooncake-agent.md) against libtransfer_engine.so, between two processes on 127.0.0.1
+ * (or, target and initiator, on the address $TLLM_MOONCAKE_IP_ADDR names, as the agent reads it).
  *
  *   agent_harness target              registers a buffer, prints "READY <segment> <addr> <size>",
  *                                     verifies what initiators announce, answers by notification
@@ -79,6 +80,12 @@ static uint64_t rnd(void) {
 
 static void sleep_ms(int ms) { usleep(ms * 1000); }
 
+/* The engine's address, as the agent picks it: $TLLM_MOONCAKE_IP_ADDR, else 127.0.0.1. */
+static const char* local_ip(void) {
+  const char* ip = getenv("TLLM_MOONCAKE_IP_ADDR");
+  return ip && *ip ? ip : "127.0.0.1";
+}
+
 /* Waits up to timeout_s for one notification; copies its message into out. The notification
  * array is freed with freeNotifsMsgBuf, or with plain free() when use_free (the oldest agent). */
 static int wait_notification(transfer_engine_t e, char* name_out, char* out, size_t out_len, double timeout_s,
@@ -106,7 +113,7 @@ static int wait_notification(transfer_engine_t e, char* name_out, char* out, siz
 /* ---------------------------------------------------------------- target */
 
 static int run_target(void) {
-  transfer_engine_t e = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 1);
+  transfer_engine_t e = createTransferEngine("P2PHANDSHAKE", local_ip(), "", 0, 1);
   REQUIRE(e != NULL, "createTransferEngine");
   char name[64];
   REQUIRE(getLocalIpAndPort(e, name, sizeof(name)) == 0, "getLocalIpAndPort");
@@ -411,10 +418,11 @@ static void peer_killed(struct ctx* c, pid_t pid) {
 static int run_initiator(const char* seg, uint64_t remote, uint64_t size, pid_t pid) {
   struct ctx c = {0};
   REQUIRE(size == BUF_BYTES, "target buffer of %llu bytes", (unsigned long long)size);
-  c.e = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 1);
+  c.e = createTransferEngine("P2PHANDSHAKE", local_ip(), "", 0, 1);
   REQUIRE(c.e != NULL, "createTransferEngine");
   REQUIRE(getLocalIpAndPort(c.e, c.name, sizeof(c.name)) == 0, "getLocalIpAndPort");
-  REQUIRE(strncmp(c.name, "127.0.0.1:", 10) == 0, "segment name %s", c.name);
+  size_t ip_len = strlen(local_ip());
+  REQUIRE(strncmp(c.name, local_ip(), ip_len) == 0 && c.name[ip_len] == ':', "segment name %s", c.name);
   c.local = aligned_alloc(4096, BUF_BYTES);
   memset(c.local, 0, BUF_BYTES);
   REQUIRE(registerLocalMemory(c.e, c.local, BUF_BYTES, "*", 1) == 0, "registerLocalMemory");

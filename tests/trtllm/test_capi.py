@@ -16,7 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -106,11 +106,12 @@ def test_cli_prints_the_library_directory(library: Path) -> None:
 
 
 class _Target:
-    """The harness in target mode: its segment name, buffer and pid once it printed READY."""
+    """The harness in target mode: its segment name, buffer and pid once it printed READY.
+    ``prefix``: a command it runs under (a rig host's, tests/multihost)."""
 
-    def __init__(self, exe: Path, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([str(exe), "target"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                     text=True)
+    def __init__(self, exe: Path, env: dict[str, str], prefix: Sequence[str] = ()) -> None:
+        self.proc = subprocess.Popen([*prefix, str(exe), "target"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=env, text=True)
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], 30)
         line = self.proc.stdout.readline() if ready else ""
