@@ -116,6 +116,13 @@ class MasterClient:
         channel = self._channel
         return channel.address if channel is not None else str(self.master)
 
+    @property
+    def master_on_this_host(self) -> bool | None:
+        """Whether the master this client talks to now shares its network (``MasterChannel``);
+        None while not connected."""
+        channel = self._channel
+        return channel.master_on_this_host if channel is not None else None
+
     def call(self, body: msgspec.Struct, timeout_s: float | None = None, failover_timeout_s: float | None = None) -> Any:
         """Sends one request to the leader and returns its result, retrying as the table says
         (for ``failover_timeout_s``, default the client's).

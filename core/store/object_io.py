@@ -29,12 +29,14 @@ from tidekv.errors import (
     TransferError,
     TransferTimeoutError,
 )
+from tidekv.hostaddr import HOST_VARIABLE, is_loopback
 from tidekv.store import protocol as p
 from tidekv.store.keys import Buffer, buffer_span, show_key
 from tidekv.store.master_client import MasterClient
 from tidekv.store.protocol import Pin, Status
 from tidekv.transfer.batch import TransferOp, TransferRequest, TransferState
 from tidekv.transfer.engine import TransferEngine
+from tidekv.values import parse_host_port
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +148,8 @@ class ObjectIO:
                                                 f"{slot.detail}", key=key)
             elif slot.status == Status.INVALID:
                 failures[key] = ConfigError(f"master refused key {show_key(key)} (empty or too long) or size {n}")  # type: ignore[assignment]
+            elif slot.status == Status.OK and (refused := self._unreachable(slot.locations)) is not None:
+                failures[key] = refused
             elif slot.status == Status.OK:
                 for loc in slot.locations:
                     offset = 0
@@ -153,9 +157,9 @@ class ObjectIO:
                         writes.append(TransferRequest(TransferOp.WRITE, address, length, loc.engine, loc.addr + offset))
                         owners.append(i)
                         offset += length
-        failed_writes: set[int] = set()
+        failed_writes = {i for i, key in enumerate(keys) if slots[i].status == Status.OK and key in failures}
         if writes:
-            failed_writes = self._run(writes, owners, keys, failures)
+            failed_writes |= self._run(writes, owners, keys, failures)
         ended = [(k, s.token) for i, (k, s) in enumerate(zip(keys, slots)) if s.status == Status.OK and i not in failed_writes]
         revoked = [(k, s.token) for i, (k, s) in enumerate(zip(keys, slots)) if s.status == Status.OK and i in failed_writes]
         if revoked:
@@ -210,11 +214,18 @@ class ObjectIO:
                 if attempt >= len(locs):
                     continue
                 loc = locs[attempt]
+                if (refused := self._unreachable([loc])) is not None:
+                    if attempt + 1 < len(locs):
+                        next_pending.append(i)
+                    else:
+                        failures[keys[i]] = refused
+                    continue
                 for address, length, offset in pieces[i]:  # type: ignore[union-attr]
                     reads.append(TransferRequest(TransferOp.READ, address, length, loc.engine, loc.addr + offset))
                     owners.append(i)
             if not reads:
-                break
+                pending, attempt = next_pending, attempt + 1
+                continue
             round_failures: Failures = {}
             failed = self._run(reads, owners, keys, round_failures)
             for i in sorted(failed):
@@ -235,6 +246,22 @@ class ObjectIO:
             raise batch_error("get", failures)
 
     # ---- internals ----------------------------------------------------------------------
+
+    def _unreachable(self, locations: list[p.Location]) -> ConfigError | None:
+        """A refusal of the first location whose engine is on loopback, another process's, while
+        the master is on another host: such a holder mounted through the master's own loopback,
+        so "127.0.0.1" names the master's host, not this one (here it may even reach another
+        process's engine). A master refuses loopback mounts from elsewhere; this catches a
+        holder on the master's host that connected to it through loopback."""
+        if self._rpc.master_on_this_host is not False:
+            return None
+        for loc in locations:
+            if loc.engine != self._engine.name and is_loopback(parse_host_port(loc.engine, "engine")[0]):
+                return ConfigError(
+                    f"the master ({self._rpc.address}, on another host) names engine {loc.engine} as a holder: "
+                    f"loopback, which this host cannot reach; start that holder with its host's address "
+                    f"(Store.connect(host=...), tidekv up --engine-host, or ${HOST_VARIABLE})")
+        return None
 
     def _holder_gone(self, error: StoreError | TransferError) -> bool:
         """Whether a write failed because its holder (not this process) is gone or restarted."""

@@ -31,6 +31,7 @@ import msgspec
 
 from tidekv.config import DEFAULT_MAX_BATCH_KEYS, parse_host_port
 from tidekv.auth import ClientHandshake
+from tidekv.hostaddr import is_loopback
 from tidekv.errors import (AuthenticationError, ConfigError, LimitExceededError, MasterNotReadyError, MasterUnavailableError,
                            ProtocolVersionError, RpcError)
 from tidekv.store import protocol as p
@@ -61,6 +62,9 @@ class MasterChannel:
         # Likewise; before (or without) a hello, the master's default: a client that never says
         # hello (lookups) still splits its batches.
         self.max_batch_keys: int | None = DEFAULT_MAX_BATCH_KEYS
+        self.master_on_this_host: bool | None = None
+        """Whether the master shares this process's network (reached on loopback, or on this
+        socket's own address); None until connected."""
 
     def call(self, body: msgspec.Struct, timeout_s: float | None = None) -> Any:
         """Sends one request and returns its result.
@@ -151,6 +155,8 @@ class MasterChannel:
                 is_request_sent=False) from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setblocking(False)
+        local, peer = sock.getsockname()[0], sock.getpeername()[0]
+        self.master_on_this_host = local == peer or is_loopback(peer)
         if self._tls is not None:
             sock = self._tls.wrap_socket(sock, server_hostname=self._host, do_handshake_on_connect=False)
         self._poller.register(sock, select.POLLIN)

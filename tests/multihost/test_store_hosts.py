@@ -75,6 +75,25 @@ def test_three_hosts_work_with_only_the_masters_address(multihost: Callable[...,
     assert "listens on loopback" in text and f"connected from {h3.ip}" in text and "TIDEKV_HOST" in text, text
 
 
+def test_a_holder_on_the_masters_loopback_is_refused_by_clients_elsewhere(multihost: Callable[..., Rig],
+                                                                         on: Callable[..., Any]) -> None:
+    """A master bound to every address accepts a holder on its own host that came in through
+    loopback and advertises loopback (right for that host's clients); a client on another host
+    is then named "127.0.0.1:..." and refuses it with the fix, rather than dialing its own
+    loopback: its put fails typed and is revoked, its get fails typed, and nothing is left."""
+    h1, h3 = multihost(2).hosts
+    master = on(h1, "master", host="0.0.0.0")
+    holder = on(h1, "agent", f"127.0.0.1:{master.port}", 64 * MIB)
+    assert holder.engine.startswith("127.0.0.1:"), holder.engine
+    holder.call("put", key="own", seed=1, size=4096)
+    client = on(h3, "agent", f"{h1.ip}:{master.port}", 0)
+    for reply in (client.try_call("put", key="k1", seed=2, size=4096), client.try_call("get", key="own")):
+        assert not reply["ok"] and reply["error_type"] == "ConfigError", reply
+        assert holder.engine in reply["error"] and "TIDEKV_HOST" in reply["error"], reply
+    assert client.call("locate", keys=["k1"])["engines"] == [[]], "the refused put was revoked"
+    assert _get_digest(holder, "own") == digest(payload(1, 4096))
+
+
 def test_a_holders_host_cut_off_loses_nothing(multihost: Callable[..., Rig], on: Callable[..., Any]) -> None:
     """Master, two holders and a client (which holds a segment too) on four hosts, two replicas of
     every object; holder b's host is cut off (not killed), then healed."""
