@@ -103,7 +103,10 @@ def shm_status(config: TransferConfig) -> TransportStatus:
     else:
         copies = "memcpy" + (" (streaming stores off: stream_copy_bytes=0)" if kind != "none" else "")
     return TransportStatus("shm", True, f"same-host peers: memory from allocate() is mapped and copied with "
-                                        f"{copies}; {cma}")
+                                        f"{copies}; {cma}; a peer with this boot id counts as same-host "
+                                        "only if its region table opens through /proc/<pid>/fd (a pod on "
+                                        "this node, with its own PIDs and /dev/shm, uses tcp; the engine "
+                                        "logs why)")
 
 
 def cross_memory_attach(config: TransferConfig) -> tuple[bool, str]:
