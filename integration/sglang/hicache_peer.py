@@ -2,9 +2,11 @@
 
 Run as ``python hicache_peer.py '{"master": ..., "segment_size": N, "shape": {PoolShape fields}}'``
 (with ``"backend": "mooncake"``: SGLang's own mooncake backend on the Mooncake drop-in instead).
+Without "segment_size" the tidekv backend keeps its default (0: the rank holds no pool memory).
 It builds a real host pool and the backend through SGLang's factory, prints {"engine"}, then answers one JSON command per stdin line: ``set`` (fill pages from a
-seed, ``batch_set_v1``; answers the page digests) and ``get`` (``batch_get_v1`` into pages;
-answers per-page results and digests). EOF on stdin closes the backend and exits.
+seed, ``batch_set_v1``; answers the page digests), ``get`` (``batch_get_v1`` into pages;
+answers per-page results and digests) and ``exists`` (``batch_exists`` of hashes; answers the
+hit count). EOF on stdin closes the backend and exits.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ def main() -> int:
         backend = StorageBackendFactory.create_backend("mooncake", config, pool)
         engine = backend.store.get_hostname()
     else:
-        config = sglang_rig.storage_config(
-            sglang_rig.tidekv_extra_config(spec["master"], segment_size=spec["segment_size"]), is_mla=shape.is_mla)
+        settings = {"segment_size": spec["segment_size"]} if "segment_size" in spec else {}
+        config = sglang_rig.storage_config(sglang_rig.tidekv_extra_config(spec["master"], **settings),
+                                           is_mla=shape.is_mla)
         backend = StorageBackendFactory.create_backend("dynamic", config, None)
         engine = backend.store.engine.name
     backend.register_mem_pool_host(pool)
@@ -43,8 +46,10 @@ def main() -> int:
         cmd = json.loads(line)
         try:
             reply: dict[str, Any] = {"ok": True}
-            pages, hashes = cmd["pages"], cmd["hashes"]
-            if cmd["cmd"] == "set":
+            pages, hashes = cmd.get("pages", []), cmd["hashes"]
+            if cmd["cmd"] == "exists":
+                reply["hits"] = backend.batch_exists(hashes)
+            elif cmd["cmd"] == "set":
                 sglang_rig.fill_pages(pool, pages, cmd["seed"])
                 reply["results"] = backend.batch_set_v1(hashes, sglang_rig.host_indices(pool, pages))
             elif cmd["cmd"] == "get":

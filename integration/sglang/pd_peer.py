@@ -3,13 +3,18 @@
 over tidekv: the test starts it with the shim (``plugins/mooncake``) on ``PYTHONPATH``, so SGLang's
 ``from mooncake.engine import TransferEngine`` gets ``tidekv.compat.mooncake``.
 
-Run as ``python pd_peer.py '{"role": "prefill"|"decode", "bootstrap_port": N, "pages": P, ...}'``.
+Run as ``python pd_peer.py '{"role": "prefill"|"decode", "bootstrap_port": N, "pages": P, ...}'``;
+with ``"host"`` (SGLang's ``--host``, where the prefill's bootstrap server listens) the process
+runs as on a machine of its own: its transfer engine starts on SGLang's ``get_local_ip_auto()``
+($SGLANG_HOST_IP, else the interface that routes out), as SGLang's scheduler starts it; without,
+everything is on loopback.
 The KV cache is SGLang's real ``MHATokenToKVPool`` on CPU and the aux data its ``MetadataBuffers``;
 the process publishes ``ServerArgs`` for its role the way SGLang's scheduler does and states its
 ranks (TP 1, no DP/CP/PP), as SGLang's launcher would. Commands (one JSON line each):
 prefill: ``fill`` (pages from a seed; answers digests), ``sender`` (create a sender for a room),
 ``send`` (wait for the decode's metadata, send pages, wait for success; answers digests);
-decode: ``receive`` (create a receiver, send its metadata), ``wait`` (until success; answers
+decode: ``receive`` (create a receiver for the prefill's bootstrap server at ``bootstrap_host``,
+default loopback, and ``bootstrap_port``; send its metadata), ``wait`` (until success; answers
 digests). Digests are per page over every layer's K and V rows, so the bytes compare end to end.
 """
 
@@ -41,11 +46,11 @@ def _model_dir(path: str) -> str:
     return path
 
 
-def _publish(role: str, bootstrap_port: int, model_dir: str) -> Any:
+def _publish(role: str, host: str, bootstrap_port: int, model_dir: str) -> Any:
     from sglang.srt.runtime_context import get_parallel, publish
     from sglang.srt.server_args import ServerArgs
 
-    server_args = ServerArgs(model_path=_model_dir(model_dir), disaggregation_mode=role, host="127.0.0.1",
+    server_args = ServerArgs(model_path=_model_dir(model_dir), disaggregation_mode=role, host=host,
                              disaggregation_transfer_backend="mooncake", disaggregation_bootstrap_port=bootstrap_port,
                              device="cpu", skip_tokenizer_init=True, page_size=PAGE_SIZE)
     publish(server_args, role="scheduler")
@@ -78,14 +83,16 @@ class Peer:
         from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import (
             init_mooncake_transfer_engine,
         )
+        from sglang.srt.utils.network import get_local_ip_auto
 
         self.role = spec["role"]
-        self.server_args = _publish(self.role, spec["bootstrap_port"], spec["model_dir"])
+        host = spec.get("host", "127.0.0.1")
+        self.server_args = _publish(self.role, host, spec["bootstrap_port"], spec["model_dir"])
         self.pool = _kv_pool(spec["pages"])
         self.metadata = MetadataBuffers(8, 32, torch.float32, max_sampling_mask_tokens=1)
-        self.bootstrap = MooncakeKVBootstrapServer("127.0.0.1", spec["bootstrap_port"]) \
-            if self.role == "prefill" else None
-        self.te = init_mooncake_transfer_engine(hostname="127.0.0.1", gpu_id=0, ib_device=None)
+        self.bootstrap = MooncakeKVBootstrapServer(host, spec["bootstrap_port"]) if self.role == "prefill" else None
+        engine_host = get_local_ip_auto() if "host" in spec else "127.0.0.1"
+        self.te = init_mooncake_transfer_engine(hostname=engine_host, gpu_id=0, ib_device=None)
         args = KVArgs()
         args.engine_rank, args.pp_rank, args.system_dp_rank = 0, 0, 0
         args.kv_cache_dtype_str, args.kv_layout = "bfloat16", None
@@ -125,7 +132,7 @@ class Peer:
         from sglang.srt.disaggregation.mooncake import MooncakeKVReceiver, MooncakeKVSender
 
         op, room = cmd["cmd"], cmd.get("room")
-        bootstrap_addr = f"127.0.0.1:{cmd.get('bootstrap_port', 0)}"
+        bootstrap_addr = f"{cmd.get('bootstrap_host', '127.0.0.1')}:{cmd.get('bootstrap_port', 0)}"
         if op == "fill":
             gen = torch.Generator().manual_seed(cmd["seed"])
             for page in cmd["pages"]:
