@@ -146,8 +146,43 @@ void send_all(int fd, struct iovec* iov, int count, const std::string& what) {
   }
 }
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Polls fd for `events` until `deadline` or, first, `io_timeout_ms` from now (0: no limit).
+// True: ready (or an error the next call reports); false: the deadline passed; kTimeout: the
+// I/O timeout did.
+bool poll_until(int fd, short events, Clock::time_point deadline, int io_timeout_ms, const std::string& what,
+                const char* action) {
+  bool io_first = false;
+  if (io_timeout_ms > 0) {
+    auto io_limit = Clock::now() + std::chrono::milliseconds(io_timeout_ms);
+    if (io_limit < deadline) {
+      deadline = io_limit;
+      io_first = true;
+    }
+  }
+  for (;;) {
+    auto left = deadline - Clock::now();
+    if (left < Clock::duration::zero()) left = Clock::duration::zero();
+    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    timespec ts{time_t(ns / 1000000000), long(ns % 1000000000)};
+    pollfd p{fd, events, 0};
+    int rc = ppoll(&p, 1, &ts, nullptr);
+    if (rc > 0) return true;
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0) return true;  // the next call on fd reports it
+    if (io_first) throw_io(EAGAIN, what, action);
+    return false;
+  }
+}
+
+}  // namespace
+
 bool send_until(int fd, struct iovec* iov, int count, int* next,
-                const std::optional<std::chrono::steady_clock::time_point>& deadline, const std::string& what) {
+                const std::optional<std::chrono::steady_clock::time_point>& deadline, int io_timeout_ms,
+                const std::string& what) {
   if (!deadline) {
     send_all(fd, iov + *next, count - *next, what);
     *next = count;
@@ -161,12 +196,8 @@ bool send_until(int fd, struct iovec* iov, int count, int* next,
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) throw_io(errno, what, "sending to");
-      auto left = *deadline - std::chrono::steady_clock::now();
-      if (left <= std::chrono::steady_clock::duration::zero()) return false;
-      auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
-      timespec ts{time_t(ns / 1000000000), long(ns % 1000000000)};
-      pollfd p{fd, POLLOUT, 0};
-      if (ppoll(&p, 1, &ts, nullptr) == 0) return false;
+      if (Clock::now() >= *deadline) return false;
+      if (!poll_until(fd, POLLOUT, *deadline, io_timeout_ms, what, "sending to")) return false;
       continue;
     }
     size_t sent = size_t(n);
@@ -204,18 +235,9 @@ bool spin_until_readable(int fd, int spin_us) {
   return ready;
 }
 
-bool wait_readable(int fd, std::chrono::steady_clock::time_point deadline) {
-  for (;;) {
-    auto left = deadline - std::chrono::steady_clock::now();
-    if (left <= std::chrono::steady_clock::duration::zero()) left = std::chrono::steady_clock::duration::zero();
-    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
-    timespec ts{time_t(ns / 1000000000), long(ns % 1000000000)};
-    pollfd p{fd, POLLIN, 0};
-    int rc = ppoll(&p, 1, &ts, nullptr);
-    if (rc > 0) return true;  // readable, or an error/hang-up the next read reports
-    if (rc == 0) return false;
-    if (errno != EINTR) return true;
-  }
+bool wait_readable(int fd, std::chrono::steady_clock::time_point deadline, int io_timeout_ms,
+                   const std::string& what) {
+  return poll_until(fd, POLLIN, deadline, io_timeout_ms, what, "receiving from");
 }
 
 void send_all(int fd, const void* data, size_t size, const std::string& what) {

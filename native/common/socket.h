@@ -27,14 +27,21 @@ void tune_socket(int fd, const SocketOptions& options);
 // Sends every byte of the iovecs (modified in place). `what` names the peer in errors.
 void send_all(int fd, struct iovec* iov, int count, const std::string& what);
 // Like send_all, but gives up at `deadline` (returns false; *next and the iovecs say how far it
-// got, so a later call resumes). The socket's own I/O timeout still applies without a deadline.
+// got, so a later call resumes). A peer that takes no byte for `io_timeout_ms` (0: no limit)
+// fails it with kTimeout, deadline or not: the socket's own timeout, which bounds the sends
+// without a deadline, does not bound the polling here.
 bool send_until(int fd, struct iovec* iov, int count, int* next,
-                const std::optional<std::chrono::steady_clock::time_point>& deadline, const std::string& what);
+                const std::optional<std::chrono::steady_clock::time_point>& deadline, int io_timeout_ms,
+                const std::string& what);
 // Polls fd without sleeping for up to `spin_us`; true as soon as it is readable. A reply that
 // comes within microseconds then costs no sleep and wake-up (expensive on a virtualised core).
 bool spin_until_readable(int fd, int spin_us);
-// Waits until fd is readable or `deadline` passes (false).
-bool wait_readable(int fd, std::chrono::steady_clock::time_point deadline);
+// Waits until fd is readable (true) or `deadline` passes (false). Nothing to read for
+// `io_timeout_ms` (0: no limit) before that throws kTimeout naming `what`, as a blocking read
+// under the socket's own timeout would: a peer that went silent fails in the I/O timeout
+// however far off the caller's deadline is.
+bool wait_readable(int fd, std::chrono::steady_clock::time_point deadline, int io_timeout_ms,
+                   const std::string& what);
 void send_all(int fd, const void* data, size_t size, const std::string& what);
 
 // Reads with a small buffer in front so that headers and small payloads cost one syscall, while

@@ -241,7 +241,8 @@ bool TcpLink::send_window(Group& g, const Deadline& deadline) {
     }
     int end = g.iov_next + 1;
     while (end < count && g.iov_mark[end] == kNoMark) ++end;
-    if (!send_until(g.conn->fd, g.iov.data(), end, &g.iov_next, deadline, peer_name_)) return false;
+    if (!send_until(g.conn->fd, g.iov.data(), end, &g.iov_next, deadline, ctx_.options.io_timeout_ms, peer_name_))
+      return false;
   }
   return true;
 }
@@ -268,7 +269,7 @@ bool TcpLink::step(Group& g, const Deadline& deadline) {
       while (g.done < g.window_end) {
         if (g.conn->reader->buffered() < sizeof(wire::ResponseHeader) &&
             !spin_until_readable(g.conn->fd, ctx_.options.reply_spin_us) && deadline &&
-            !wait_readable(g.conn->fd, *deadline))
+            !wait_readable(g.conn->fd, *deadline, ctx_.options.io_timeout_ms, peer_name_))
           return false;
         handle_reply(g);
       }

@@ -59,6 +59,7 @@ def _result(proc: subprocess.Popen[str], timeout_s: float = 60.0) -> dict[str, A
     out, err = proc.communicate(timeout=timeout_s)
     assert proc.returncode == 0, f"initiator exited with {proc.returncode}:\n{err[-4000:]}"
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    result["log"] = err[-4000:]  # shown by a failed assertion on the result
     return result
 
 

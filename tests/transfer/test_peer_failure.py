@@ -171,6 +171,24 @@ def test_wait_timeout_is_honoured_while_peer_stalls(stalled_peer: StalledPeer, m
         assert handle.statuses()[0].state is TransferState.FAILED
 
 
+def test_a_silent_peer_fails_the_batch_in_the_io_timeout_however_long_the_wait(stalled_peer: StalledPeer,
+                                                                                 make_engine: MakeEngine) -> None:
+    """A peer that stops answering (a host cut off: no reset, no reply) fails the batch in the io
+    timeout even while wait(timeout_s) allows far longer: the waiting thread runs one of the
+    batch's two connections itself (the one worker has the other) and must not wait for the
+    reply past the io timeout."""
+    engine = make_engine(initiator_config("tcp", io_timeout_s=1.0, worker_threads=1, connections_per_peer=2))
+    engine.connect(stalled_peer.name)
+    buf = engine.register(bytearray(8192))
+    handle = engine.transfer([TransferRequest(TransferOp.READ, buf.addr(i * 4096), 4096, stalled_peer.name, 0x7000_0000)
+                              for i in range(2)])
+    started = time.monotonic()
+    with pytest.raises(TransferTimeoutError, match=f"receiving from {stalled_peer.name} timed out"):
+        handle.wait(timeout_s=30.0)
+    assert time.monotonic() - started < 5.0, "the batch outlived the io timeout"
+    assert [s.state for s in handle.statuses()] == [TransferState.FAILED] * 2
+
+
 def test_close_with_batch_in_flight_returns_promptly(stalled_peer: StalledPeer, make_engine: MakeEngine) -> None:
     """close() does not sit out the io timeout of a stalled peer; the batch fails instead of hanging."""
     engine = make_engine(initiator_config("tcp", io_timeout_s=8.0))
