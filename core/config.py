@@ -425,6 +425,11 @@ class MasterConfig:
     max_pending_puts: int = 16384
     """Puts one client may have started and not yet ended (each holds its bytes until put_end or
     ``put_timeout_s``); a PutStart beyond it is refused with ``LimitExceededError``. Default 16384."""
+    max_spare_bytes: int = 256 << 10
+    """A client putting one object of at most this size gets a spare: a slot of the same size
+    reserved for its next put, which then takes one round trip to the master instead of two
+    (``store.objects``). Each client holds at most one; reclaimed after ``put_timeout_s`` unused.
+    Default 256 KiB (0 = no spares)."""
     max_connections: int = 4096
     """Client connections open at once; more are closed as they come, with a logged reason. Default 4096."""
     verify_mounts: str = "auto"
@@ -507,6 +512,7 @@ class MasterConfig:
         _check_range("max_buffered_bytes", self.max_buffered_bytes, 1 << 16, 1 << 40)
         _check_range("max_connections", self.max_connections, 1, 1 << 20)
         _check_range("max_pending_puts", self.max_pending_puts, 1, 1 << 24)
+        _check_range("max_spare_bytes", self.max_spare_bytes, 0, 1 << 30)
         if self.verify_mounts not in ("auto", "on", "off"):
             raise ConfigError(f"verify_mounts={self.verify_mounts!r}: choose auto, on or off")
         _check_range("tick_s", self.tick_s, 0.001, 10)

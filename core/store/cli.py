@@ -99,6 +99,10 @@ def _add_master_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-pending-puts", type=int, default=None,
                         help=f"puts one client may have started and not ended; more are refused (default "
                         f"{d.max_pending_puts})")
+    parser.add_argument("--max-spare-bytes", type=int, default=None,
+                        help=f"a client putting one object up to this size gets a slot reserved for its next put, "
+                        f"which then takes one round trip to the master instead of two; 0 = never (default "
+                        f"{d.max_spare_bytes})")
     parser.add_argument("--verify-mounts", choices=("auto", "on", "off"), default=None,
                         help="refuse a mount unless the engine it names vouches that the memory is the mounting "
                         "process's own; auto = on with a secret (default auto)")

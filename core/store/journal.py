@@ -98,7 +98,7 @@ class EvictOp(msgspec.Struct, tag="evict", array_like=True):
 
 
 class ObjectOp(msgspec.Struct, tag="object", array_like=True):
-    """A complete object (snapshots)."""
+    """A complete object (snapshots, and a put through a spare: ``ObjectTable.put_bind``)."""
 
     key: bytes
     size: int

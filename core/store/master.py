@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 from tidekv.config import MasterConfig
@@ -35,6 +35,7 @@ from tidekv.store import journal as j
 from tidekv.store import mount_proof
 from tidekv.store import protocol as p
 from tidekv.store import tenants as t
+from tidekv.store.allocator import align
 from tidekv.store.listing import KeyListings
 from tidekv.store.master_metrics import index_gauges
 from tidekv.store.objects import ObjectTable
@@ -95,6 +96,10 @@ MAX_INCARNATION_CHARS = 128
 """Longest incarnation a MountSegment may carry."""
 
 
+SPARE_SHARE = 64
+"""A spare is reserved only while the pool's free bytes are at least this many times its size."""
+
+
 class MasterService:
     def __init__(self, config: MasterConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
@@ -132,6 +137,7 @@ class MasterService:
             p.Heartbeat: self._heartbeat,
             p.Disconnect: self._disconnect,
             p.PutStart: self._put_start,
+            p.PutBind: self._put_bind,
             p.PutEnd: self._put_end,
             p.PutRevoke: self._put_revoke,
             p.Get: self._get,
@@ -387,16 +393,64 @@ class MasterService:
         put = self.objects.put_start
         avoid = frozenset(m.avoid) if m.avoid else None
         if self.tenancy is None:
-            return [
-                put(m.client_id, key, size, m.replicas, m.preferred_segment, m.pin, m.upsert, now, avoid=avoid)
-                for key, size in zip(m.keys, m.sizes)
-            ]
-        tenant = t.tenant_of(m.client_id)
-        pool = self.tenancy.pool(tenant)
-        slots = [put(m.client_id, key, size, m.replicas, m.preferred_segment, m.pin, m.upsert, now, pool, avoid)
-                 for key, size in zip(m.keys, m.sizes)]
-        self.tenancy.refused(tenant, slots)
+            slots = [put(m.client_id, key, size, m.replicas, m.preferred_segment, m.pin, m.upsert, now, avoid=avoid)
+                     for key, size in zip(m.keys, m.sizes)]
+            pool = None
+        else:
+            tenant = t.tenant_of(m.client_id)
+            pool = self.tenancy.pool(tenant)
+            slots = [put(m.client_id, key, size, m.replicas, m.preferred_segment, m.pin, m.upsert, now, pool, avoid)
+                     for key, size in zip(m.keys, m.sizes)]
+            self.tenancy.refused(tenant, slots)
+        if m.spare and len(m.keys) == 1 and slots[0].status == p.Status.OK:
+            slots[0].spare = self._spare(m.client_id, m.keys[0], m.sizes[0], m.replicas, m.preferred_segment, now,
+                                         pool)
         return slots
+
+    def _put_bind(self, m: p.PutBind, now: float) -> p.PutSlot:
+        """A put in one request: the writer's spare becomes the object (``ObjectTable.put_bind``)."""
+        if len(m.keys) != 1:
+            raise ConfigError(f"put_bind names {len(m.keys)} keys; it publishes exactly one")
+        self.segments.touch(m.client_id, now)
+        self._items.inc(1, type="PutBind")
+        key = m.keys[0]
+        status = self.objects.put_bind(m.client_id, m.token, key, m.size, m.pin, m.upsert, now)
+        slot = p.PutSlot(status)
+        if status == p.Status.EXISTS:  # the spare is unused: the writer keeps it
+            slot.spare = self._spare_slot(m.token)
+        elif status == p.Status.OK and m.spare:
+            want = self.objects.objects[key].want if key in self.objects.objects else 1
+            pool = self.tenancy.pool(t.tenant_of(m.client_id)) if self.tenancy is not None else None
+            slot.spare = self._spare(m.client_id, key, m.size, want, m.preferred_segment, now, pool)
+        return slot
+
+    def _spare(self, writer: str, key: bytes, size: int, replicas: int, preferred: str, now: float,
+               pool: Container[str] | None) -> p.Spare | None:
+        """A new spare for ``writer``'s next put like ``key``'s, unless the pool has no room for it
+        without evicting (a reservation must not cost anyone's objects) or it is beyond
+        ``max_spare_bytes``. The writer's previous spare goes either way: one that asks uses none."""
+        self.objects.drop_spare(writer)
+        if size > self.config.max_spare_bytes or self.objects.pending_by.get(writer, 0) >= self.config.max_pending_puts:
+            return None
+        # Only in a pool with room to spare: never within one eviction round of the watermark,
+        # and never more than a sliver of what is free, so a reservation makes no object go
+        # (and no put fail for want of room).
+        need = align(size) * replicas
+        used, capacity = self.segments.used, self.segments.capacity
+        if used + need > (self.config.high_watermark - self.config.eviction_ratio) * capacity \
+                or need * SPARE_SHARE > capacity - used:
+            return None
+        slot = self.objects.reserve(writer, key, size, replicas, preferred, now, pool)
+        if slot.status != p.Status.OK:
+            return None
+        return p.Spare(slot.token, size, slot.locations, self.config.put_timeout_s)
+
+    def _spare_slot(self, token: int) -> p.Spare | None:
+        spare = self.objects.pending.get(token)
+        meta = self.objects.objects.get(spare) if spare is not None else None
+        if meta is None or meta.put is None:
+            return None
+        return p.Spare(token, meta.size, self.objects.locations(meta), self.config.put_timeout_s)
 
     def _put_end(self, m: p.PutEnd, now: float) -> list[int]:
         self._check_batch(m.keys, m.tokens)
@@ -465,13 +519,20 @@ class MasterService:
     def stats(self) -> dict[str, Any]:
         c = self.objects.counters
         r = self.objects.repairs.counters
+        spares = self.objects.live_spares()
+        spare_bytes: dict[str, int] = {}
+        for meta in spares:
+            for seg, _ in meta.replica_pairs():
+                spare_bytes[seg] = spare_bytes.get(seg, 0) + align(meta.size)
         return {
             "master_id": self.master_id,
             "keys": self._complete_keys(),
-            "pending_puts": len(self.objects.pending),
+            "pending_puts": len(self.objects.pending) - len(spares),
+            "spares": len(spares),  # slots reserved for clients' next puts (``protocol.Spare``)
+            "spare_bytes": sum(spare_bytes.values()),
             "clients": len(self.segments.clients),
             "segments": {
-                s.name: {"engine": s.engine, "capacity": s.capacity, "used": s.used}
+                s.name: {"engine": s.engine, "capacity": s.capacity, "used": s.used, "spare": spare_bytes.get(s.name, 0)}
                 for s in self.segments.segments.values()
             },
             "suspended_segments": {
@@ -591,6 +652,8 @@ class MasterService:
                                   op.incarnation, suspended_until=until)
         self.objects.restore(mirror, now)
         self.objects.repairs.restore(list(mirror.repairs.values()), now, self.config.put_timeout_s)
+        if self.objects.quotas is not None:  # repairs under way count against their objects' tenants too
+            self.objects.usage = self.objects.count_usage()
 
     @staticmethod
     def _check_batch(keys: list[bytes], other: list[int]) -> None:

@@ -123,6 +123,12 @@ class MasterClient:
         channel = self._channel
         return channel.master_on_this_host if channel is not None else None
 
+    @property
+    def channel(self) -> MasterChannel | None:
+        """The connection to the master in use now (None when there is none): one object per
+        connection, so a caller can tell whether two answers came over the same one."""
+        return self._channel
+
     def call(self, body: msgspec.Struct, timeout_s: float | None = None, failover_timeout_s: float | None = None) -> Any:
         """Sends one request to the leader and returns its result, retrying as the table says
         (for ``failover_timeout_s``, default the client's).

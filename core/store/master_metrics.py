@@ -16,7 +16,10 @@ def index_gauges(metrics: Registry, segments: SegmentTable, objects: ObjectTable
                  complete_keys: Callable[[], int]) -> None:
     """Registers the index's gauges on ``metrics`` (``complete_keys``: objects readable now)."""
     metrics.gauge("tidekv_keys", "complete objects", lambda: {(): complete_keys()})
-    metrics.gauge("tidekv_pending_puts", "puts started but not ended", lambda: {(): len(objects.pending)})
+    metrics.gauge("tidekv_pending_puts", "puts started but not ended",
+                  lambda: {(): len(objects.pending) - len(objects.live_spares())})
+    metrics.gauge("tidekv_spares", "slots reserved for clients' next small puts (store.protocol.Spare)",
+                  lambda: {(): len(objects.live_spares())})
     metrics.gauge("tidekv_clients", "live clients", lambda: {(): len(segments.clients)})
     metrics.gauge(
         "tidekv_segment_used_bytes",

@@ -5,6 +5,13 @@ States: a key is *pending* between put_start and put_end (invisible to readers),
 and put_end swaps them in one step, so a reader sees old or new, never a mix. Bytes a reader may
 still hold a lease on (an upserted-over version) are freed only when that lease ends.
 
+A *spare* is a pending put under a reserved key (``spare_key``) that stands for its writer's
+next put of the same size: the writer writes into it and ``put_bind`` makes it that key's
+object, put_start and put_end in one request. Being a pending put, it is journaled, reclaimed,
+dropped with its segment or writer, and never evicted like any other. A writer has at most one
+(reserving another drops it), and a client's put of a reserved key is INVALID, so nothing but
+its writer ends it.
+
 Replicas on a suspended segment (``segments``: a lapsed holder's) are *held*: set aside in the
 object's ``held``, neither read nor freed. An object with no other replica is unreadable, kept
 in ``suspended``; a put (from its start), upsert, remove or eviction of its key supersedes it
@@ -27,13 +34,25 @@ from tidekv.store import tenants
 from tidekv.store.allocator import align
 from tidekv.store.repairs import RepairBook
 from tidekv.store.retired import RetiredBytes
-from tidekv.store.protocol import GetResult, Location, PutSlot, Status
+from tidekv.store.protocol import SPARE_MARK, GetResult, Location, PutSlot, Status
 from tidekv.store.segments import SegmentTable
 from tidekv.store.shards import LruTable
 
 logger = logging.getLogger(__name__)
 
 _NO_LEASE = 0.0
+
+
+def spare_key(key: bytes, token: int) -> bytes:
+    """The reserved key of spare ``token``, in the tenant namespace of the (internal) ``key``."""
+    return tenants.prefix(tenants.tenant_of(key)).encode() + SPARE_MARK + b"%d" % token
+
+
+def is_spare(key: bytes) -> bool:
+    """Whether the internal ``key`` is a spare's (``spare_key``)."""
+    if key[:1] != b"\0":
+        return False
+    return key.startswith(SPARE_MARK) or key.startswith(SPARE_MARK, len(tenants.prefix(tenants.tenant_of(key))))
 
 
 @dataclass(slots=True)
@@ -110,6 +129,7 @@ class ObjectTable:
         self.quotas: dict[str, int] | None = None
         self.usage: dict[str, int] = {}
         self.repairs = RepairBook(self)
+        self.spares: dict[str, int] = {}  # writer -> the token of its spare (absent from pending once ended)
 
     # ---- writes -------------------------------------------------------------------------
 
@@ -119,6 +139,18 @@ class ObjectTable:
     ) -> PutSlot:
         """``pool``: the tenants whose segments may hold the object (None: any segment);
         ``avoid``: engines whose segments may not (the writer could not reach them)."""
+        if is_spare(key):
+            return PutSlot(Status.INVALID)
+        return self._start(writer, key, size, replicas, preferred, pin, upsert, now, pool, avoid)
+
+    def _start(
+        self, writer: str, key: bytes, size: int, replicas: int, preferred: str, pin: int, upsert: bool, now: float,
+        pool: Container[str] | None = None, avoid: Container[str] | None = None, spare: bytes | None = None,
+        evict: bool = True,
+    ) -> PutSlot:
+        """put_start of any key; with ``spare`` (the key of the writer's spare, ``put_bind``) the
+        object takes the spare's bytes instead of new ones; without ``evict``, it takes only free
+        bytes (a quota is then checked, not made room in)."""
         if not key or len(key) > self.max_key_bytes or size <= 0 or replicas < 1 or pin not in (0, 1, 2):
             return PutSlot(Status.INVALID)
         existing = self.objects.get(key)
@@ -139,16 +171,25 @@ class ObjectTable:
         # the new one, never neither.
         keep = key if existing is not None else None
         only = None
-        if self.quotas is not None:
-            only = tenants.owns(tenants.tenant_of(key))  # a tenant's put evicts its own objects only
-            refusal = self._fit_quota(key, align(size) * replicas, now, keep, only)
-            if refusal:
-                return PutSlot(Status.QUOTA, detail=refusal)
-        placed = self._allocate(size, replicas, preferred, now, keep, pool, only, avoid)
-        if not placed:
-            return PutSlot(Status.OUT_OF_SPACE)
-        if self.quotas is not None:
-            self.charge(key, align(size) * len(placed))
+        if spare is not None:
+            placed = self._take_spare(spare)  # its bytes, charged to this tenant already
+        else:
+            if self.quotas is not None and not evict:
+                if not self.fits_quota(key, align(size) * replicas):
+                    return PutSlot(Status.QUOTA)
+            elif self.quotas is not None:
+                only = tenants.owns(tenants.tenant_of(key))  # a tenant's put evicts its own objects only
+                refusal = self._fit_quota(key, align(size) * replicas, now, keep, only)
+                if refusal:
+                    return PutSlot(Status.QUOTA, detail=refusal)
+            if evict:
+                placed = self._allocate(size, replicas, preferred, now, keep, pool, only, avoid)
+            else:
+                placed = self.segments.allocate(size, replicas, preferred, pool, avoid)
+            if not placed:
+                return PutSlot(Status.OUT_OF_SPACE)
+            if self.quotas is not None:
+                self.charge(key, align(size) * len(placed))
         token = self.last_token = self.last_token + 1
         flat = placed[0] if len(placed) == 1 else tuple(v for pair in placed for v in pair)
         meta = ObjectMeta(size, flat, PendingPut(token, writer, now, existing is not None), pin, token, replicas)
@@ -165,6 +206,61 @@ class ObjectTable:
         if self.journal is not None:
             self.journal.add(j.StartOp(token, key, size, list(flat), pin, existing is not None, writer, replicas), key)
         return PutSlot(Status.OK, token, self.locations(meta))
+
+    def reserve(self, writer: str, key: bytes, size: int, replicas: int, preferred: str, now: float,
+                pool: Container[str] | None = None) -> PutSlot:
+        """A spare of ``size`` bytes for ``writer``, in the tenant namespace of ``key`` (an
+        internal key it is putting): a pending put of a reserved key, on free bytes only (a
+        reservation never evicts anyone's objects). The writer's previous spare is dropped."""
+        self.drop_spare(writer)
+        slot = self._start(writer, spare_key(key, self.last_token + 1), size, replicas, preferred, 0, False, now, pool,
+                           evict=False)
+        if slot.status == Status.OK:
+            self.spares[writer] = slot.token
+        return slot
+
+    def drop_spare(self, writer: str) -> None:
+        """Frees ``writer``'s spare, if it has one (a writer asking for a spare uses none)."""
+        old = self.spares.pop(writer, None)
+        if old is not None and old in self.pending and is_spare(self.pending[old]):
+            self._drop_pending(old)
+
+    def put_bind(self, writer: str, token: int, key: bytes, size: int, pin: int, upsert: bool,
+                 now: float) -> Status:
+        """Makes ``writer``'s spare ``token`` (of ``size`` bytes) the object ``key``: OK, EXISTS (a
+        no-op put; the spare stays), STALE (no such spare: reclaimed, or its segment lost) or
+        INVALID (a bad key, or a spare of another size or tenant)."""
+        spare = self.pending.get(token)
+        meta = self.objects.get(spare) if spare is not None and is_spare(spare) else None
+        if meta is None or meta.put is None or meta.put.token != token or meta.put.writer != writer:
+            return Status.STALE
+        if meta.size != size or tenants.tenant_of(spare) != tenants.tenant_of(key):  # type: ignore[arg-type]
+            return Status.INVALID
+        if is_spare(key) or not key or len(key) > self.max_key_bytes or pin not in (0, 1, 2):
+            return Status.INVALID
+        if key not in self.objects and key not in self.upserts and key not in self.suspended:
+            # A new key (the common case): the spare's entry becomes the object, token and all.
+            self._take_spare(spare)
+            meta.put, meta.pin = None, pin
+            self.objects[key] = meta
+            self.repairs.check(key, meta)  # a replica of the spare's may have gone with its holder
+            if self.journal is not None:
+                self.journal.add(j.ObjectOp(key, size, list(meta.replicas), pin, token, meta.want), key)
+            return Status.OK
+        slot = self._start(writer, key, size, meta.want, "", pin, upsert, now, spare=spare)
+        if slot.status != Status.OK:
+            return Status(slot.status)
+        return self.put_end(key, slot.token, now)
+
+    def live_spares(self) -> list[ObjectMeta]:
+        """Every writer's spare that is still reserved."""
+        out = []
+        for token in self.spares.values():
+            key = self.pending.get(token)
+            meta = self.objects.get(key) if key is not None else None
+            if meta is not None and meta.put is not None and meta.put.token == token:
+                out.append(meta)
+        return out
 
     def put_end(self, key: bytes, token: int, now: float) -> Status:
         """Publishes the put ``token`` of ``key``; OK again for a put already ended (a writer that
@@ -255,12 +351,16 @@ class ObjectTable:
             assert meta is not None and meta.put is not None
             if meta.put.writer in dead_writers or now - meta.put.started > put_timeout_s:
                 stale.append(token)
+        spares = 0
         for token in stale:
             key = self.pending[token]
-            logger.warning("reclaimed unfinished put of key %r (token %d)", key[:64], token)
+            if is_spare(key):
+                spares += 1  # an unused reservation, not a failed put
+            else:
+                logger.warning("reclaimed unfinished put of key %r (token %d)", key[:64], token)
             self._drop_pending(token)
-        self.counters.puts_reclaimed += len(stale)
-        return len(stale)
+        self.counters.puts_reclaimed += len(stale) - spares
+        return len(stale) - spares
 
     def free_retired(self, now: float) -> None:
         for _, size, replicas, tenant in self.retired.pop_due(now):
@@ -281,7 +381,9 @@ class ObjectTable:
                 if len(replicas) == len(meta.replicas) and len(held) == len(meta.held):
                     continue
                 lost = (len(meta.replicas) - len(replicas) + len(meta.held) - len(held)) // 2
-                self.counters.replicas_lost += lost
+                spare = meta.put is not None and is_spare(key)  # a reservation: nothing of anyone's is lost
+                if not spare:
+                    self.counters.replicas_lost += lost
                 if self.quotas is not None:
                     self.charge(key, -align(meta.size) * lost)
                 meta.replicas, meta.held = replicas, held
@@ -294,7 +396,7 @@ class ObjectTable:
                         self.suspended[key] = meta
                     continue
                 del table[key]
-                self.counters.objects_lost += 1
+                self.counters.objects_lost += 0 if spare else 1
                 if meta.put is not None:
                     self.pending.pop(meta.put.token, None)
                     self._ended(meta.put.writer)
@@ -331,7 +433,7 @@ class ObjectTable:
                         del table[key]
                         del self.pending[meta.put.token]
                         self._ended(meta.put.writer)
-                        self.counters.puts_reclaimed += 1
+                        self.counters.puts_reclaimed += 0 if is_spare(key) else 1
                     continue
                 meta.held += tuple(v for pair in moved for v in pair)
                 for seg, _ in moved:
@@ -402,7 +504,8 @@ class ObjectTable:
     def restore(self, mirror: j.Mirror, now: float) -> None:
         """Fills an empty table from ``mirror`` (segments must be restored first): its objects,
         its pending puts (ended by their writers' put_end, or reclaimed as usual), and bytes kept
-        for leases; nothing it frees is reused before ``now + mirror.lease_ttl_s``."""
+        for leases; nothing it frees is reused before ``now + mirror.lease_ttl_s``. Tenants' usage
+        is the caller's to count, once the repairs are restored too (``MasterService.restore``)."""
         # In the mirror's order (the snapshot's, then the puts since), which ``load`` keeps; a
         # million objects at a promotion, so one comprehension.
         readable = [(op.key, ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token, op.want))
@@ -417,13 +520,13 @@ class ObjectTable:
             (self.upserts if start.is_upsert else self.objects)[start.key] = meta
             self.pending[start.token] = start.key
             self.pending_by[start.writer] = self.pending_by.get(start.writer, 0) + 1
+            if is_spare(start.key):
+                self.spares[start.writer] = start.token
         self.quarantine_until = now + mirror.lease_ttl_s
         # Whose retired bytes these were is not kept: they count against no quota until freed.
         self.retired = RetiredBytes((max(t, self.quarantine_until), size, tuple(replicas), None)
                                     for t, size, replicas in mirror.retired)
         self.last_token = mirror.max_token
-        if self.quotas is not None:
-            self.usage = self.count_usage()
 
     def _hold_suspended(self, restored: list[tuple[bytes, ObjectMeta]]) -> list[tuple[bytes, ObjectMeta]]:
         """Restored objects with replicas on suspended segments hold those aside; the ones left with
@@ -544,6 +647,8 @@ class ObjectTable:
         meta = self._pending_meta(key, token)
         assert meta is not None and meta.put is not None
         self._ended(meta.put.writer)
+        if self.spares.get(meta.put.writer) == token:
+            del self.spares[meta.put.writer]
         if meta.put.is_upsert:
             del self.upserts[key]
         else:
@@ -553,6 +658,18 @@ class ObjectTable:
             self.charge(key, -align(meta.size) * (len(meta.replicas) // 2))
         if self.journal is not None:
             self.journal.add(j.DropOp(token), key)
+
+    def _take_spare(self, key: bytes) -> list[tuple[str, int]]:
+        """Ends the spare under ``key`` without freeing its bytes: the caller's object takes them."""
+        meta = self.objects.pop(key)
+        assert meta.put is not None
+        if self.spares.get(meta.put.writer) == meta.put.token:
+            del self.spares[meta.put.writer]
+        del self.pending[meta.put.token]
+        self._ended(meta.put.writer)
+        if self.journal is not None:
+            self.journal.add(j.DropOp(meta.put.token), key)
+        return list(_pairs(meta.replicas))
 
     def _retire(self, key: bytes, meta: ObjectMeta, now: float) -> None:
         if meta.held:

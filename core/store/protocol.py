@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 """v2: the ``not_ready`` error kind (a recovering master, a standby), idempotent put_end, and the
 replication stream between masters (``journal``). v3: ``MountSegment`` carries the holder's
 incarnation and is answered with a ``MountResult``: a holder declared dead has its segment
@@ -23,7 +23,8 @@ suspended, not dropped, and gets its objects back by re-mounting (the journal's 
 ops). v4: every connection opens with the ``tidekv.auth`` handshake (and the ``auth`` error kind).
 v5: ``ListKeys``. v6: tenants (``store.tenants``: the Greeting names one; ``Status.QUOTA`` and
 ``PutSlot.detail``), and re-replication (``Repairs``). v7: ``MountSegment.proof``
-(``store.mount_proof``) and the ``unproven`` error kind; ``PutStart.avoid``."""
+(``store.mount_proof``) and the ``unproven`` error kind; ``PutStart.avoid``. v8: spare slots
+(``PutStart.spare``, ``PutBind``, ``PutSlot.spare``): a small put in two round trips."""
 
 MAGIC = b"tkv\x07"
 """First bytes a client sends on a new connection (anything else is not a tidekv store client).
@@ -125,6 +126,24 @@ class PutStart(msgspec.Struct, tag="put_start", array_like=True):
     pin: int = Pin.NONE
     upsert: bool = False
     avoid: list[str] = []  # engines to place no replica on (the writer's writes to them just failed)
+    spare: bool = False  # one key: also reserve a ``Spare`` of its size for this writer's next put
+
+
+class PutBind(msgspec.Struct, tag="put_bind", array_like=True):
+    """Publishes ``keys[0]`` (one key) as the bytes the writer already wrote into its spare
+    ``token`` (of exactly ``size`` bytes): put_start and put_end in one round trip. Result: a
+    ``PutSlot`` whose status is OK, EXISTS (a no-op put; the spare stays the writer's and comes
+    back in ``spare``), STALE (the spare is gone: put as usual) or INVALID; with ``spare``, the
+    writer's next spare comes back in ``PutSlot.spare``."""
+
+    client_id: str
+    keys: list[bytes]
+    token: int
+    size: int
+    pin: int = Pin.NONE
+    upsert: bool = False
+    preferred_segment: str = ""
+    spare: bool = False
 
 
 class PutEnd(msgspec.Struct, tag="put_end", array_like=True):
@@ -195,6 +214,7 @@ Body = Union[
     Heartbeat,
     Disconnect,
     PutStart,
+    PutBind,
     PutEnd,
     PutRevoke,
     Get,
@@ -216,6 +236,23 @@ class Envelope(msgspec.Struct, array_like=True):
 # ---- replies ------------------------------------------------------------------------------
 
 
+SPARE_MARK = b"\0\xffspare:"
+"""Opens the master's key of a ``Spare`` (after its tenant's prefix): no client's put may name such a key."""
+
+
+class Spare(msgspec.Struct, array_like=True):
+    """A slot the master reserved for its writer's next put of exactly ``size`` bytes (the same
+    replicas and preferred segment): the writer writes there, then ``PutBind`` publishes it.
+    A writer has at most one: the next one reserved replaces it (its bytes freed), and the master
+    reclaims it once it is ``valid_s`` old, so a writer uses it only well within that, and asks
+    for a new one only when no thread of it holds the old."""
+
+    token: int
+    size: int
+    locations: list[Location]
+    valid_s: float
+
+
 class PutSlot(msgspec.Struct, array_like=True):
     """Where a writer must write one key (status OK), with the token put_end must quote."""
 
@@ -223,6 +260,7 @@ class PutSlot(msgspec.Struct, array_like=True):
     token: int = 0
     locations: list[Location] = []
     detail: str = ""  # why, for a refusal that needs more than its status (QUOTA)
+    spare: Spare | None = None  # the first slot of a PutStart (or a PutBind) that asked for one
 
 
 class RepairTask(msgspec.Struct, array_like=True):
@@ -288,6 +326,7 @@ class TypedReply(msgspec.Struct, Generic[T], array_like=True):
 RESULT_TYPES: dict[type, object] = {
     Get: tuple[float, list[GetResult]],  # lease_ttl_s, one result per key
     PutStart: list[PutSlot],
+    PutBind: PutSlot,
     PutEnd: list[int],  # Status per key
     PutRevoke: list[int],
     Remove: list[int],

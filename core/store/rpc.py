@@ -142,6 +142,18 @@ class MasterChannel:
                 self._closed = True
                 self._drop()
 
+    def is_quiet(self) -> bool:
+        """Whether the connection is up with nothing to read: a master that went away (closed,
+        restarted) makes it readable, and so does a reply another thread awaits - either way,
+        no proof the master is the one it was. Never blocks."""
+        sock = self._sock
+        if sock is None or self._closed:
+            return False
+        try:
+            return not select.select([sock], [], [], 0)[0]
+        except (OSError, ValueError):  # closed by another thread meanwhile
+            return False
+
     # ---- the connection -----------------------------------------------------------------
 
     def _connect(self, deadline: float) -> socket.socket:

@@ -205,7 +205,7 @@ class Namespace:
             body.client_id = pre + body.client_id
         if isinstance(body, (p.MountSegment, p.UnmountSegment)):
             body.name = pre + body.name
-        elif isinstance(body, p.PutStart) and body.preferred_segment:
+        elif isinstance(body, (p.PutStart, p.PutBind)) and body.preferred_segment:
             body.preferred_segment = pre + body.preferred_segment
         elif isinstance(body, p.Heartbeat) and body.segments:
             body.segments = [pre + n for n in body.segments]
@@ -218,9 +218,11 @@ class Namespace:
         pre = self._prefix
         if not pre:
             return result
-        if isinstance(body, p.PutStart):
-            for slot in result:
+        if isinstance(body, (p.PutStart, p.PutBind)):
+            for slot in result if isinstance(body, p.PutStart) else [result]:
                 slot.locations = self._plain(slot.locations)
+                if slot.spare is not None:
+                    slot.spare.locations = self._plain(slot.spare.locations)
         elif isinstance(body, p.Get):
             for r in result[1]:
                 r.locations = self._plain(r.locations)

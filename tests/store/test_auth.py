@@ -40,6 +40,7 @@ def _example(kind: type) -> msgspec.Struct:
         p.Heartbeat: p.Heartbeat("victim"),
         p.Disconnect: p.Disconnect("victim"),
         p.PutStart: p.PutStart("attacker", [b"k"], [4096], upsert=True),
+        p.PutBind: p.PutBind("victim", [b"k"], 1, 4096),
         p.PutEnd: p.PutEnd("victim", [b"k"], [1]),
         p.PutRevoke: p.PutRevoke("victim", [b"k"], [0]),
         p.Get: p.Get([b"k"]),

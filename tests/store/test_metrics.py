@@ -35,7 +35,8 @@ def test_metrics_are_prometheus_text(master: MasterProcess, spawn_agent: SpawnAg
     lines = text.splitlines()
     assert "# TYPE tidekv_keys gauge" in lines
     assert "tidekv_keys 2" in lines
-    assert f'tidekv_segment_used_bytes{{segment="{holder.segment}"}} {128 + 1024}' in lines
+    spare = st.stats()["segments"][holder.segment]["spare"]  # st's slot for its next put (protocol.Spare)
+    assert f'tidekv_segment_used_bytes{{segment="{holder.segment}"}} {128 + 1024 + spare}' in lines
     assert f'tidekv_segment_capacity_bytes{{segment="{holder.segment}"}} {1 << 20}' in lines
     assert any(line.startswith('tidekv_master_requests_total{type="Get"}') for line in lines)
     for line in lines:

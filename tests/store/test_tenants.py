@@ -99,7 +99,8 @@ def test_a_tenant_cannot_touch_another_tenants_objects(rig: ServiceRig, kind: ty
     and segment are exactly as before; bob gets answers about his own namespace only."""
     alice = rig.put("a1", b"k", 4096)
     pending = rig.put_start("a1", b"p", 4096)
-    assert alice.status == Status.OK and pending.status == Status.OK
+    spare = msgspec.convert(rig.call(p.PutStart("a1", [b"s"], [4096], spare=True), client="a1"), list[p.PutSlot])[0].spare
+    assert alice.status == Status.OK and pending.status == Status.OK and spare is not None
     a_base = rig.bases["a-seg"]
     before = _alice_state(rig)
     assert before["stats"]["keys"] == 1 and before["stats"]["segments"].keys() == {"a-seg"}
@@ -111,6 +112,7 @@ def test_a_tenant_cannot_touch_another_tenants_objects(rig: ServiceRig, kind: ty
         p.Heartbeat: (p.Heartbeat("a1", segments=["a-seg"]), "invalid"),
         p.Disconnect: (p.Disconnect("a1"), "invalid"),
         p.PutStart: (p.PutStart("b1", [b"k", b"p"], [4096, 4096], upsert=True), None),
+        p.PutBind: (p.PutBind("b1", [b"k"], spare.token, 4096), None),  # alice's spare: not bob's to take
         p.PutEnd: (p.PutEnd("b1", [b"p"], [pending.token]), [Status.STALE]),
         p.PutRevoke: (p.PutRevoke("b1", [b"p", b"p"], [pending.token, 0]), [Status.STALE, Status.STALE]),
         p.Get: (p.Get([b"k", b"p"]), None),
@@ -135,6 +137,9 @@ def test_a_tenant_cannot_touch_another_tenants_objects(rig: ServiceRig, kind: ty
             slots = msgspec.convert(result, list[p.PutSlot])
             assert [s.status for s in slots] == [Status.OK, Status.OK]
             assert all(_segments_of(s) == {"b-seg"} for s in slots)
+        elif kind is p.PutBind:
+            slot = msgspec.convert(result, p.PutSlot)
+            assert slot.status == Status.STALE and slot.spare is None
         elif kind is p.StatsRequest:
             assert result["tenant"] == "bob" and result["keys"] == 0 and set(result["segments"]) == {"b-seg"}
         elif expected is not None:
