@@ -24,7 +24,7 @@ struct EngineOptions {
   std::string secret;
   uint32_t max_regions = 4096;
   int unregister_timeout_ms = 5000;
-  uint64_t inline_bytes = 64 << 10;
+  uint64_t inline_bytes = 1 << 20;
   uint64_t defer_bytes = 16 << 20;
   int defer_grace_us = 200;
   int reply_spin_us = 100;
