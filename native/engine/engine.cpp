@@ -266,30 +266,68 @@ std::string Engine::fetch_descriptor(const std::string& host, int port) {
 PeerAddress Engine::address_of(Peer& peer) {
   Peer* p = &peer;
   return PeerAddress{peer.name, peer.host, peer.port, [this, p](const Descriptor& fresh) {
-                       std::lock_guard<std::mutex> lock(p->mu);
-                       if (fresh.same_instance(p->descriptor)) return;
+                       {
+                         std::lock_guard<std::mutex> lock(p->mu);
+                         if (fresh.same_instance(p->descriptor)) return;
+                       }
                        ctx_.log.emit(LogLevel::kInfo, "peer " + p->name + " restarted (new descriptor)");
                        relink(*p, fresh);
                      }};
 }
 
 void Engine::relink(Peer& peer, const Descriptor& d) {
-  // Called with peer.mu held. A link whose peer section is unchanged and still current stays
-  // (tcp's, whose connections outlive a peer restart on the same address); the others are
-  // replaced. Tasks already planned on a replaced link keep it alive until they finish.
-  bool fresh = peer.links.empty();
-  peer.links.resize(transports_.size());
-  for (size_t i = 0; i < transports_.size(); ++i) {
-    if (!availability_[i].available) continue;
-    uint16_t id = uint16_t(transports_[i]->id());
-    const std::string* before = fresh ? nullptr : peer.descriptor.section(id);
-    const std::string* after = d.section(id);
-    bool same = !fresh && (before == after || (before && after && *before == *after));
-    if (same && (!peer.links[i] || peer.links[i]->is_current())) continue;
-    if (peer.links[i]) peer.links[i]->close();
-    peer.links[i] = transports_[i]->connect(address_of(peer), after);
+  // A link whose peer section is unchanged and still current stays (tcp's, whose connections
+  // outlive a peer restart on the same address); the others are replaced. Tasks already planned
+  // on a replaced link keep it alive until they finish.
+  std::vector<size_t> replace;
+  std::vector<const std::string*> sections;
+  uint64_t generation;
+  {
+    std::lock_guard<std::mutex> lock(peer.mu);
+    bool fresh = peer.links.empty();
+    peer.links.resize(transports_.size());
+    for (size_t i = 0; i < transports_.size(); ++i) {
+      if (!availability_[i].available) continue;
+      uint16_t id = uint16_t(transports_[i]->id());
+      const std::string* before = fresh ? nullptr : peer.descriptor.section(id);
+      const std::string* after = d.section(id);
+      bool same = !fresh && (before == after || (before && after && *before == *after));
+      if (same && (!peer.links[i] || peer.links[i]->is_current())) continue;
+      replace.push_back(i);
+      sections.push_back(after);  // points into `d`, which outlives this call
+    }
+    generation = ++peer.generation;
+    if (replace.empty()) {
+      peer.descriptor = d;
+      return;
+    }
   }
-  peer.descriptor = d;
+  PeerAddress address = address_of(peer);
+  std::vector<std::shared_ptr<PeerLink>> made(replace.size());
+  try {
+    for (size_t k = 0; k < replace.size(); ++k) made[k] = transports_[replace[k]]->connect(address, sections[k]);
+  } catch (...) {
+    for (auto& link : made)
+      if (link) link->close();
+    throw;
+  }
+  std::vector<std::shared_ptr<PeerLink>> retired;
+  {
+    std::lock_guard<std::mutex> lock(peer.mu);
+    if (peer.generation != generation || closed_.load()) {
+      // A relink begun later installs its own links; a closed engine (close() sets closed_
+      // before it closes the links under this lock) takes none.
+      retired = std::move(made);
+    } else {
+      for (size_t k = 0; k < replace.size(); ++k) {
+        retired.push_back(std::move(peer.links[replace[k]]));
+        peer.links[replace[k]] = std::move(made[k]);
+      }
+      peer.descriptor = d;
+    }
+  }
+  for (auto& link : retired)
+    if (link) link->close();
 }
 
 uint32_t Engine::add_peer(const std::string& name, const std::string& descriptor) {
@@ -300,6 +338,7 @@ uint32_t Engine::add_peer(const std::string& name, const std::string& descriptor
   split_host_port(name, &host, &port);
   Peer* peer;
   uint32_t id;
+  bool is_new = false;
   {
     std::lock_guard<std::mutex> lock(peers_mu_);
     auto it = peer_ids_.find(name);
@@ -313,12 +352,22 @@ uint32_t Engine::add_peer(const std::string& name, const std::string& descriptor
       peer->name = name;
       peer->host = host;
       peer->port = port;
-      peer_ids_[name] = id;
+      is_new = true;
     }
   }
-  std::lock_guard<std::mutex> plock(peer->mu);
   relink(*peer, d);
-  return id;
+  if (!is_new) return id;
+  // A new peer's name resolves only once its links are in place (relink connects without the
+  // peer's lock): a submit naming it meanwhile is told it is unknown and connects it itself.
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  auto [it, inserted] = peer_ids_.emplace(name, id);
+  if (!inserted) {  // another thread connected it first: use that one, drop this one's links
+    std::lock_guard<std::mutex> plock(peer->mu);
+    for (auto& link : peer->links)
+      if (link) link->close();
+    peer->links.clear();
+  }
+  return it->second;
 }
 
 uint32_t Engine::peer_id(const std::string& name) {
@@ -369,11 +418,11 @@ void Engine::refresh_if_stale(Peer& peer) {
   } catch (const Error&) {
     // Unreachable now: drop the stale links; what remains (tcp) reports the failure per request.
   }
-  std::lock_guard<std::mutex> lock(peer.mu);
   if (fresh) {
     relink(peer, *fresh);
     return;
   }
+  std::lock_guard<std::mutex> lock(peer.mu);
   for (auto& link : peer.links)
     if (link && !link->is_current()) {
       link->close();

@@ -79,6 +79,7 @@ class Engine {
     std::mutex mu;
     Descriptor descriptor;
     std::vector<std::shared_ptr<PeerLink>> links;  // by transport index; null: not reachable by it
+    uint64_t generation = 0;                       // relinks begun (relink installs only its own, the latest)
   };
   void worker_loop();
   void enqueue(const std::shared_ptr<Batch>& batch);
@@ -97,7 +98,10 @@ class Engine {
   // Chooses a link for each request and plans them; `locations` are the requests' local ones.
   void plan_peer(const std::shared_ptr<Batch>& batch, Peer& peer, const std::vector<uint32_t>& requests,
                  const std::vector<MemoryLocation>& locations, bool* all_same_host);
-  // Called with peer.mu held: rebuilds the links whose section changed.
+  // Installs descriptor `d` for `peer`, rebuilding the links whose section changed. Takes
+  // peer.mu itself and must be called without it: the transports' connect() runs outside the
+  // lock (it may block - tcp dials, an RDMA connect exchanges endpoints - while every submit to
+  // the peer takes that lock). Of two relinks that overlap, the one begun last is installed.
   void relink(Peer& peer, const Descriptor& d);
   void refresh_if_stale(Peer& peer);
   // Called with peer.mu held: whether a link no longer trusts what it knows of the peer.
