@@ -18,6 +18,7 @@ class EngineOptions:
     unregister_timeout_ms: int
     inline_bytes: int
     shm_parallelism: int
+    stream_copy_bytes: int
     enable_cross_memory_attach: bool
     defer_bytes: int
     defer_grace_us: int

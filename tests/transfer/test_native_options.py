@@ -1,0 +1,55 @@
+"""The native engine's options, the typed view of them and the Python settings stay one set.
+
+Each option is declared in ``native/common/context.h`` and bound in ``native/engine/bindings.cpp``;
+``core/_native.pyi`` types it and ``tidekv.transfer.engine`` fills it from ``TransferConfig``. The
+view had drifted once (``stream_copy_bytes`` missing from the stub); these checks fail on the
+next drift, naming the option.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tidekv
+from tidekv import _native
+from tidekv.config import TransferConfig
+from tidekv.transfer import engine as engine_module
+
+NATIVE_ONLY = {"defer_bytes", "defer_grace_us"}
+"""Tuning of the engine's own dispatch, not settings: left at the native defaults."""
+
+
+def _native_fields() -> set[str]:
+    return {n for n in dir(_native.EngineOptions()) if not n.startswith("_")}
+
+
+def _stub_fields() -> set[str]:
+    stub = Path(tidekv.__file__).with_name("_native.pyi")
+    tree = ast.parse(stub.read_text())
+    options = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "EngineOptions")
+    return {node.target.id for node in options.body
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+
+
+def test_the_stub_types_every_native_option() -> None:
+    native, stub = _native_fields(), _stub_fields()
+    assert native - stub == set(), f"core/_native.pyi lacks {sorted(native - stub)}"
+    assert stub - native == set(), f"core/_native.pyi types options the engine has not: {sorted(stub - native)}"
+
+
+def test_the_engine_fills_every_native_option_from_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    native = _native_fields()
+    written: set[str] = set()
+
+    class Recording:
+        def __setattr__(self, name: str, value: Any) -> None:
+            written.add(name)
+
+    monkeypatch.setattr(engine_module._native, "EngineOptions", Recording)
+    engine_module._native_options("127.0.0.1", 0, TransferConfig())
+    unset = native - NATIVE_ONLY - written
+    assert unset == set(), f"tidekv.transfer.engine leaves native options at their C++ defaults: {sorted(unset)}"
+    assert written <= native, f"sets options the engine has not: {sorted(written - native)}"
