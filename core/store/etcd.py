@@ -196,8 +196,11 @@ class EtcdClient:
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, ssl.SSLError):
                 raise etcd_errors.tls_error(endpoint, exc.reason, self.security) from None
-            raise _Unanswered(str(exc)) from None
-        except http.client.BadStatusLine as exc:  # hung up without a word: what etcd serving TLS does to http
+            hint = etcd_errors.unanswered_hint(endpoint, self.security) if isinstance(exc.reason, ConnectionResetError) else ""
+            raise _Unanswered(f"{exc}{hint}") from None
+        # etcd serving TLS hangs up on plain http: without a word (BadStatusLine) or, when the hang-up
+        # races the request's last bytes, with a reset.
+        except (http.client.BadStatusLine, ConnectionResetError) as exc:
             raise _Unanswered(f"{exc!r}{etcd_errors.unanswered_hint(endpoint, self.security)}") from None
         except (OSError, http.client.HTTPException) as exc:
             raise _Unanswered(str(exc)) from None
