@@ -19,6 +19,7 @@ class EngineOptions:
     inline_bytes: int
     shm_parallelism: int
     stream_copy_bytes: int
+    fabric_provider: str
     enable_cross_memory_attach: bool
     defer_bytes: int
     defer_grace_us: int

@@ -37,6 +37,7 @@ class TransportKind(enum.Enum):
     TCP = "tcp"  #: always tcp (e.g. to measure the cross-host path on one machine)
     SHM = "shm"  #: same-host only; requests to other hosts fail
     CUDA = "cuda"  #: same-host GPU memory only; requests with host memory on both sides fail
+    FABRIC = "fabric"  #: always fabric (one-sided RDMA through libfabric); peers it cannot reach fail
 
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -76,7 +77,7 @@ class TransferConfig:
     """
 
     transport: TransportKind = TransportKind.AUTO
-    """Transport selection (auto, tcp, shm, cuda). Default auto."""
+    """Transport selection (auto, tcp, shm, cuda, fabric). Default auto."""
     connections_per_peer: int = 4
     """tcp connections opened to each peer; slices are striped over them. Default 4 (1..64)."""
     worker_threads: int = 4
@@ -122,6 +123,11 @@ class TransferConfig:
     """Incoming connections held at once (handshaking or serving); more are refused. Default 1024."""
     max_connections_per_peer: int = 64
     """Of which one peer engine may hold (it opens connections_per_peer). Default 64 (1..4096)."""
+    fabric_provider: str = ""
+    """The libfabric provider of the fabric transport (one-sided RDMA), as ``fi_info -l`` names
+    it: "verbs" (InfiniBand/RoCE), "efa" (AWS), or a software one ("tcp", slower than the tcp
+    transport: for testing). Set it alike on every engine. Default "": verbs, then efa, where
+    present (with neither, fabric is unavailable and tcp carries cross-host requests)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.transport, TransportKind):

@@ -44,6 +44,7 @@ def _native_options(host: str, port: int, config: TransferConfig) -> _native.Eng
     o.inline_bytes = config.inline_bytes
     o.shm_parallelism = config.shm_parallelism
     o.stream_copy_bytes = config.stream_copy_bytes
+    o.fabric_provider = config.fabric_provider
     o.enable_cross_memory_attach = config.enable_cross_memory_attach
     o.reply_spin_us = config.busy_poll_us
     o.server_threads = config.server_threads

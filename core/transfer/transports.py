@@ -3,7 +3,7 @@
 ``catalog()`` is the one list of transports: ``tidekv doctor`` prints it and self-tests what it
 calls available. Which transports this build has, and whether each can run, comes from the
 native engine itself (its transport registry); the probes here add the reasons in words a user
-can act on, and say what a transport not in this build (fabric) would find on this host.
+can act on.
 Each probe only looks — it loads a shared library, reads /proc or /sys, or makes one harmless
 system call on this process.
 Neighbours: ``memory`` (THP, Yama and seccomp facts the store also decides with),
@@ -41,13 +41,13 @@ class TransportStatus:
 
 
 def catalog(config: TransferConfig) -> list[TransportStatus]:
-    """Every transport this build has (in the engine's order), then those it does not have yet.
+    """Every transport this build has, in the engine's order.
 
     Args:
         config: the settings an engine here would run with (e.g. whether cross-memory attach is on).
 
     Returns:
-        One status each for "tcp", "shm", "cuda" and "fabric" (and any transport a newer build adds).
+        One status per transport of the native registry ("tcp", "shm", "cuda", "fabric", ...).
     """
     out = []
     for name, available, reason in built_transports(config):
@@ -56,8 +56,6 @@ def catalog(config: TransferConfig) -> list[TransportStatus]:
         if not available and hint:
             reason = f"{reason}; {hint()}"
         out.append(detail(config) if detail and available else TransportStatus(name, available, reason))
-    names = {status.name for status in out}
-    out += [probe() for name, probe in _NOT_BUILT.items() if name not in names]
     return out
 
 
@@ -148,13 +146,9 @@ def _nvidia_kernel_gpus() -> str:
     return f"the NVIDIA kernel driver lists {len(gpus)} GPU(s) in {NVIDIA_GPUS_PATH}"
 
 
-def fabric_status() -> TransportStatus:
-    """fabric (RDMA through libfabric): not in this build; says what it would find here."""
+def _rdma_devices_hint() -> str:
     devices = rdma_devices()
-    found = f"RDMA devices: {', '.join(devices)}" if devices else f"no RDMA devices ({INFINIBAND_PATH} empty or absent)"
-    return TransportStatus("fabric", False, f"this build has no RDMA transport yet; libfabric.so.1 "
-                                            f"{library_state('libfabric.so.1')}; libibverbs.so.1 "
-                                            f"{library_state('libibverbs.so.1')}; {found}")
+    return f"RDMA devices: {', '.join(devices)}" if devices else f"no RDMA devices ({INFINIBAND_PATH} empty or absent)"
 
 
 def library_state(soname: str) -> str:
@@ -204,8 +198,5 @@ _DETAILS: dict[str, Callable[[TransferConfig], TransportStatus]] = {
 }
 """Probes that explain a built transport the engine calls available."""
 
-_HINTS: dict[str, Callable[[], str]] = {"cuda": _nvidia_kernel_gpus}
+_HINTS: dict[str, Callable[[], str]] = {"cuda": _nvidia_kernel_gpus, "fabric": _rdma_devices_hint}
 """What the host itself says, added to the reason of a built transport that is unavailable."""
-
-_NOT_BUILT: dict[str, Callable[[], TransportStatus]] = {"fabric": fabric_status}
-"""Transports still to come, and what each would find on this host."""

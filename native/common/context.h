@@ -36,6 +36,7 @@ struct EngineOptions {
   int idle_timeout_ms = 300000;          // a data connection idle this long is closed (both sides)
   int max_connections = 1024;            // open connections the listener and servers hold at once
   int max_connections_per_peer = 64;     // of which from one peer engine
+  std::string fabric_provider;           // libfabric provider for the fabric transport (empty: verbs, then efa)
 };
 
 class Task;

@@ -13,6 +13,7 @@ struct Counters {
   std::atomic<uint64_t> shm_bytes{0};         // of which moved by the same-host path
   std::atomic<uint64_t> shm_streamed_bytes{0};  // of which copied with streaming stores (common/copy.h)
   std::atomic<uint64_t> cuda_bytes{0};        // of which moved by the cuda transport
+  std::atomic<uint64_t> fabric_bytes{0};      // of which moved by the fabric transport (RMA)
   std::atomic<uint64_t> served_bytes{0};      // moved for peers by this engine's tcp server
   std::atomic<uint64_t> frames_refused{0};    // peer frames outside registered memory
   std::atomic<uint64_t> connections_accepted{0};

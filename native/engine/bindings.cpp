@@ -118,6 +118,7 @@ void register_engine(py::module_& m) {
       .def_readwrite("reply_spin_us", &EngineOptions::reply_spin_us)
       .def_readwrite("shm_parallelism", &EngineOptions::shm_parallelism)
       .def_readwrite("stream_copy_bytes", &EngineOptions::stream_copy_bytes)
+      .def_readwrite("fabric_provider", &EngineOptions::fabric_provider)
       .def_readwrite("enable_cross_memory_attach", &EngineOptions::enable_cross_memory_attach)
       .def_readwrite("server_threads", &EngineOptions::server_threads)
       .def_readwrite("handshake_timeout_ms", &EngineOptions::handshake_timeout_ms)
@@ -245,6 +246,7 @@ void register_engine(py::module_& m) {
              d["shm_bytes"] = c.shm_bytes.load();
              d["shm_streamed_bytes"] = c.shm_streamed_bytes.load();
              d["cuda_bytes"] = c.cuda_bytes.load();
+             d["fabric_bytes"] = c.fabric_bytes.load();
              d["served_bytes"] = c.served_bytes.load();
              d["frames_refused"] = c.frames_refused.load();
              d["connections_accepted"] = c.connections_accepted.load();

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "cuda/cuda_transport.h"
+#include "fabric/fabric_transport.h"
 #include "shm/shm_transport.h"
 #include "tcp/tcp_transport.h"
 
@@ -15,6 +16,7 @@ const std::vector<TransportEntry>& transport_registry() {
       {"tcp", make_tcp_transport},
       {"shm", make_shm_transport},
       {"cuda", make_cuda_transport},
+      {"fabric", make_fabric_transport},
   };
   return entries;
 }

@@ -1,0 +1,426 @@
+#include "fabric/fabric_link.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/errors.h"
+#include "common/handshake.h"
+#include "common/wire.h"
+
+namespace tidekv::fabric {
+namespace {
+
+std::string range_text(wire::Op op, uint64_t addr, uint64_t length) {
+  char b[96];
+  snprintf(b, sizeof(b), "%s [0x%llx, +%llu)", op == wire::Op::kRead ? "READ" : "WRITE", (unsigned long long)addr,
+           (unsigned long long)length);
+  return b;
+}
+
+ErrorKind kind_of(int err) {
+  switch (err) {
+    case FI_ETIMEDOUT:
+      return ErrorKind::kTimeout;
+    case FI_ECONNREFUSED:
+    case FI_ECONNRESET:
+    case FI_ECONNABORTED:
+    case FI_ENOTCONN:
+    case FI_EHOSTUNREACH:
+    case FI_ENETUNREACH:
+    case FI_ESHUTDOWN:
+    case FI_ECANCELED:
+    case FI_EIO:
+      return ErrorKind::kPeerUnavailable;
+    case FI_EKEYREJECTED:
+    case FI_EACCES:
+      return ErrorKind::kNotRegistered;
+    default:
+      return ErrorKind::kTransfer;
+  }
+}
+
+bool covers(const FabricLink::Remote& r, uint64_t addr, uint64_t length) {
+  return addr >= r.base && length <= r.length && addr - r.base <= r.length - length;
+}
+
+}  // namespace
+
+// One plan()'s requests: per request, the slices still in flight and its first error; the
+// writes that landed and wait for the read that confirms them (without delivery-complete).
+struct FabricLink::Group {
+  struct State {
+    std::atomic<uint32_t> left{0};
+    std::mutex mu;
+    bool failed = false;
+    ErrorKind kind = ErrorKind::kTransfer;
+    std::string message;
+    std::shared_ptr<Remote> remote;
+  };
+  std::shared_ptr<Batch> batch;
+  std::shared_ptr<FabricLink> link;
+  std::vector<uint32_t> requests;
+  std::unique_ptr<State[]> state;  // by request index in the batch
+  std::atomic<uint32_t> writes_left{0};
+  std::mutex mu;
+  std::vector<uint32_t> landed;  // writes waiting for the confirming read
+};
+
+namespace {
+
+struct SliceOp final : Op {
+  std::shared_ptr<FabricLink::Group> group;
+  uint32_t request;
+  std::shared_ptr<FabricLink::Remote> remote;
+  void finish(int err, const std::string& message) override {
+    group->link->slice_finished(group, request, remote, err, message);
+  }
+};
+
+}  // namespace
+
+FabricLink::FabricLink(EngineContext& ctx, Domain& domain, const Registration& scratch, PeerAddress peer,
+                       std::string endpoint)
+    : ctx_(ctx), domain_(domain), scratch_(scratch), peer_(std::move(peer)), endpoint_(std::move(endpoint)) {
+  addr_ = domain_.insert_peer(endpoint_);
+}
+
+FabricLink::~FabricLink() {
+  close();
+  if (reader_.joinable()) {
+    if (reader_.get_id() == std::this_thread::get_id()) {
+      reader_.detach();
+    } else {
+      reader_.join();
+    }
+  }
+  if (control_fd_ >= 0) ::close(control_fd_);
+}
+
+int FabricLink::preference(const Request& r, MemoryLocation local) const {
+  return local.kind == MemoryKind::kCpu ? 5 : 0;
+}
+
+std::string FabricLink::refusal(const Request& r, MemoryLocation local) const {
+  return "fabric moves host memory only (this libfabric provider has no GPU memory support here), not " + local.str();
+}
+
+void FabricLink::close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    cv_.notify_all();
+  }
+  std::lock_guard<std::mutex> lock(control_mu_);
+  if (control_fd_ >= 0) ::shutdown(control_fd_, SHUT_RDWR);
+}
+
+void FabricLink::open_control() {
+  std::lock_guard<std::mutex> lock(control_mu_);
+  if (control_fd_ >= 0) return;
+  {
+    std::lock_guard<std::mutex> state(mu_);
+    TIDEKV_CHECK(!closed_, kClosed, "engine closed");
+  }
+  SocketOptions options{64 << 10, ctx_.options.io_timeout_ms};
+  int fd = connect_tcp(peer_.host, peer_.port, options);
+  auto reader = std::make_shared<SocketReader>(fd, peer_.name);
+  try {
+    Descriptor d = client_handshake(fd, *reader, wire::ConnType::kData, uint16_t(TransportId::kFabric), ctx_.instance,
+                                    ctx_.options.secret, peer_.name);
+    if (peer_.on_descriptor) peer_.on_descriptor(d);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  control_fd_ = fd;
+  reader_ = std::thread([this, reader] {
+    try {
+      for (;;) {
+        Msg m{};
+        reader->read_exact(&m, sizeof(m), true);
+        if (m.magic != kMsgMagic) TIDEKV_THROW(kTransfer, "peer " + peer_.name + " sent a malformed fabric frame");
+        if (m.kind == uint32_t(MsgKind::kRegion)) {
+          std::lock_guard<std::mutex> state(mu_);
+          std::shared_ptr<Remote> remote;
+          if (m.status == uint32_t(wire::Status::kOk)) {
+            remote = std::make_shared<Remote>();
+            remote->base = m.addr;
+            remote->length = m.length;
+            remote->key = m.key;
+            cache_[m.addr] = remote;
+          }
+          auto it = answers_.find(m.tag);
+          if (it != answers_.end()) it->second = Answer{true, m.status, remote};
+          cv_.notify_all();
+        } else if (m.kind == uint32_t(MsgKind::kRevoke)) {
+          {
+            // Forget the region, then wait until nothing of ours is in flight to it.
+            std::unique_lock<std::mutex> state(mu_);
+            auto it = cache_.find(m.addr);
+            if (it != cache_.end() && it->second->key == m.key) {
+              std::shared_ptr<Remote> remote = it->second;
+              remote->revoked = true;
+              cache_.erase(it);
+              cv_.wait_for(state, std::chrono::milliseconds(ctx_.options.io_timeout_ms),
+                           [&] { return remote->inflight == 0 || closed_; });
+            }
+          }
+          send(Msg{kMsgMagic, uint32_t(MsgKind::kRevokeAck), m.tag, m.addr, 0, m.key, 0, 0});
+        }
+      }
+    } catch (const std::exception&) {
+    }
+    control_lost_.store(true, std::memory_order_release);
+    std::lock_guard<std::mutex> state(mu_);
+    cv_.notify_all();
+  });
+}
+
+void FabricLink::send(const Msg& m) {
+  std::lock_guard<std::mutex> lock(control_mu_);
+  TIDEKV_CHECK(control_fd_ >= 0, kPeerUnavailable, "no fabric control connection to peer " + peer_.name);
+  send_all(control_fd_, &m, sizeof(m), peer_.name);
+}
+
+std::shared_ptr<FabricLink::Remote> FabricLink::resolve(uint64_t addr, uint64_t length, uint32_t* status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cache_.upper_bound(addr);
+    if (it != cache_.begin() && covers(*std::prev(it)->second, addr, length)) return std::prev(it)->second;
+  }
+  open_control();
+  uint64_t tag;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tag = next_tag_++;
+    answers_[tag] = Answer{};
+  }
+  send(Msg{kMsgMagic, uint32_t(MsgKind::kLookup), tag, addr, length, 0, 0, 0});
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::milliseconds(ctx_.options.io_timeout_ms),
+               [&] { return answers_[tag].answered || closed_ || control_lost_.load(); });
+  Answer a = answers_[tag];
+  answers_.erase(tag);
+  if (!a.answered) {
+    if (closed_) TIDEKV_THROW(kClosed, "engine closed");
+    if (control_lost_.load()) TIDEKV_THROW(kPeerUnavailable, "peer " + peer_.name + " closed the fabric control connection");
+    TIDEKV_THROW(kTimeout, "peer " + peer_.name + " did not answer a fabric region lookup in io_timeout_ms");
+  }
+  *status = a.status;
+  if (a.remote && (a.remote->revoked || !covers(*a.remote, addr, length))) {
+    *status = uint32_t(wire::Status::kNotRegistered);
+    return nullptr;
+  }
+  return a.remote;
+}
+
+void FabricLink::plan(const std::shared_ptr<Batch>& batch, const std::vector<uint32_t>& requests) {
+  auto g = std::make_shared<Group>();
+  g->batch = batch;
+  g->link = shared_from_this();
+  g->requests = requests;
+  g->state.reset(new Group::State[batch->requests().size()]);
+  for (uint32_t r : requests) {
+    batch->expect_slices(r, 1);  // one report per request, once all its pieces have finished
+    if (batch->requests()[r].op == wire::Op::kWrite && !domain_.has_delivery_complete()) g->writes_left++;
+  }
+  batch->add_task(std::make_shared<Task>([g](const Deadline&) { g->link->run(g); }));
+}
+
+void FabricLink::run(const std::shared_ptr<Group>& g) {
+  if (needs_new_address_.exchange(false)) {
+    // An operation to the peer failed on the connection: start from a fresh address entry, so
+    // the provider connects again instead of reporting the dead connection.
+    domain_.remove_peer(addr_);
+    try {
+      addr_ = domain_.insert_peer(endpoint_);
+    } catch (const Error&) {
+      needs_new_address_.store(true);
+    }
+  }
+  const uint64_t slice = std::max<uint64_t>(4096, std::min<uint64_t>(ctx_.options.slice_bytes, domain_.max_message()));
+  for (uint32_t r : g->requests) {
+    const Request& q = g->batch->requests()[r];
+    Group::State& s = g->state[r];
+    auto fail = [&](ErrorKind kind, const std::string& message) {
+      {
+        std::lock_guard<std::mutex> lock(s.mu);
+        if (!s.failed) {
+          s.failed = true;
+          s.kind = kind;
+          s.message = message;
+        }
+      }
+    };
+    uint32_t status = uint32_t(wire::Status::kOk);
+    std::shared_ptr<Remote> remote;
+    Registration local{};
+    try {
+      remote = resolve(q.remote_addr, q.length, &status);
+    } catch (const Error& e) {
+      fail(e.kind(), std::string(e.what()) + " during " + range_text(q.op, q.remote_addr, q.length));
+    }
+    if (!s.failed && !remote) {
+      fail(status == uint32_t(wire::Status::kNotHostMemory) ? ErrorKind::kTransfer : ErrorKind::kNotRegistered,
+           "peer " + peer_.name + " refused " + range_text(q.op, q.remote_addr, q.length) +
+               (status == uint32_t(wire::Status::kNotHostMemory)
+                    ? ": the range is GPU memory there, which fabric does not move"
+                    : ": not inside a region registered there"));
+    }
+    if (!s.failed && !domain_.find(q.local_addr, q.length, &local))
+      fail(ErrorKind::kNotRegistered, "the local range of " + range_text(q.op, q.local_addr, q.length) +
+                                          " is not registered with the fabric provider");
+    uint32_t slices = uint32_t((q.length + slice - 1) / slice);
+    if (!s.failed) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (remote->revoked) {
+        s.failed = true;
+        s.kind = ErrorKind::kNotRegistered;
+        s.message = "peer " + peer_.name + " refused " + range_text(q.op, q.remote_addr, q.length) +
+                    ": the region was unregistered there";
+      } else {
+        remote->inflight += slices;
+      }
+    }
+    if (s.failed) {
+      request_done(g, r);
+      continue;
+    }
+    s.remote = remote;
+    s.left.store(slices + 1);  // +1: this loop's own hold, released after the last post
+    uint32_t posted = 0;
+    for (uint64_t off = 0; off < q.length; off += slice, ++posted) {
+      auto* op = new SliceOp();
+      op->group = g;
+      op->request = r;
+      op->remote = remote;
+      uint64_t len = std::min(slice, q.length - off);
+      try {
+        domain_.post(q.op == wire::Op::kRead, op, q.local_addr + off, len, local.desc, addr_,
+                     domain_.remote_address(q.remote_addr + off, remote->base), remote->key);
+      } catch (const Error& e) {
+        delete op;
+        fail(e.kind(), "peer " + peer_.name + ": " + e.what() + " during " + range_text(q.op, q.remote_addr, q.length));
+        break;
+      }
+    }
+    uint32_t unposted = slices - posted;
+    if (unposted) {
+      std::lock_guard<std::mutex> lock(mu_);
+      remote->inflight -= unposted;
+      if (remote->inflight == 0 && remote->revoked) cv_.notify_all();
+    }
+    if (s.left.fetch_sub(unposted + 1) == unposted + 1) request_done(g, r);
+  }
+}
+
+void FabricLink::slice_finished(const std::shared_ptr<Group>& g, uint32_t request, const std::shared_ptr<Remote>& remote,
+                                int err, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--remote->inflight == 0 && remote->revoked) cv_.notify_all();
+  }
+  Group::State& s = g->state[request];
+  if (err) {
+    const Request& q = g->batch->requests()[request];
+    ErrorKind kind = kind_of(err);
+    if (kind == ErrorKind::kPeerUnavailable || kind == ErrorKind::kTimeout || kind == ErrorKind::kTransfer)
+      needs_new_address_.store(true);
+    bool closed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed = closed_;
+    }
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.failed) {
+      s.failed = true;
+      s.kind = closed ? ErrorKind::kClosed : kind;
+      s.message = "peer " + peer_.name + ": fabric " + range_text(q.op, q.remote_addr, q.length) + " failed: " + message;
+    }
+  }
+  if (s.left.fetch_sub(1) == 1) request_done(g, request);
+}
+
+void FabricLink::request_done(const std::shared_ptr<Group>& g, uint32_t request) {
+  const Request& q = g->batch->requests()[request];
+  Group::State& s = g->state[request];
+  const bool is_write = q.op == wire::Op::kWrite;
+  const bool confirm = is_write && !domain_.has_delivery_complete();
+  if (s.failed) {
+    g->batch->fail_slice(request, s.kind, s.message);
+  } else if (!confirm) {
+    (is_write ? ctx_.counters.bytes_written : ctx_.counters.bytes_read).fetch_add(q.length, std::memory_order_relaxed);
+    ctx_.counters.fabric_bytes.fetch_add(q.length, std::memory_order_relaxed);
+    g->batch->complete_slice(request, q.length);
+  } else {
+    std::lock_guard<std::mutex> lock(g->mu);
+    g->landed.push_back(request);
+  }
+  if (confirm && g->writes_left.fetch_sub(1) == 1) post_flush(g);
+}
+
+namespace {
+
+// The read after a batch's writes (FI_ORDER_RAW): once it is back, they have landed.
+struct FlushOp final : Op {
+  std::shared_ptr<FabricLink::Group> group;
+  std::shared_ptr<FabricLink::Remote> remote;
+  std::function<void(int, const std::string&)> done;
+  void finish(int err, const std::string& message) override { done(err, message); }
+};
+
+}  // namespace
+
+void FabricLink::post_flush(const std::shared_ptr<Group>& g) {
+  std::vector<uint32_t> landed;
+  {
+    std::lock_guard<std::mutex> lock(g->mu);
+    landed.swap(g->landed);
+  }
+  if (landed.empty()) return;
+  auto finish = [this, g, landed](int err, const std::string& message) {
+    for (uint32_t r : landed) {
+      const Request& q = g->batch->requests()[r];
+      if (err) {
+        g->batch->fail_slice(r, kind_of(err), "peer " + peer_.name + ": the read confirming " +
+                                                  range_text(q.op, q.remote_addr, q.length) + " failed: " + message);
+      } else {
+        ctx_.counters.bytes_written.fetch_add(q.length, std::memory_order_relaxed);
+        ctx_.counters.fabric_bytes.fetch_add(q.length, std::memory_order_relaxed);
+        g->batch->complete_slice(r, q.length);
+      }
+    }
+  };
+  const Request& last = g->batch->requests()[landed.back()];
+  std::shared_ptr<Remote> remote = g->state[landed.back()].remote;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++remote->inflight;
+  }
+  auto* op = new FlushOp();
+  op->group = g;
+  op->remote = remote;
+  op->done = [this, remote, finish](int err, const std::string& message) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--remote->inflight == 0 && remote->revoked) cv_.notify_all();
+    }
+    finish(err, message);
+  };
+  try {
+    domain_.post(true, op, scratch_.base, 1, scratch_.desc, addr_,
+                 domain_.remote_address(last.remote_addr + last.length - 1, remote->base), remote->key);
+  } catch (const Error& e) {
+    delete op;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--remote->inflight == 0 && remote->revoked) cv_.notify_all();
+    }
+    finish(FI_EIO, e.what());
+  }
+}
+
+}  // namespace tidekv::fabric

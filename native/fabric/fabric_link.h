@@ -1,0 +1,91 @@
+// The initiating half of fabric: one peer's endpoint in this engine's address vector, and a
+// control connection to the peer through its listener on which regions are looked up (base,
+// length, key: cached until the peer revokes them) and revokes are acknowledged. Each request
+// is checked against the region the peer registered before anything is posted, so a range
+// outside it fails alone (a provider would take such an RMA and drop the connection); it is
+// then cut into slices posted as one-sided reads and writes, all in flight at once, finished
+// by the domain's progress thread. A write is reported done only once it has landed at the
+// target (delivery-complete, or a read ordered after the batch's writes).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/context.h"
+#include "common/socket.h"
+#include "fabric/fabric_domain.h"
+#include "fabric/fabric_wire.h"
+#include "transport/transport.h"
+
+namespace tidekv::fabric {
+
+class FabricLink final : public PeerLink, public std::enable_shared_from_this<FabricLink> {
+ public:
+  FabricLink(EngineContext& ctx, Domain& domain, const Registration& scratch, PeerAddress peer,
+             std::string endpoint);
+  ~FabricLink() override;
+  int preference(const Request& r, MemoryLocation local) const override;
+  int host_preference() const override { return 5; }
+  std::string refusal(const Request& r, MemoryLocation local) const override;
+  void plan(const std::shared_ptr<Batch>& batch, const std::vector<uint32_t>& requests) override;
+  bool is_current() const override { return !control_lost_.load(std::memory_order_acquire); }
+  void close() override;
+
+  // A region of the peer, as its lookup answered; `inflight` operations use it now.
+  struct Remote {
+    uint64_t base;
+    uint64_t length;
+    uint64_t key;
+    uint32_t inflight = 0;  // guarded by the link's mu_
+    bool revoked = false;
+  };
+  struct Group;
+  // Bookkeeping of one posted slice's end (called by the slice's Op).
+  void slice_finished(const std::shared_ptr<Group>& g, uint32_t request, const std::shared_ptr<Remote>& remote, int err,
+                      const std::string& message);
+
+ private:
+  void run(const std::shared_ptr<Group>& g);
+  void open_control();
+  void read_control();
+  // The peer's region covering [addr, +length): from the cache, else asked for. Null with
+  // *status (wire::Status) when the peer has none; throws when the peer cannot be asked.
+  std::shared_ptr<Remote> resolve(uint64_t addr, uint64_t length, uint32_t* status);
+  void send(const Msg& m);
+  void request_done(const std::shared_ptr<Group>& g, uint32_t request);
+  void post_flush(const std::shared_ptr<Group>& g);
+
+  EngineContext& ctx_;
+  Domain& domain_;
+  Registration scratch_;  // a few registered bytes the read after a batch's writes lands in
+  PeerAddress peer_;
+  std::string endpoint_;
+  fi_addr_t addr_ = FI_ADDR_UNSPEC;
+  std::atomic<bool> needs_new_address_{false};
+
+  std::mutex control_mu_;  // opening the control connection; sending on it
+  int control_fd_ = -1;
+  std::thread reader_;
+  std::atomic<bool> control_lost_{false};
+
+  std::mutex mu_;  // the cache, lookups in flight, revokes
+  std::condition_variable cv_;
+  std::map<uint64_t, std::shared_ptr<Remote>> cache_;  // by base
+  struct Answer {
+    bool answered = false;
+    uint32_t status = 0;
+    std::shared_ptr<Remote> remote;
+  };
+  std::unordered_map<uint64_t, Answer> answers_;  // lookups in flight, by tag
+  uint64_t next_tag_ = 1;
+  bool closed_ = false;
+};
+
+}  // namespace tidekv::fabric
