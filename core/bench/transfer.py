@@ -2,8 +2,9 @@
 
 A target process (a helper, see ``process``) allocates a region on a TransferEngine and waits;
 this process is the initiator and times READ and WRITE, single requests and batches, over tcp
-(forced) and shm. Next to each row it times the matching baseline (``baselines``: a plain
-loopback socket for tcp, memcpy for shm) and, with ``--compare mooncake``, the same workload
+(forced), shm and, when asked, fabric. Next to each row it times the matching baseline
+(``baselines``: a plain loopback socket for tcp, memcpy for shm, tidekv's own tcp transport for
+fabric) and, with ``--compare mooncake``, the same workload
 through Mooncake (``mooncake_te``). Each row reports GB/s, p50/p99 latency and the ratio to its
 baseline; ``report`` prints the table, the JSON lines and the plot.
 
@@ -50,7 +51,9 @@ DEFAULT_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
 QUICK_SIZES = (4 << 10, 1 << 20)
 DEFAULT_SHM_LARGE_BYTES = 64 << 20
 _WAIT_TIMEOUT_S = 120.0
-_TRANSPORTS = {"tcp": TransportKind.TCP, "shm": TransportKind.SHM}
+_TRANSPORTS = {"tcp": TransportKind.TCP, "shm": TransportKind.SHM, "fabric": TransportKind.FABRIC}
+FABRIC_BASELINE = "tidekv_tcp"
+"""The baseline of fabric rows: tidekv's own tcp transport, the path fabric replaces across hosts."""
 
 
 class Mode(enum.Enum):
@@ -69,7 +72,7 @@ class BenchOptions:
     shm_large_bytes: int | None = DEFAULT_SHM_LARGE_BYTES
     """Extra size for single shm requests (memory-bandwidth row); None for none. Default 64 MiB."""
     transports: tuple[TransportKind, ...] = (TransportKind.TCP, TransportKind.SHM)
-    """Transports of the tidekv rows: TCP (forced) and SHM."""
+    """Transports of the tidekv rows: TCP (forced), SHM, FABRIC (forced; needs a provider)."""
     ops: tuple[TransferOp, ...] = (TransferOp.READ, TransferOp.WRITE)
     """Ops of the rows. Default READ and WRITE."""
     modes: tuple[Mode, ...] = (Mode.SINGLE, Mode.BATCH)
@@ -124,8 +127,11 @@ class _TidekvInitiator:
     def __init__(self, opts: BenchOptions, peer: str, remote_address: int, region_bytes: int) -> None:
         self.peer, self.remote_address = peer, remote_address
         self._engines: dict[TransportKind, tuple[TransferEngine, int]] = {}
+        kinds = list(opts.transports)
+        if TransportKind.FABRIC in kinds and TransportKind.TCP not in kinds:
+            kinds.append(TransportKind.TCP)  # the fabric rows' baseline
         try:
-            for kind in opts.transports:
+            for kind in kinds:
                 engine = TransferEngine(config=dataclasses.replace(opts.config, transport=kind))
                 self._engines[kind] = (engine, 0)
                 got = engine.connect(peer)
@@ -216,6 +222,9 @@ class _Drivers:
             drivers.append((baseline, self.sockets.measure))
             if self.mooncake is not None:
                 drivers.append(("mooncake", self.mooncake.measure))
+        elif spec.transport == TransportKind.FABRIC:
+            baseline = FABRIC_BASELINE
+            drivers.append((baseline, functools.partial(self.tidekv.measure, TransportKind.TCP)))
         else:
             assert self.memcpy is not None
             baseline = "memcpy"
@@ -252,6 +261,8 @@ def run_bench(opts: BenchOptions) -> list[Row]:
     specs = plan(opts)
     if not specs:
         raise ConfigError("nothing to measure: --transports, --ops, --modes and --sizes leave no row")
+    if TransportKind.FABRIC in opts.transports:
+        check_fabric(opts.config)
     largest_count = opts.batch_size if Mode.BATCH in opts.modes else 1
     region_bytes = region_bytes_for(max(s.size_bytes for s in specs), largest_count)
     steps = sum(2 + (s.transport == TransportKind.TCP and opts.enable_mooncake) for s in specs) * opts.rounds
@@ -275,7 +286,7 @@ def run_bench(opts: BenchOptions) -> list[Row]:
         logger.error("bench transfer stopped; the helper processes' logs are kept in %s", log_dir)
         raise
     shutil.rmtree(log_dir, ignore_errors=True)
-    order = {t: i for i, t in enumerate(("tcp", "shm"))}
+    order = {t: i for i, t in enumerate(("tcp", "fabric", "shm"))}
     rows.sort(key=lambda r: (order[r["transport"]], r["op"], r["mode"] != "single", r["size_bytes"]))
     return rows
 
@@ -309,6 +320,10 @@ def table_notes(opts: BenchOptions) -> list[str]:
         "WRITE = send bytes + 1-byte ack, READ = 1-byte request + receive bytes.",
         "memcpy: ctypes.memmove between two preallocated buffers in one process, same sizes and offsets.",
     ]
+    if TransportKind.FABRIC in opts.transports:
+        notes.append(f"fabric: libfabric provider {fabric_provider_name(opts.config)}, one-sided RMA; baseline "
+                     f"{FABRIC_BASELINE} = tidekv's tcp transport in the same run. On a software provider (tcp) "
+                     "this is the provider's overhead, not RDMA speed: RDMA figures need RDMA NICs.")
     if opts.enable_mooncake:
         notes.append("mc: mooncake.engine.TransferEngine, protocol tcp, P2PHANDSHAKE, target and initiator in "
                      "their own processes; vs mc follows the same rule as ratio.")
@@ -323,6 +338,7 @@ def plot(path: str, rows: Sequence[Row], has_mooncake: bool) -> None:
     """
     series = [Series("tidekv tcp", "gbps", {"transport": "tcp"}),
               Series("socket (same run)", "baseline_gbps", {"transport": "tcp"}, "s--"),
+              Series("tidekv fabric", "gbps", {"transport": "fabric"}, "d-."),
               Series("tidekv shm", "gbps", {"transport": "shm"}),
               Series("memcpy (same run)", "baseline_gbps", {"transport": "shm"}, "s--")]
     if has_mooncake:
@@ -330,6 +346,30 @@ def plot(path: str, rows: Sequence[Row], has_mooncake: bool) -> None:
     report.plot_rows(path, rows, x="size_bytes", series=series, panel_by=("op", "mode"),
                      title=f"tidekv bench transfer ({os.cpu_count()} CPUs, same-run baselines)",
                      x_label="request size", y_label="GB/s", x_format=format_size)
+
+
+def check_fabric(config: TransferConfig) -> None:
+    """Refuses fabric rows where the fabric transport cannot run, with the engine's reason.
+
+    Raises:
+        ConfigError: fabric is unavailable with these settings (no provider, no libfabric).
+    """
+    from tidekv.transfer.transports import built_transports
+
+    for name, available, reason in built_transports(config):
+        if name == "fabric" and not available:
+            raise ConfigError(f"--transports fabric: the fabric transport cannot run here: {reason} "
+                              "(--fabric-provider tcp runs it on libfabric's software tcp provider)")
+
+
+def fabric_provider_name(config: TransferConfig) -> str:
+    """The provider the fabric rows run on, as the engine reports it."""
+    from tidekv.transfer.transports import built_transports
+
+    for name, available, reason in built_transports(config):
+        if name == "fabric" and available:
+            return reason.split(" ")[1] if reason.startswith("provider ") else reason
+    return config.fabric_provider or "(none)"
 
 
 T = TypeVar("T")
@@ -385,7 +425,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--shm-large-size", type=str, default=None, metavar="SIZE",
                    help="extra size for single shm requests, compared with memcpy (default 64M; 0 = none)")
     p.add_argument("--transports", type=_csv(_choice(_TRANSPORTS, "transport"), "transport"), default=None,
-                   metavar="LIST", help="tcp (forced even between same-host peers) and/or shm (default tcp,shm)")
+                   metavar="LIST", help="tcp (forced even between same-host peers), shm and/or fabric (one-sided "
+                                        "RDMA through libfabric, forced; compared with tidekv's tcp) "
+                                        "(default tcp,shm)")
+    p.add_argument("--fabric-provider", default=None, metavar="NAME",
+                   help="libfabric provider of the fabric rows, both sides: verbs, efa, or tcp (software: "
+                        "overhead only, no RDMA speed) (default: $TIDEKV_FABRIC_PROVIDER, else verbs, then efa)")
     p.add_argument("--ops", type=_csv(_choice({o.name.lower(): o for o in TransferOp}, "op"), "op"), default=None,
                    metavar="LIST", help="READ and/or WRITE (default READ,WRITE)")
     p.add_argument("--modes", type=_csv(_choice({m.value: m for m in Mode}, "mode"), "mode"), default=None,
@@ -440,7 +485,8 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         enable_mooncake=args.compare == "mooncake",
         enable_progress=not args.no_progress,
         rounds=args.rounds if args.rounds is not None else (1 if args.quick else 3),
-        config=TransferConfig.from_env(),
+        config=TransferConfig.from_env(**({} if args.fabric_provider is None
+                                           else {"fabric_provider": args.fabric_provider})),
     )
 
 
@@ -453,6 +499,8 @@ def _preflight(args: argparse.Namespace) -> BenchOptions:
     opts = options_from_args(args)
     if opts.enable_mooncake:
         check_available()
+    if TransportKind.FABRIC in opts.transports:
+        check_fabric(opts.config)
     if args.plot:
         report.require_matplotlib()
     for flag, path in (("--json", args.json), ("--plot", args.plot)):

@@ -53,8 +53,9 @@ def catalog(config: TransferConfig) -> list[TransportStatus]:
     for name, available, reason in built_transports(config):
         detail = _DETAILS.get(name)
         hint = _HINTS.get(name)
-        if not available and hint:
-            reason = f"{reason}; {hint()}"
+        said = hint() if hint and not available else ""
+        if said:
+            reason = f"{reason}; {said}"
         out.append(detail(config) if detail and available else TransportStatus(name, available, reason))
     return out
 
@@ -147,8 +148,8 @@ def _nvidia_kernel_gpus() -> str:
 
 
 def _rdma_devices_hint() -> str:
-    devices = rdma_devices()
-    return f"RDMA devices: {', '.join(devices)}" if devices else f"no RDMA devices ({INFINIBAND_PATH} empty or absent)"
+    devices = rdma_devices()  # (the engine itself says when there are none)
+    return f"RDMA devices here: {', '.join(devices)}" if devices else ""
 
 
 def library_state(soname: str) -> str:

@@ -1,5 +1,6 @@
 #include "fabric/fabric_domain.h"
 
+#include <dirent.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -43,10 +44,27 @@ std::string mr_mode_text(uint64_t mode) {
   return out.empty() ? "none" : out;
 }
 
+bool has_rdma_devices() {
+  DIR* dir = opendir("/sys/class/infiniband");
+  if (!dir) return false;
+  bool found = false;
+  while (dirent* e = readdir(dir))
+    if (e->d_name[0] != '.') found = true;
+  closedir(dir);
+  return found;
+}
+
 }  // namespace
 
 std::unique_ptr<Domain> Domain::open(EngineContext& ctx, const std::string& provider, const std::string& host,
                                      std::string* why) {
+  if (provider.empty() && !has_rdma_devices()) {
+    // Both RDMA providers need a device there; asking libfabric would only cost its start-up
+    // (a few hundred milliseconds of provider probing) in every process.
+    *why = "no RDMA devices (/sys/class/infiniband is empty or absent); set fabric_provider to use a software "
+           "provider (e.g. \"tcp\"), slower than the tcp transport";
+    return nullptr;
+  }
   Library& lib = Library::get();
   if (!lib.available()) {
     *why = lib.reason();
@@ -286,7 +304,13 @@ void Domain::post(bool is_read, Op* op, uint64_t local, uint64_t length, void* d
       outstanding_.insert(op);
       break;
     }
-    if (rc != -FI_EAGAIN) TIDEKV_THROW(kTransfer, "fabric: " + Library::get().error_text(is_read ? "fi_read" : "fi_write", rc));
+    if (rc != -FI_EAGAIN)
+      TIDEKV_THROW(kTransfer, "fabric: " + Library::get().error_text(is_read ? "fi_read" : "fi_write", rc) +
+                                  " on " + provider_ + " domain " + domain_name_ +
+                                  (rc == -FI_EINVAL ? " (does this domain reach the peer? the endpoint binds to the "
+                                                      "engine's host: set TIDEKV_HOST to this host's address on the "
+                                                      "network the peer is on)"
+                                                    : ""));
     // The queue is full, or the provider is still connecting to the peer: progress it from here.
     lock.unlock();
     if (progress() == 0) {

@@ -119,7 +119,13 @@ void FabricLink::close() {
 
 void FabricLink::open_control() {
   std::lock_guard<std::mutex> lock(control_mu_);
-  if (control_fd_ >= 0) return;
+  if (control_fd_ >= 0 && !control_lost_.load(std::memory_order_acquire)) return;
+  if (control_fd_ >= 0) {  // the reader ended (it sends nothing more): start over
+    if (reader_.joinable()) reader_.join();
+    ::close(control_fd_);
+    control_fd_ = -1;
+    control_lost_.store(false);
+  }
   {
     std::lock_guard<std::mutex> state(mu_);
     TIDEKV_CHECK(!closed_, kClosed, "engine closed");
@@ -173,8 +179,11 @@ void FabricLink::open_control() {
       }
     } catch (const std::exception&) {
     }
-    control_lost_.store(true, std::memory_order_release);
+    // No revoke can reach us now: forget every region (operations in flight finish as they will).
     std::lock_guard<std::mutex> state(mu_);
+    for (auto& [base, remote] : cache_) remote->revoked = true;
+    cache_.clear();
+    control_lost_.store(true, std::memory_order_release);
     cv_.notify_all();
   });
 }

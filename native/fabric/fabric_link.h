@@ -5,7 +5,9 @@
 // outside it fails alone (a provider would take such an RMA and drop the connection); it is
 // then cut into slices posted as one-sided reads and writes, all in flight at once, finished
 // by the domain's progress thread. A write is reported done only once it has landed at the
-// target (delivery-complete, or a read ordered after the batch's writes).
+// target (delivery-complete, or a read ordered after the batch's writes). Regions are cached only
+// while the control connection lives (a revoke could not reach us otherwise); a lost one is
+// reopened on the next lookup, whose handshake also tells the engine if the peer restarted.
 #pragma once
 
 #include <atomic>
@@ -35,7 +37,6 @@ class FabricLink final : public PeerLink, public std::enable_shared_from_this<Fa
   int host_preference() const override { return 5; }
   std::string refusal(const Request& r, MemoryLocation local) const override;
   void plan(const std::shared_ptr<Batch>& batch, const std::vector<uint32_t>& requests) override;
-  bool is_current() const override { return !control_lost_.load(std::memory_order_acquire); }
   void close() override;
 
   // A region of the peer, as its lookup answered; `inflight` operations use it now.
@@ -73,7 +74,7 @@ class FabricLink final : public PeerLink, public std::enable_shared_from_this<Fa
   std::mutex control_mu_;  // opening the control connection; sending on it
   int control_fd_ = -1;
   std::thread reader_;
-  std::atomic<bool> control_lost_{false};
+  std::atomic<bool> control_lost_{false};  // the reader ended: reopen before the next lookup
 
   std::mutex mu_;  // the cache, lookups in flight, revokes
   std::condition_variable cv_;

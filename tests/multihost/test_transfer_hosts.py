@@ -1,5 +1,6 @@
 """The transfer engine between hosts (network namespaces, ``rig``): the contract's random sizes,
-offsets and scatter batches byte for byte over tcp, a target killed or cut off mid-run failing
+offsets and scatter batches byte for byte over tcp and over fabric (libfabric's tcp provider
+where libfabric is installed), a target killed or cut off mid-run failing
 its initiator's batches with typed errors in bounded time, and two pods of one node (same
 kernel and boot id, their own PIDs and /dev/shm) taking tcp because shm cannot work between them."""
 
@@ -16,12 +17,15 @@ from typing import Any
 import pytest
 
 from tests.multihost.rig import Host, Rig
-from tests.transfer.harness import TargetProcess
+from tests.transfer.harness import FABRIC_PROVIDER, TRANSPORTS, TargetProcess
 from tests.transfer.reference import pattern
 
 REGION_BYTES = 8 << 20
 SEEDS = {"mem": 11, "out": 12}
 FAILURES = {"PeerUnavailableError", "TransferError", "TransferTimeoutError"}
+CROSS_HOST = [pytest.param("tcp"), pytest.param("fabric", marks=pytest.mark.skipif(
+    "fabric" not in TRANSPORTS, reason="fabric cannot run here (libfabric1 not installed; tidekv doctor says why)"))]
+"""The transports that cross hosts, each forced on the initiator (the target offers both)."""
 IO_TIMEOUT_S = 2.0
 """The initiator's io_timeout_s where a peer goes silent: a cut host answers nothing, so this
 (30 s by default) is what bounds a batch to it."""
@@ -49,7 +53,12 @@ def _spec(target: TargetProcess, mode: str) -> str:
     return json.dumps({"target": target.name, "regions": regions, "seeds": SEEDS, "mode": mode, "seed": 3})
 
 
-def _initiator(host: Host, target: TargetProcess, mode: str, **env: str) -> subprocess.Popen[str]:
+def _initiator(host: Host, target: TargetProcess, mode: str, transport: str = "auto", **env: str
+               ) -> subprocess.Popen[str]:
+    env = {"TIDEKV_TRANSPORT": transport, **env}
+    if transport == "fabric":
+        # On the host's own address: fabric's endpoint binds to it (on loopback it could not reach out).
+        env = {"TIDEKV_FABRIC_PROVIDER": FABRIC_PROVIDER, "TIDEKV_HOST": host.ip, **env}
     return host.popen([sys.executable, "-m", "tests.multihost.initiator_main", _spec(target, mode)],
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2],
                       env={**os.environ, **env})
@@ -63,23 +72,25 @@ def _result(proc: subprocess.Popen[str], timeout_s: float = 60.0) -> dict[str, A
     return result
 
 
-def test_contract_between_two_hosts(multihost: Callable[..., Rig], target_on: Callable[[Host], TargetProcess],
-                                    tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", CROSS_HOST)
+def test_contract_between_two_hosts(transport: str, multihost: Callable[..., Rig],
+                                    target_on: Callable[[Host], TargetProcess], tmp_path: Path) -> None:
     h1, h2 = multihost(2).hosts
     target = target_on(h2)
     assert target.name.startswith(f"{h2.ip}:")
-    result = _result(_initiator(h1, target, "contract"))
-    assert result["transport"] == "tcp" and result["mismatch"] is None, result
+    result = _result(_initiator(h1, target, "contract", transport))
+    assert result["transport"] == transport and result["mismatch"] is None, result
     assert result["moved"] > 1 << 20
     assert target.dump("mem", tmp_path) == pattern(SEEDS["mem"], REGION_BYTES), "READs changed the target"
 
 
+@pytest.mark.parametrize("transport", CROSS_HOST)
 @pytest.mark.parametrize("how", ["killed", "cut"])
 def test_a_target_lost_mid_run_fails_the_initiator_in_bounded_time(
-        how: str, multihost: Callable[..., Rig], target_on: Callable[[Host], TargetProcess]) -> None:
+        how: str, transport: str, multihost: Callable[..., Rig], target_on: Callable[[Host], TargetProcess]) -> None:
     h1, h2 = multihost(2).hosts
     target = target_on(h2)
-    proc = _initiator(h1, target, "until_error", TIDEKV_IO_TIMEOUT_S=str(IO_TIMEOUT_S))
+    proc = _initiator(h1, target, "until_error", transport, TIDEKV_IO_TIMEOUT_S=str(IO_TIMEOUT_S))
     assert proc.stdout is not None
     assert json.loads(proc.stdout.readline()) == {"looping": True}
     if how == "killed":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 import time
@@ -23,9 +24,13 @@ from tests.transfer.reference import READ, Copy, first_difference
 from tidekv import TransferConfig, TransferOp, TransferRequest, TransportKind
 from tidekv.transfer import Region
 
-_DRIVEN = ("tcp", "shm")
-"""Transports the contract suite knows how to drive: "tcp" forces tcp; "shm" is AUTO towards a
-same-host target (so it also checks that AUTO picks it)."""
+_DRIVEN = ("tcp", "shm", "fabric")
+"""Transports the contract suite knows how to drive: "tcp" and "fabric" force theirs; "shm" is AUTO
+towards a same-host target (so it also checks that AUTO picks it)."""
+
+FABRIC_PROVIDER = os.environ.get("TIDEKV_TEST_FABRIC_PROVIDER", "tcp")
+"""The libfabric provider the suite runs fabric on, initiators and targets alike: libfabric's
+software tcp provider (tcp;ofi_rxm) on a host without an RDMA NIC; "verbs" or "efa" on one."""
 
 
 def _contract_transports() -> list[str]:
@@ -33,7 +38,8 @@ def _contract_transports() -> list[str]:
     is an error, so that a new transport cannot go unchecked by the contract."""
     from tidekv.transfer.transports import built_transports
 
-    available = [name for name, is_available, _ in built_transports(TransferConfig()) if is_available]
+    config = TransferConfig(fabric_provider=FABRIC_PROVIDER)
+    available = [name for name, is_available, _ in built_transports(config) if is_available]
     undriven = sorted(set(available) - set(_DRIVEN))
     if undriven:
         raise RuntimeError(f"the contract suite has no driver for transport(s) {undriven}; add one in {__file__}")
@@ -41,12 +47,14 @@ def _contract_transports() -> list[str]:
 
 
 TRANSPORTS = _contract_transports()
-"""Contract-suite transports: every available one (tcp and shm in this build)."""
+"""Contract-suite transports: every available one (tcp, shm and, where libfabric is installed, fabric)."""
 
 
 def initiator_config(transport: str, **settings: Any) -> TransferConfig:
     """The config an initiator uses to reach a same-host target over ``transport``."""
-    kinds = {"tcp": TransportKind.TCP, "shm": TransportKind.AUTO}
+    kinds = {"tcp": TransportKind.TCP, "shm": TransportKind.AUTO, "fabric": TransportKind.FABRIC}
+    if transport == "fabric":
+        settings.setdefault("fabric_provider", FABRIC_PROVIDER)
     return TransferConfig(transport=kinds[transport], **settings)
 
 
@@ -92,6 +100,7 @@ class TargetProcess(JsonLineChild):
     ) -> None:
         # prefix: a command the target runs under, e.g. ["prlimit", "--nofile=256"], or a rig
         # host's (tests/multihost); host: the address its engine listens on.
+        config = {"fabric_provider": FABRIC_PROVIDER, **config}  # so that a fabric initiator can reach it
         spec = json.dumps({"regions": regions, "config": config, "port": port, "host": host})
         super().__init__([*prefix, sys.executable, "-m", "tests.transfer.target_main", spec], log_path, "target")
         self.name: str = self.hello["name"]

@@ -91,10 +91,11 @@ def run_and_check(
 
 
 def check_path_counters(engine: TransferEngine, transport: str, moved_bytes: int) -> None:
-    """The bytes went where the transport says: all through shm, or none of them."""
+    """The bytes went where the transport says: all through shm (or fabric), or none of them."""
     stats = engine.stats()
     assert stats["bytes_read"] + stats["bytes_written"] == moved_bytes
     assert stats["shm_bytes"] == (moved_bytes if transport == "shm" else 0)
+    assert stats["fabric_bytes"] == (moved_bytes if transport == "fabric" else 0)
 
 
 def fit(lengths: list[int], space_bytes: int) -> list[int]:
