@@ -173,8 +173,20 @@ class HelperProcess:
         self._process.join(10)
         self._conn.close()
 
+    def pause(self) -> None:
+        """Stops every thread of the helper (SIGSTOP) until ``resume()``: a helper that spins while
+        idle (a UCX agent's progress thread) then takes no CPU from what is measured meanwhile."""
+        if self._process.is_alive() and self._process.pid is not None:
+            os.kill(self._process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Lets a paused helper run again (SIGCONT); harmless on one that runs."""
+        if self._process.is_alive() and self._process.pid is not None:
+            os.kill(self._process.pid, signal.SIGCONT)
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """Asks the helper to exit; terminates it if it does not within timeout_s. Idempotent."""
+        self.resume()
         if self._process.is_alive():
             with contextlib.suppress(OSError, ValueError):
                 self._conn.send(None)

@@ -4,8 +4,9 @@ A target process (a helper, see ``process``) allocates a region on a TransferEng
 this process is the initiator and times READ and WRITE, single requests and batches, over tcp
 (forced), shm and, when asked, fabric. Next to each row it times the matching baseline
 (``baselines``: a plain loopback socket for tcp, memcpy for shm, tidekv's own tcp transport for
-fabric) and, with ``--compare mooncake``, the same workload
-through Mooncake (``mooncake_te``). Each row reports GB/s, p50/p99 latency and the ratio to its
+fabric) and, with ``--compare mooncake`` / ``nixl``, the same workload
+through Mooncake (``mooncake_te``) and NIXL (``nixl_te``: UCX's tcp beside tcp rows, its default
+cross-memory attach beside same-host rows). Each row reports GB/s, p50/p99 latency and the ratio to its
 baseline; ``report`` prints the table, the JSON lines and the plot.
 
 Why same-run ratios: on a small VM, wake-up latency of an idle core (~80 us here) and memory
@@ -33,6 +34,7 @@ from typing import Any, TypeVar
 from tidekv.bench import report
 from tidekv.bench.bars import evaluate_bars
 from tidekv.bench.baselines import MemcpyBaseline, SocketBaseline
+from tidekv.bench import nixl_te
 from tidekv.bench.mooncake_te import MooncakeDriver, check_available
 from tidekv.bench.process import HelperProcess, send_ready, serve
 from tidekv.bench.report import Column, Row, Series, format_size, parse_size
@@ -85,6 +87,8 @@ class BenchOptions:
     """Each row and its baselines are measured in this many interleaved parts. Default 3."""
     enable_mooncake: bool = False
     """Also run the tcp rows through Mooncake's transfer engine."""
+    enable_nixl: bool = False
+    """Also run the tcp rows through NIXL over UCX's tcp, and the shm rows through NIXL's default."""
     enable_progress: bool = True
     """Show a progress bar on stderr. Default True."""
     config: TransferConfig = dataclasses.field(default_factory=TransferConfig)
@@ -165,7 +169,7 @@ def _ratio(ours: Summary, other: Summary, by_p50: bool) -> float:
 
 
 def _row(spec: RowSpec, count: int, ours: Summary, baseline: str, base: Summary, mooncake: Summary | None,
-         has_mooncake: bool) -> Row:
+         has_mooncake: bool, nixl: Summary | None = None, has_nixl: bool = False) -> Row:
     by_p50 = _is_latency_row(spec)
     row: Row = {
         "transport": spec.transport.value, "op": spec.op.name, "mode": spec.mode.value,
@@ -181,7 +185,19 @@ def _row(spec: RowSpec, count: int, ours: Summary, baseline: str, base: Summary,
             "mooncake_p99_us": mooncake.p99_us if mooncake else None,
             "ratio_mooncake": _ratio(ours, mooncake, by_p50) if mooncake else None,
         })
+    if has_nixl:
+        row.update({
+            "nixl_ucx": _NIXL_UCX.get(spec.transport),
+            "nixl_gbps": nixl.gbps if nixl else None,
+            "nixl_p50_us": nixl.p50_us if nixl else None,
+            "nixl_p99_us": nixl.p99_us if nixl else None,
+            "ratio_nixl": _ratio(ours, nixl, by_p50) if nixl else None,
+        })
     return row
+
+
+_NIXL_UCX = {TransportKind.TCP: "tcp", TransportKind.SHM: "default"}
+"""Which NIXL setting a tidekv row is compared with (none for fabric: no RDMA here for UCX either)."""
 
 
 _Measure = Callable[[Workload, Budget], list[float]]
@@ -212,6 +228,7 @@ class _Drivers:
     sockets: SocketBaseline | None
     memcpy: MemcpyBaseline | None
     mooncake: MooncakeDriver | None
+    nixl: dict[TransportKind, nixl_te.NixlDriver]
 
     def for_row(self, spec: RowSpec) -> tuple[str, list[tuple[str, _Measure]]]:
         """The row's baseline name and its drivers (baseline first, tidekv last)."""
@@ -222,6 +239,8 @@ class _Drivers:
             drivers.append((baseline, self.sockets.measure))
             if self.mooncake is not None:
                 drivers.append(("mooncake", self.mooncake.measure))
+            if TransportKind.TCP in self.nixl:
+                drivers.append(("nixl", self.nixl[TransportKind.TCP].measure))
         elif spec.transport == TransportKind.FABRIC:
             baseline = FABRIC_BASELINE
             drivers.append((baseline, functools.partial(self.tidekv.measure, TransportKind.TCP)))
@@ -229,6 +248,8 @@ class _Drivers:
             assert self.memcpy is not None
             baseline = "memcpy"
             drivers.append((baseline, self.memcpy.measure))
+            if TransportKind.SHM in self.nixl:
+                drivers.append(("nixl", self.nixl[TransportKind.SHM].measure))
         drivers.append(("tidekv", functools.partial(self.tidekv.measure, spec.transport)))
         return baseline, drivers
 
@@ -248,7 +269,13 @@ def _start_drivers(stack: contextlib.ExitStack, opts: BenchOptions, specs: Seque
         sockets = stack.enter_context(contextlib.closing(
             SocketBaseline(region_bytes, opts.config.socket_buffer_bytes, log_dir)))
     memcpy = MemcpyBaseline(region_bytes) if any(s.transport == TransportKind.SHM for s in specs) else None
-    return _Drivers(tidekv, sockets, memcpy, mooncake)
+    nixl: dict[TransportKind, nixl_te.NixlDriver] = {}
+    if opts.enable_nixl:
+        for kind, env in ((TransportKind.TCP, nixl_te.TCP_UCX), (TransportKind.SHM, nixl_te.DEFAULT_UCX)):
+            if any(s.transport == kind for s in specs):
+                nixl[kind] = stack.enter_context(contextlib.closing(
+                    nixl_te.NixlDriver(region_bytes, log_dir, env, f"nixl-{_NIXL_UCX[kind]}")))
+    return _Drivers(tidekv, sockets, memcpy, mooncake, nixl)
 
 
 def run_bench(opts: BenchOptions) -> list[Row]:
@@ -265,7 +292,8 @@ def run_bench(opts: BenchOptions) -> list[Row]:
         check_fabric(opts.config)
     largest_count = opts.batch_size if Mode.BATCH in opts.modes else 1
     region_bytes = region_bytes_for(max(s.size_bytes for s in specs), largest_count)
-    steps = sum(2 + (s.transport == TransportKind.TCP and opts.enable_mooncake) for s in specs) * opts.rounds
+    steps = sum(2 + (s.transport == TransportKind.TCP and opts.enable_mooncake)
+                + (s.transport in _NIXL_UCX and opts.enable_nixl) for s in specs) * opts.rounds
     log_dir = tempfile.mkdtemp(prefix="tidekv-bench-")
     rows: list[Row] = []
     try:
@@ -280,7 +308,7 @@ def run_bench(opts: BenchOptions) -> list[Row]:
                 work = Workload(spec.op, spec.size_bytes, count, region_bytes)
                 found = _measure_interleaved(spec, work, row_drivers, opts, bar)
                 rows.append(_row(spec, count, found["tidekv"], baseline, found[baseline], found.get("mooncake"),
-                                 opts.enable_mooncake))
+                                 opts.enable_mooncake, found.get("nixl"), opts.enable_nixl))
             bar.close()  # before the helpers' shutdown logs
     except BaseException:
         logger.error("bench transfer stopped; the helper processes' logs are kept in %s", log_dir)
@@ -291,7 +319,7 @@ def run_bench(opts: BenchOptions) -> list[Row]:
     return rows
 
 
-def table_columns(has_mooncake: bool) -> list[Column]:
+def table_columns(has_mooncake: bool, has_nixl: bool = False) -> list[Column]:
     """Columns of the text table (the JSON rows carry every key)."""
     columns = [
         Column("transport", "transport", align="<"), Column("op", "op", align="<"), Column("mode", "mode", align="<"),
@@ -304,6 +332,9 @@ def table_columns(has_mooncake: bool) -> list[Column]:
     if has_mooncake:
         columns += [Column("mooncake_gbps", "mc GB/s", ".3f"), Column("mooncake_p50_us", "mc p50 us", ".1f"),
                     Column("ratio_mooncake", "vs mc", ".2f")]
+    if has_nixl:
+        columns += [Column("nixl_ucx", "nixl ucx", align="<"), Column("nixl_gbps", "nixl GB/s", ".3f"),
+                    Column("nixl_p50_us", "nixl p50 us", ".1f"), Column("ratio_nixl", "vs nixl", ".2f")]
     return columns
 
 
@@ -327,6 +358,11 @@ def table_notes(opts: BenchOptions) -> list[str]:
     if opts.enable_mooncake:
         notes.append("mc: mooncake.engine.TransferEngine, protocol tcp, P2PHANDSHAKE, target and initiator in "
                      "their own processes; vs mc follows the same rule as ratio.")
+    if opts.enable_nixl:
+        notes.append("nixl: NIXL's Python agent, UCX backend, numpy host memory, target and initiator in their own "
+                     "processes, one transfer handle per shape posted again each iteration; ucx tcp = UCX_TLS=tcp "
+                     "UCX_NET_DEVICES=lo (beside tcp rows), default = UCX's own choice, cross-memory attach here "
+                     "(beside shm rows); vs nixl follows the same rule as ratio.")
     return notes
 
 
@@ -343,6 +379,9 @@ def plot(path: str, rows: Sequence[Row], has_mooncake: bool) -> None:
               Series("memcpy (same run)", "baseline_gbps", {"transport": "shm"}, "s--")]
     if has_mooncake:
         series.append(Series("mooncake tcp", "mooncake_gbps", {"transport": "tcp"}, "^:"))
+    if any(row.get("nixl_gbps") for row in rows):
+        series += [Series("nixl ucx tcp", "nixl_gbps", {"transport": "tcp"}, "v:"),
+                   Series("nixl ucx default", "nixl_gbps", {"transport": "shm"}, "v:")]
     report.plot_rows(path, rows, x="size_bytes", series=series, panel_by=("op", "mode"),
                      title=f"tidekv bench transfer ({os.cpu_count()} CPUs, same-run baselines)",
                      x_label="request size", y_label="GB/s", x_format=format_size)
@@ -445,8 +484,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="measure each row and its baselines in N interleaved parts, so passing load hits them "
                         "alike (default 3; --quick 1)")
     p.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed iterations first (default 3)")
-    p.add_argument("--compare", choices=["mooncake"], default=None,
-                   help="also run the tcp rows through Mooncake's engine (wheel mooncake-transfer-engine-non-cuda)")
+    p.add_argument("--compare", type=_csv(_choice({"mooncake": "mooncake", "nixl": "nixl"}, "peer"), "peer"),
+                   default=(), metavar="LIST",
+                   help="mooncake: also run the tcp rows through Mooncake's engine (wheel "
+                        "mooncake-transfer-engine-non-cuda); nixl: the tcp rows through NIXL on UCX's tcp and the "
+                        "shm rows through NIXL's default (pip install --no-deps nixl-cu12 nixl); both: mooncake,nixl")
     p.add_argument("--json", metavar="FILE", default=None, help="write one JSON object per row (- for stdout)")
     p.add_argument("--plot", metavar="FILE.png", default=None,
                    help="save a plot of GB/s (needs matplotlib: pip install 'tidekv[plot]')")
@@ -482,7 +524,8 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         modes=args.modes or (Mode.SINGLE, Mode.BATCH),
         batch_size=args.batch_size,
         budget=budget,
-        enable_mooncake=args.compare == "mooncake",
+        enable_mooncake="mooncake" in args.compare,
+        enable_nixl="nixl" in args.compare,
         enable_progress=not args.no_progress,
         rounds=args.rounds if args.rounds is not None else (1 if args.quick else 3),
         config=TransferConfig.from_env(**({} if args.fabric_provider is None
@@ -499,6 +542,8 @@ def _preflight(args: argparse.Namespace) -> BenchOptions:
     opts = options_from_args(args)
     if opts.enable_mooncake:
         check_available()
+    if opts.enable_nixl:
+        nixl_te.check_available()
     if TransportKind.FABRIC in opts.transports:
         check_fabric(opts.config)
     if args.plot:
@@ -528,7 +573,7 @@ def main(args: argparse.Namespace) -> int:
     title = (f"tidekv bench transfer: {os.cpu_count()} CPUs, batches of {opts.batch_size}, {per_row} per row "
              f"and per baseline in {opts.rounds} interleaved rounds")
     out = sys.stderr if args.json == "-" else sys.stdout  # stdout then carries nothing but the JSON rows
-    table = report.format_table(rows, table_columns(opts.enable_mooncake), title=title, notes=table_notes(opts))
+    table = report.format_table(rows, table_columns(opts.enable_mooncake, opts.enable_nixl), title=title, notes=table_notes(opts))
     print(table, file=out)
     bar_lines = evaluate_bars(rows)
     if bar_lines:

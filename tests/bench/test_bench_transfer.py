@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,48 @@ def test_bars_report_pass_and_fail() -> None:
             {"transport": "tcp", "op": "WRITE", "mode": "batch", "size_bytes": 4096, "gbps": 0.5}]
     lines = evaluate_bars(rows, [Bar({"transport": "tcp", "size_bytes": (4096,)}, "gbps", 0.6, meaning="m")])
     assert [line.split()[0] for line in lines] == ["PASS", "FAIL"]
+
+
+def test_fabric_rows_are_measured_against_tidekv_tcp_in_the_same_run(tmp_path: Path) -> None:
+    from tests.transfer.harness import FABRIC_PROVIDER, TRANSPORTS
+
+    if "fabric" not in TRANSPORTS:
+        pytest.skip("fabric cannot run here (libfabric1 not installed)")
+    out = tmp_path / "rows.jsonl"
+    done = _run_bench(["--quick", "--no-progress", "--transports", "fabric", "--fabric-provider", FABRIC_PROVIDER,
+                       "--json", str(out)])
+    assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
+    assert "not RDMA speed" in done.stdout and "fabric 64x1 MiB >= 0.5x" in done.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {(r["op"], r["mode"], r["size_bytes"]) for r in rows} == {
+        (op, mode, size) for op in ("READ", "WRITE") for mode in ("single", "batch") for size in (4096, 1 << 20)}
+    for row in rows:
+        assert row["transport"] == "fabric" and row["baseline"] == "tidekv_tcp", row
+        assert row["gbps"] > 0 and row["baseline_gbps"] > 0
+
+
+def test_fabric_rows_without_a_provider_are_refused_with_the_reason() -> None:
+    done = _run_bench(["--quick", "--no-progress", "--transports", "fabric", "--fabric-provider", "no-such-provider"])
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "the fabric transport cannot run here" in done.stderr
+    assert "no-such-provider" in done.stderr or "does not load" in done.stderr, done.stderr
+
+
+def test_compare_nixl_puts_nixl_beside_the_tcp_and_shm_rows(tmp_path: Path) -> None:
+    from tidekv.bench import nixl_te
+
+    try:
+        nixl_te.check_available()
+    except ConfigError as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI installs NIXL for this test (.ci/run): {e}")
+        pytest.skip(str(e))
+    out = tmp_path / "rows.jsonl"
+    done = _run_bench(["--quick", "--no-progress", "--compare", "nixl", "--modes", "batch", "--sizes", "4K",
+                       "--json", str(out)], timeout_s=180)
+    assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {(r["transport"], r["nixl_ucx"]) for r in rows} == {("tcp", "tcp"), ("shm", "default")}
+    for row in rows:
+        assert row["nixl_gbps"] > 0 and row["ratio_nixl"] == pytest.approx(row["gbps"] / row["nixl_gbps"]), row
+    assert "ratio_nixl" in done.stdout and "UCX_TLS=tcp" in done.stdout
