@@ -84,7 +84,8 @@ class TransferConfig:
     """Threads that run transfer tasks. Default 4 (1..256)."""
     slice_size_bytes: int = 256 << 10
     """tcp cuts requests into slices of this size and stripes them over the peer's connections (a
-    1 MiB request then moves on four at once). Default 256 KiB (4 KiB..256 MiB)."""
+    1 MiB request then moves on four at once); fabric into pieces of this size but at least 1 MiB,
+    all in flight at once. Default 256 KiB (4 KiB..256 MiB)."""
     io_timeout_s: float = 30.0
     """A socket that makes no progress for this long fails its requests. Default 30 s (0.1..3600)."""
     socket_buffer_bytes: int = 4 << 20

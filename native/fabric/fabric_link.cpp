@@ -42,6 +42,11 @@ ErrorKind kind_of(int err) {
   }
 }
 
+// An RMA operation costs the provider a fixed amount however large it is (a software provider a
+// wake-up of the target): pieces smaller than this only add operations (README, Benchmarks:
+// "fabric").
+constexpr uint64_t kMinSlice = 1 << 20;
+
 bool covers(const FabricLink::Remote& r, uint64_t addr, uint64_t length) {
   return addr >= r.base && length <= r.length && addr - r.base <= r.length - length;
 }
@@ -250,7 +255,7 @@ void FabricLink::run(const std::shared_ptr<Group>& g) {
       needs_new_address_.store(true);
     }
   }
-  const uint64_t slice = std::max<uint64_t>(4096, std::min<uint64_t>(ctx_.options.slice_bytes, domain_.max_message()));
+  const uint64_t slice = std::min<uint64_t>(std::max<uint64_t>(kMinSlice, ctx_.options.slice_bytes), domain_.max_message());
   for (uint32_t r : g->requests) {
     const Request& q = g->batch->requests()[r];
     Group::State& s = g->state[r];
