@@ -20,8 +20,10 @@ Mapping of Mooncake's concepts:
   name, and the first transfer to it does the handshake. Only ``P2PHANDSHAKE`` is supported as
   metadata server; etcd / http metadata servers are refused (-1) with a log naming the value.
 - ``protocol``: "tcp" (or ``MC_FORCE_TCP=1``) forces tidekv's tcp transport; every other
-  protocol ("rdma", "efa", ...) lets tidekv choose (shared memory to same-host peers, tcp
-  otherwise). ``device_name`` (NIC allow-list) has no meaning for these transports and is ignored.
+  protocol lets tidekv choose per request (shared memory to same-host peers, fabric where it runs,
+  tcp otherwise). "rdma" and "efa" select the fabric transport's provider (verbs, efa) unless
+  ``TIDEKV_FABRIC_PROVIDER`` names one, and where fabric cannot run the engine says so in its log
+  and uses tcp (Mooncake's wheel does that silently: "Found 0 HCAs", then tcp). ``device_name`` (NIC allow-list) has no meaning for these transports and is ignored.
 - ``location`` of registered memory: "*" asks the CUDA driver whether the address is GPU memory
   (as Mooncake does), "cpu[:N]" is host memory, "cuda:N" GPU memory (the cuda transport, or tcp
   staged through host memory).
@@ -38,6 +40,7 @@ from any thread, as with Mooncake. This module imports neither torch nor any eng
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import enum
 import itertools
 import logging
@@ -89,6 +92,10 @@ def _transport_for(protocol: str) -> TransportKind:
     return TransportKind.AUTO
 
 
+_FABRIC_PROVIDERS = {"rdma": "verbs", "efa": "efa"}
+"""Mooncake's RDMA protocols, as the fabric transport's libfabric providers."""
+
+
 class TransferEngine:
     """``mooncake.engine.TransferEngine``, backed by one ``tidekv.TransferEngine``.
 
@@ -125,6 +132,8 @@ class TransferEngine:
             logger.debug("mooncake compat: device_name %r ignored (tidekv picks its own transport)", device_name)
         try:
             config = TransferConfig.from_env(transport=transport)
+            if protocol in _FABRIC_PROVIDERS and not config.fabric_provider and transport is TransportKind.AUTO:
+                config = dataclasses.replace(config, fabric_provider=_FABRIC_PROVIDERS[protocol])
             self._engine = _TidekvEngine(host=host, port=port, config=config)
         except TidekvError as exc:
             logger.error("mooncake compat: cannot start a transfer engine on %r (protocol %r): %s",
@@ -132,6 +141,11 @@ class TransferEngine:
             return _FAILED
         logger.info("mooncake compat: engine %s up for protocol %r (tidekv transport %s)",
                     self._engine.name, protocol, transport.value)
+        if protocol in _FABRIC_PROVIDERS:
+            for name, available, reason in self._engine.transports():
+                if name == "fabric" and not available:
+                    logger.warning("mooncake compat: protocol %r asks for RDMA, but the fabric transport cannot run "
+                                   "here (%s): peers on other hosts are reached over tcp", protocol, reason)
         return _OK
 
     def initialize_ext(self, local_hostname: str, metadata_server: str, protocol: str, device_name: str,

@@ -209,3 +209,22 @@ def test_managed_buffers_and_byte_helpers(spawn_peer: SpawnPeer, engine: Transfe
     assert peer.call("digest", offset=0, length=65536)["digest"] == digest(data)
     assert engine.free_managed_buffer(addr, 65536) == 0
     assert engine.free_managed_buffer(addr, 65536) == -1
+
+
+@pytest.mark.parametrize(("protocol", "provider"), [("rdma", "verbs"), ("efa", "efa")])
+def test_rdma_protocols_select_fabric_and_say_when_it_cannot_run(
+        protocol: str, provider: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Mooncake's wheel turns "rdma" into tcp without a word where there is no NIC; the drop-in
+    asks the fabric transport for that provider and logs why it cannot run instead."""
+    monkeypatch.delenv("TIDEKV_FABRIC_PROVIDER", raising=False)
+    te = TransferEngine()
+    try:
+        with caplog.at_level("WARNING", logger="tidekv.compat.mooncake"):
+            assert te.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, "") == 0
+        engine = te.get_engine()
+        assert engine.config.fabric_provider == provider
+        [(available, reason)] = [(a, r) for name, a, r in engine.transports() if name == "fabric"]
+        if not available:
+            assert f"protocol {protocol!r} asks for RDMA" in caplog.text and reason in caplog.text
+    finally:
+        te.get_engine().close()

@@ -344,7 +344,11 @@ static void refusals(struct ctx* c) {
   CHECK(showLinks(c->e, links, sizeof(links), 0) == TE_ERR_NOT_IMPLEMENTED, "showLinks");
   CHECK(uninstallTransport(c->e, "tcp") == TE_ERR_NOT_IMPLEMENTED, "uninstallTransport");
   CHECK(installTransport(c->e, "tcp", NULL) != NULL, "installTransport(tcp)");
+  /* rdma is fabric; with no RDMA device and no TIDEKV_FABRIC_PROVIDER it cannot run, and says why */
   CHECK(installTransport(c->e, "rdma", NULL) == NULL, "installTransport(rdma)");
+  CHECK(strstr(tidekv_last_error(), "transport 'fabric' is not available here") != NULL, "installTransport(rdma) reason");
+  CHECK(installTransport(c->e, "nvlink", NULL) == NULL, "installTransport(nvlink)");
+  CHECK(strstr(tidekv_last_error(), "tcp, shm, cuda, fabric") != NULL, "installTransport(nvlink) reason");
   enableGracefulShutdown(c->e);
   CHECK(warmupEfaSegment(c->e, "127.0.0.1:1") == 0, "warmupEfaSegment");
   CHECK(discoverTopology(c->e) == 0, "discoverTopology");

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "boundary.h"
+#include "transport/registry.h"
 
 namespace tidekv::capi {
 namespace {
@@ -56,11 +57,16 @@ EngineOptions engine_options_from_env(const std::string& host) {
   o.host = host;
   o.port = 0;
   if (const char* t = env("TIDEKV_TRANSPORT")) {
-    std::string s = t;
-    if (s != "auto" && s != "tcp" && s != "shm" && s != "cuda")
-      refuse(-1, "TIDEKV_TRANSPORT='" + s + "' is invalid; allowed: auto, tcp, shm, cuda");
+    std::string s = t, allowed = "auto";
+    bool known = s == "auto";
+    for (const auto& entry : transport_registry()) {  // the transports of this build, in one list
+      allowed += std::string(", ") + entry.name;
+      known = known || s == entry.name;
+    }
+    if (!known) refuse(-1, "TIDEKV_TRANSPORT='" + s + "' is invalid; allowed: " + allowed);
     o.transport = s;
   }
+  if (const char* p = env("TIDEKV_FABRIC_PROVIDER")) o.fabric_provider = p;
   if (const char* f = env("MC_FORCE_TCP")) {
     std::string s = f;
     if (s == "1" || s == "true" || s == "True" || s == "TRUE") {

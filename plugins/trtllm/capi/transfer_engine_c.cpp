@@ -3,6 +3,8 @@
 // result into Mooncake's types; nothing else happens here.
 #include "transfer_engine_c.h"
 
+#include "transport/registry.h"
+
 #include <cstdlib>
 #include <cstring>
 
@@ -100,17 +102,21 @@ transport_t installTransport(transfer_engine_t engine, const char* proto, void**
       "installTransport",
       [&]() -> transport_t {
         std::string name = text(proto, "proto");
+        // Mooncake's RDMA protocols are tidekv's fabric transport (libfabric: verbs, efa).
+        if (name == "rdma" || name == "efa") name = "fabric";
         // tidekv's transports are all installed at start; the one asked for is "installed" when
-        // it is available here. The handle is only a token: no function takes it.
-        static const char* const kTokens[] = {"tcp", "shm", "cuda"};
-        for (const auto& t : engine_of(engine).transports()) {
-          if (t.name != name) continue;
-          if (!t.available) refuse(TE_ERR_DEVICE_NOT_FOUND, "transport '" + name + "' is not available here: " + t.reason);
-          for (const char* token : kTokens)
-            if (name == token) return const_cast<char*>(token);
+        // it is available here. The handle is only a token (the registry's own name): no function takes it.
+        std::string known;
+        for (const auto& entry : tidekv::transport_registry()) {
+          known += std::string(known.empty() ? "" : ", ") + entry.name;
+          if (name != entry.name) continue;
+          for (const auto& t : engine_of(engine).transports())
+            if (t.name == name && !t.available)
+              refuse(TE_ERR_DEVICE_NOT_FOUND, "transport '" + name + "' is not available here: " + t.reason);
+          return const_cast<char*>(entry.name);
         }
-        refuse(TE_ERR_NOT_IMPLEMENTED, "transport '" + name + "' does not exist in tidekv (it has tcp, shm and cuda, "
-                                       "chosen per request); rdma/nvlink/efa and the others are not served");
+        refuse(TE_ERR_NOT_IMPLEMENTED, "transport '" + std::string(proto) + "' does not exist in tidekv (it has " +
+                                           known + ", chosen per request; rdma and efa are fabric)");
       },
       [](int) -> transport_t { return nullptr; });
 }
