@@ -53,3 +53,13 @@ def test_the_engine_fills_every_native_option_from_the_config(monkeypatch: pytes
     unset = native - NATIVE_ONLY - written
     assert unset == set(), f"tidekv.transfer.engine leaves native options at their C++ defaults: {sorted(unset)}"
     assert written <= native, f"sets options the engine has not: {sorted(written - native)}"
+
+
+def test_transport_kind_names_exactly_the_native_registry() -> None:
+    """``TransportKind`` (what users write) and the native registry (what the engine has) are one
+    list: a transport added in ``native/transport/registry.cpp`` fails here until it is named."""
+    from tidekv.config import TransportKind
+    from tidekv.transfer.transports import built_transports
+
+    registry = [name for name, _, _ in built_transports(TransferConfig())]
+    assert [k.value for k in TransportKind] == ["auto", *registry]
