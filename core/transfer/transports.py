@@ -53,7 +53,7 @@ def catalog(config: TransferConfig) -> list[TransportStatus]:
     for name, available, reason in built_transports(config):
         detail = _DETAILS.get(name)
         hint = _HINTS.get(name)
-        said = hint() if hint and not available else ""
+        said = hint() if hint else ""
         if said:
             reason = f"{reason}; {said}"
         out.append(detail(config) if detail and available else TransportStatus(name, available, reason))
@@ -148,8 +148,31 @@ def _nvidia_kernel_gpus() -> str:
 
 
 def _rdma_devices_hint() -> str:
-    devices = rdma_devices()  # (the engine itself says when there are none)
-    return f"RDMA devices here: {', '.join(devices)}" if devices else ""
+    nics = [describe_rdma_device(d) for d in rdma_devices()]  # (the engine itself says when there are none)
+    return f"RDMA devices here: {'; '.join(nics)}" if nics else ""
+
+
+def describe_rdma_device(device: str) -> str:
+    """``"mlx5_0: port 1 ACTIVE 200 Gb/sec (4X HDR), numa node 0"``: what sysfs says of one RDMA
+    device, so a user sees which NICs are up and which memory is near each."""
+    base = os.path.join(INFINIBAND_PATH, device)
+    ports = []
+    with contextlib.suppress(OSError):
+        for port in sorted(os.listdir(os.path.join(base, "ports")), key=lambda p: int(p) if p.isdigit() else 0):
+            state = _read(os.path.join(base, "ports", port, "state")).partition(":")[2].strip() or "state unknown"
+            rate = _read(os.path.join(base, "ports", port, "rate"))
+            ports.append(f"port {port} {state}" + (f" {rate}" if rate else ""))
+    numa = _read(os.path.join(base, "device", "numa_node"))
+    where = f", numa node {numa}" if numa and numa != "-1" else ""
+    return f"{device}: {', '.join(ports) or 'no ports'}{where}"
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def library_state(soname: str) -> str:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from tidekv import TransferConfig
@@ -53,3 +54,20 @@ def test_a_missing_libfabric_is_unavailable_with_the_package_to_install() -> Non
     [[name, available, reason]] = json.loads(out.stdout)
     assert (name, available) == ("fabric", False)
     assert "/nonexistent/libfabric.so.1 does not load" in reason and "libfabric1" in reason, reason
+
+
+def test_doctor_describes_each_rdma_nic_from_sysfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tidekv.transfer import transports
+
+    port = tmp_path / "mlx5_0" / "ports" / "1"
+    port.mkdir(parents=True)
+    (port / "state").write_text("4: ACTIVE\n")
+    (port / "rate").write_text("200 Gb/sec (4X HDR)\n")
+    (tmp_path / "mlx5_0" / "device").mkdir()
+    (tmp_path / "mlx5_0" / "device" / "numa_node").write_text("1\n")
+    (tmp_path / "rxe0" / "ports" / "1").mkdir(parents=True)
+    (tmp_path / "rxe0" / "ports" / "1" / "state").write_text("1: DOWN\n")
+    monkeypatch.setattr(transports, "INFINIBAND_PATH", str(tmp_path))
+    assert transports.rdma_devices() == ["mlx5_0", "rxe0"]
+    assert transports.describe_rdma_device("mlx5_0") == "mlx5_0: port 1 ACTIVE 200 Gb/sec (4X HDR), numa node 1"
+    assert transports.describe_rdma_device("rxe0") == "rxe0: port 1 DOWN"
