@@ -245,15 +245,20 @@ void FabricLink::plan(const std::shared_ptr<Batch>& batch, const std::vector<uin
 }
 
 void FabricLink::run(const std::shared_ptr<Group>& g) {
-  if (needs_new_address_.exchange(false)) {
-    // An operation to the peer failed on the connection: start from a fresh address entry, so
-    // the provider connects again instead of reporting the dead connection.
-    domain_.remove_peer(addr_);
-    try {
-      addr_ = domain_.insert_peer(endpoint_);
-    } catch (const Error&) {
-      needs_new_address_.store(true);
+  fi_addr_t addr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (needs_new_address_.exchange(false)) {
+      // An operation to the peer failed on the connection: start from a fresh address entry, so
+      // the provider connects again instead of reporting the dead connection.
+      domain_.remove_peer(addr_);
+      try {
+        addr_ = domain_.insert_peer(endpoint_);
+      } catch (const Error&) {
+        needs_new_address_.store(true);
+      }
     }
+    addr = addr_;
   }
   const uint64_t slice = std::min<uint64_t>(std::max<uint64_t>(kMinSlice, ctx_.options.slice_bytes), domain_.max_message());
   for (uint32_t r : g->requests) {
@@ -313,7 +318,7 @@ void FabricLink::run(const std::shared_ptr<Group>& g) {
       op->remote = remote;
       uint64_t len = std::min(slice, q.length - off);
       try {
-        domain_.post(q.op == wire::Op::kRead, op, q.local_addr + off, len, local.desc, addr_,
+        domain_.post(q.op == wire::Op::kRead, op, q.local_addr + off, len, local.desc, addr,
                      domain_.remote_address(q.remote_addr + off, remote->base), remote->key);
       } catch (const Error& e) {
         delete op;
@@ -409,6 +414,11 @@ void FabricLink::post_flush(const std::shared_ptr<Group>& g) {
     }
   };
   const Request& last = g->batch->requests()[landed.back()];
+  fi_addr_t addr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    addr = addr_;
+  }
   std::shared_ptr<Remote> remote = g->state[landed.back()].remote;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -425,7 +435,7 @@ void FabricLink::post_flush(const std::shared_ptr<Group>& g) {
     finish(err, message);
   };
   try {
-    domain_.post(true, op, scratch_.base, 1, scratch_.desc, addr_,
+    domain_.post(true, op, scratch_.base, 1, scratch_.desc, addr,
                  domain_.remote_address(last.remote_addr + last.length - 1, remote->base), remote->key);
   } catch (const Error& e) {
     delete op;

@@ -68,7 +68,7 @@ class FabricLink final : public PeerLink, public std::enable_shared_from_this<Fa
   Registration scratch_;  // a few registered bytes the read after a batch's writes lands in
   PeerAddress peer_;
   std::string endpoint_;
-  fi_addr_t addr_ = FI_ADDR_UNSPEC;
+  fi_addr_t addr_ = FI_ADDR_UNSPEC;  // guarded by mu_
   std::atomic<bool> needs_new_address_{false};
 
   std::mutex control_mu_;  // opening the control connection; sending on it
