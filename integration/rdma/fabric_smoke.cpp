@@ -3,16 +3,22 @@
 // Python does not, such as the soft-RoCE guest of integration/rdma/softroce.sh, over a real
 // verbs device.
 //
-//   fabric_smoke target HOST               allocates 4 MiB filled with pattern(1), prints
-//                                          "READY <name> <addr> <size>", then serves until killed
-//   fabric_smoke initiator HOST NAME ADDR SIZE
+//   fabric_smoke target HOST               allocates 4 MiB filled with pattern(1) and a second
+//                                          region of 64 KiB, prints "READY <name> <addr> <size>
+//                                          <pid> <second addr>", serves until killed, and
+//                                          unregisters the second region on SIGUSR1 (then creates
+//                                          /tmp/fabric_smoke.unregistered)
+//   fabric_smoke initiator HOST NAME ADDR SIZE TARGET_PID SECOND_ADDR
 //                                          READs and WRITEs of several sizes and offsets, every
 //                                          byte checked; a READ past the region's end refused;
+//                                          the second region read, unregistered by the target,
+//                                          then refused;
 //                                          prints the provider and its registration mode, and
 //                                          "PASS" or "FAIL ..." lines; exit status 0: all passed
 //
 // Neighbours: run_smoke.sh (the guest's payload), tests/transfer/test_contract.py (the same
 // checks, and many more, over fabric on the tcp provider, in CI).
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -71,6 +77,8 @@ std::string fabric_reason(const Engine& e, bool* available) {
   return "no fabric transport in this build";
 }
 
+volatile sig_atomic_t unregister_asked = 0;
+
 int run_target(const std::string& host) {
   Engine e(options(host));
   bool available;
@@ -80,9 +88,20 @@ int run_target(const std::string& host) {
   uint64_t addr = e.allocate(size);
   auto* p = reinterpret_cast<uint8_t*>(addr);
   for (uint64_t i = 0; i < size; ++i) p[i] = pattern(1, i);
-  std::printf("READY %s %llu %llu\n", e.name().c_str(), (unsigned long long)addr, (unsigned long long)size);
+  uint64_t second = e.allocate(65536);
+  std::memset(reinterpret_cast<void*>(second), 0x42, 65536);
+  signal(SIGUSR1, [](int) { unregister_asked = 1; });
+  std::printf("READY %s %llu %llu %d %llu\n", e.name().c_str(), (unsigned long long)addr, (unsigned long long)size,
+              int(getpid()), (unsigned long long)second);
   std::fflush(stdout);
-  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (unregister_asked == 1) {
+      unregister_asked = 2;
+      e.unregister_region(second);  // revokes it at the initiator before its key goes
+      std::fclose(std::fopen("/tmp/fabric_smoke.unregistered", "w"));
+    }
+  }
 }
 
 // One batch of one request; returns the request's result.
@@ -94,7 +113,8 @@ tidekv::RequestResult one(Engine& e, uint32_t peer, tidekv::wire::Op op, uint64_
   return batch->results()[0];
 }
 
-int run_initiator(const std::string& host, const std::string& name, uint64_t raddr, uint64_t rsize) {
+int run_initiator(const std::string& host, const std::string& name, uint64_t raddr, uint64_t rsize, int target_pid,
+                  uint64_t second) {
   Engine e(options(host));
   bool available;
   std::string reason = fabric_reason(e, &available);
@@ -144,6 +164,19 @@ int run_initiator(const std::string& host, const std::string& name, uint64_t rad
   auto after = one(e, peer, tidekv::wire::Op::kRead, reinterpret_cast<uint64_t>(back.data()), 4096, raddr);
   check(after.state == RequestState::kDone && back[0] == pattern(3, 0),  // the 1-byte WRITE's seed: 2 + length
         "the next READ works (the endpoint is intact)");
+  // A region the initiator has used, unregistered by the target: refused per request afterwards.
+  auto before = one(e, peer, tidekv::wire::Op::kRead, reinterpret_cast<uint64_t>(back.data()), 4096, second);
+  check(before.state == RequestState::kDone && back[0] == 0x42, "READ of the second region before it goes");
+  std::remove("/tmp/fabric_smoke.unregistered");
+  kill(target_pid, SIGUSR1);
+  for (int i = 0; i < 600 && access("/tmp/fabric_smoke.unregistered", F_OK) != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::memset(back.data(), 0x77, 4096);
+  auto gone = one(e, peer, tidekv::wire::Op::kRead, reinterpret_cast<uint64_t>(back.data()), 4096, second);
+  check(gone.state == RequestState::kFailed && gone.kind == tidekv::ErrorKind::kNotRegistered && back[0] == 0x77,
+        "a READ of the region the target unregistered is refused and nothing lands (" + gone.message + ")");
+  auto still = one(e, peer, tidekv::wire::Op::kRead, reinterpret_cast<uint64_t>(back.data()), 4096, raddr);
+  check(still.state == RequestState::kDone && back[0] == pattern(3, 0), "the first region is still read");
   std::printf("%s: %d failed\n", failures ? "FAIL" : "PASS", failures);
   e.close();
   return failures ? 1 : 0;
@@ -154,12 +187,13 @@ int run_initiator(const std::string& host, const std::string& name, uint64_t rad
 int main(int argc, char** argv) {
   try {
     if (argc == 3 && std::strcmp(argv[1], "target") == 0) return run_target(argv[2]);
-    if (argc == 6 && std::strcmp(argv[1], "initiator") == 0)
-      return run_initiator(argv[2], argv[3], std::strtoull(argv[4], nullptr, 10), std::strtoull(argv[5], nullptr, 10));
+    if (argc == 8 && std::strcmp(argv[1], "initiator") == 0)
+      return run_initiator(argv[2], argv[3], std::strtoull(argv[4], nullptr, 10), std::strtoull(argv[5], nullptr, 10),
+                           std::atoi(argv[6]), std::strtoull(argv[7], nullptr, 10));
   } catch (const tidekv::Error& e) {
     std::printf("FAIL %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: %s target HOST | initiator HOST NAME ADDR SIZE\n", argv[0]);
+  std::fprintf(stderr, "usage: %s target HOST | initiator HOST NAME ADDR SIZE TARGET_PID SECOND_ADDR\n", argv[0]);
   return 2;
 }

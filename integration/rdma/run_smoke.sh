@@ -13,7 +13,7 @@ while ! grep -q READY /tmp/target.out 2>/dev/null; do
 done
 cat /tmp/target.out
 set -- $(grep READY /tmp/target.out)
-./fabric_smoke initiator 10.99.0.1 "$2" "$3" "$4"
+./fabric_smoke initiator 10.99.0.1 "$2" "$3" "$4" "$5" "$6"
 status=$?
 kill $target 2>/dev/null
 exit $status
