@@ -42,6 +42,7 @@ struct Op {
     Op* op;
   } context{{}, this};
   std::chrono::steady_clock::time_point posted;
+  fi_addr_t peer = FI_ADDR_UNSPEC;
   Op() = default;
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
