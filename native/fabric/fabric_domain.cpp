@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -78,7 +79,11 @@ std::unique_ptr<Domain> Domain::open(EngineContext& ctx, const std::string& prov
   for (const std::string& name : candidates) {
     // Writes are known to have landed by FI_DELIVERY_COMPLETE where the provider has it, else by
     // a read ordered after them (FI_ORDER_RAW).
+    // $TIDEKV_FABRIC_CONFIRM_BY_READ: skip delivery-complete, so that tests run the fallback on a
+    // provider that has it (tests/transfer/test_fabric.py).
+    const bool skip_delivery_complete = std::getenv("TIDEKV_FABRIC_CONFIRM_BY_READ") != nullptr;
     for (bool delivery_complete : {true, false}) {
+      if (delivery_complete && skip_delivery_complete) continue;
       fi_info* hints = api.dupinfo(nullptr);
       if (!hints) {
         *why = "fi_dupinfo failed (out of memory)";

@@ -11,10 +11,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from tidekv import TransferConfig
+from tidekv import (
+    SegmentNotRegisteredError,
+    TransferConfig,
+    TransferOp,
+    TransferRequest,
+    TransferState,
+)
 from tidekv.transfer.transports import built_transports, rdma_devices
 
-from tests.transfer.harness import FABRIC_PROVIDER, TRANSPORTS
+from tests.conftest import MakeEngine, SpawnTarget
+from tests.transfer.harness import FABRIC_PROVIDER, TRANSPORTS, initiator_config
+from tests.transfer.reference import pattern
 
 
 def _fabric(config: TransferConfig) -> tuple[bool, str]:
@@ -71,3 +79,30 @@ def test_doctor_describes_each_rdma_nic_from_sysfs(tmp_path: Path, monkeypatch: 
     assert transports.rdma_devices() == ["mlx5_0", "rxe0"]
     assert transports.describe_rdma_device("mlx5_0") == "mlx5_0: port 1 ACTIVE 200 Gb/sec (4X HDR), numa node 1"
     assert transports.describe_rdma_device("rxe0") == "rxe0: port 1 DOWN"
+
+
+@pytest.mark.skipif("fabric" not in TRANSPORTS, reason="fabric cannot run here (libfabric1 not installed)")
+def test_writes_confirmed_by_a_read_after_them_land_byte_for_byte(
+        spawn_target: SpawnTarget, make_engine: MakeEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without FI_DELIVERY_COMPLETE a batch's writes are reported done only when a read ordered
+    after them comes back; the tcp provider has delivery-complete, so the fallback is forced here."""
+    monkeypatch.setenv("TIDEKV_FABRIC_CONFIRM_BY_READ", "1")
+    size = 1 << 20
+    target = spawn_target({"mem": ("alloc", size, 60), "other": ("bytearray", size, 61)})
+    engine = make_engine(initiator_config("fabric"))
+    [reason] = [r for name, _, r in engine.transports() if name == "fabric"]
+    assert "confirmed by a read after them" in reason, reason
+    assert engine.connect(target.name) == "fabric"
+    local = engine.register(bytearray(pattern(62, 2 * size)))
+    W = TransferOp.WRITE
+    # Writes to two regions in one batch, some of them past a region's end (refused, never posted).
+    batch = [TransferRequest(W, local.addr(i * 65536), 65536, target.name, target.regions["mem"].addr(i * 65536))
+             for i in range(16)]
+    batch += [TransferRequest(W, local.addr(size), size, target.name, target.regions["other"].addr(0)),
+              TransferRequest(W, local.addr(0), 100, target.name, target.regions["other"].addr(size - 50))]
+    handle = engine.transfer(batch)
+    with pytest.raises(SegmentNotRegisteredError):
+        handle.wait(timeout_s=30)
+    assert [s.state for s in handle.statuses()] == [TransferState.DONE] * 17 + [TransferState.FAILED]
+    assert target.dump("mem", tmp_path) == pattern(62, 2 * size)[:size]
+    assert target.dump("other", tmp_path) == pattern(62, 2 * size)[size:]
