@@ -1,10 +1,10 @@
 #include "cuda/driver.h"
 
-#include <dlfcn.h>
-
 #include <cstdlib>
 #include <cstring>
 #include <unordered_map>
+
+#include "common/system_library.h"
 
 namespace tidekv::cuda {
 namespace {
@@ -21,53 +21,47 @@ Driver& Driver::get() {
 Driver::Driver() { load(); }
 
 void Driver::load() {
-  const char* env = std::getenv("TIDEKV_LIBCUDA");
-  std::string path = env && *env ? env : "libcuda.so.1";
-  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    const char* err = dlerror();
-    reason_ = path + " does not load (" + (err ? err : "unknown error") + "): no NVIDIA driver on this host";
+  SystemLibrary lib("TIDEKV_LIBCUDA", "libcuda.so.1");
+  const std::string& path = lib.path();
+  if (!lib.is_open()) {
+    reason_ = lib.error() + ": no NVIDIA driver on this host";
     return;
   }
-  std::string missing;
-  auto sym = [&](auto& fn, const char* name) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-    if (!fn) missing += std::string(missing.empty() ? "" : ", ") + name;
-  };
-  sym(api_.cuInit, "cuInit");
-  sym(api_.cuGetErrorString, "cuGetErrorString");
-  sym(api_.cuDriverGetVersion, "cuDriverGetVersion");
-  sym(api_.cuDeviceGetCount, "cuDeviceGetCount");
-  sym(api_.cuDeviceGet, "cuDeviceGet");
-  sym(api_.cuDeviceGetName, "cuDeviceGetName");
-  sym(api_.cuDeviceGetAttribute, "cuDeviceGetAttribute");
-  sym(api_.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-  sym(api_.cuCtxPushCurrent, "cuCtxPushCurrent_v2");
-  sym(api_.cuCtxPopCurrent, "cuCtxPopCurrent_v2");
-  sym(api_.cuPointerGetAttribute, "cuPointerGetAttribute");
-  sym(api_.cuMemGetAddressRange, "cuMemGetAddressRange_v2");
-  sym(api_.cuIpcGetMemHandle, "cuIpcGetMemHandle");
-  sym(api_.cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2");
-  sym(api_.cuIpcCloseMemHandle, "cuIpcCloseMemHandle");
-  sym(api_.cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle");
-  sym(api_.cuMemGetAllocationPropertiesFromHandle, "cuMemGetAllocationPropertiesFromHandle");
-  sym(api_.cuMemExportToShareableHandle, "cuMemExportToShareableHandle");
-  sym(api_.cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle");
-  sym(api_.cuMemAddressReserve, "cuMemAddressReserve");
-  sym(api_.cuMemAddressFree, "cuMemAddressFree");
-  sym(api_.cuMemMap, "cuMemMap");
-  sym(api_.cuMemUnmap, "cuMemUnmap");
-  sym(api_.cuMemSetAccess, "cuMemSetAccess");
-  sym(api_.cuMemRelease, "cuMemRelease");
-  sym(api_.cuStreamCreate, "cuStreamCreate");
-  sym(api_.cuStreamSynchronize, "cuStreamSynchronize");
-  sym(api_.cuMemcpyAsync, "cuMemcpyAsync");
-  sym(api_.cuMemHostAlloc, "cuMemHostAlloc");
-  sym(api_.cuMemFreeHost, "cuMemFreeHost");
-  sym(api_.cuEventCreate, "cuEventCreate");
-  sym(api_.cuEventRecord, "cuEventRecord");
-  sym(api_.cuEventSynchronize, "cuEventSynchronize");
-  sym(api_.cuEventDestroy, "cuEventDestroy_v2");
+  lib.resolve(api_.cuInit, "cuInit");
+  lib.resolve(api_.cuGetErrorString, "cuGetErrorString");
+  lib.resolve(api_.cuDriverGetVersion, "cuDriverGetVersion");
+  lib.resolve(api_.cuDeviceGetCount, "cuDeviceGetCount");
+  lib.resolve(api_.cuDeviceGet, "cuDeviceGet");
+  lib.resolve(api_.cuDeviceGetName, "cuDeviceGetName");
+  lib.resolve(api_.cuDeviceGetAttribute, "cuDeviceGetAttribute");
+  lib.resolve(api_.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+  lib.resolve(api_.cuCtxPushCurrent, "cuCtxPushCurrent_v2");
+  lib.resolve(api_.cuCtxPopCurrent, "cuCtxPopCurrent_v2");
+  lib.resolve(api_.cuPointerGetAttribute, "cuPointerGetAttribute");
+  lib.resolve(api_.cuMemGetAddressRange, "cuMemGetAddressRange_v2");
+  lib.resolve(api_.cuIpcGetMemHandle, "cuIpcGetMemHandle");
+  lib.resolve(api_.cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2");
+  lib.resolve(api_.cuIpcCloseMemHandle, "cuIpcCloseMemHandle");
+  lib.resolve(api_.cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle");
+  lib.resolve(api_.cuMemGetAllocationPropertiesFromHandle, "cuMemGetAllocationPropertiesFromHandle");
+  lib.resolve(api_.cuMemExportToShareableHandle, "cuMemExportToShareableHandle");
+  lib.resolve(api_.cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle");
+  lib.resolve(api_.cuMemAddressReserve, "cuMemAddressReserve");
+  lib.resolve(api_.cuMemAddressFree, "cuMemAddressFree");
+  lib.resolve(api_.cuMemMap, "cuMemMap");
+  lib.resolve(api_.cuMemUnmap, "cuMemUnmap");
+  lib.resolve(api_.cuMemSetAccess, "cuMemSetAccess");
+  lib.resolve(api_.cuMemRelease, "cuMemRelease");
+  lib.resolve(api_.cuStreamCreate, "cuStreamCreate");
+  lib.resolve(api_.cuStreamSynchronize, "cuStreamSynchronize");
+  lib.resolve(api_.cuMemcpyAsync, "cuMemcpyAsync");
+  lib.resolve(api_.cuMemHostAlloc, "cuMemHostAlloc");
+  lib.resolve(api_.cuMemFreeHost, "cuMemFreeHost");
+  lib.resolve(api_.cuEventCreate, "cuEventCreate");
+  lib.resolve(api_.cuEventRecord, "cuEventRecord");
+  lib.resolve(api_.cuEventSynchronize, "cuEventSynchronize");
+  lib.resolve(api_.cuEventDestroy, "cuEventDestroy_v2");
+  const std::string& missing = lib.missing();
   if (!missing.empty()) {
     reason_ = path + " loads but lacks " + missing + " (a driver older than CUDA 11.0?)";
     return;

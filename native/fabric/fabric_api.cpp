@@ -1,9 +1,6 @@
 #include "fabric/fabric_api.h"
 
-#include <dlfcn.h>
-
-#include <cstdlib>
-#include <type_traits>
+#include "common/system_library.h"
 
 namespace tidekv::fabric {
 
@@ -13,28 +10,20 @@ Library& Library::get() {
 }
 
 Library::Library() {
-  const char* env = std::getenv("TIDEKV_LIBFABRIC");
-  std::string path = env && *env ? env : "libfabric.so.1";
-  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    const char* err = dlerror();
-    reason_ = path + " does not load (" + (err ? err : "unknown error") +
-              "): install libfabric (Debian/Ubuntu: apt-get install libfabric1; AWS: the EFA installer)";
+  SystemLibrary lib("TIDEKV_LIBFABRIC", "libfabric.so.1");
+  const std::string& path = lib.path();
+  if (!lib.is_open()) {
+    reason_ = lib.error() + ": install libfabric (Debian/Ubuntu: apt-get install libfabric1; AWS: the EFA installer)";
     return;
   }
-  std::string missing;
-  auto sym = [&](auto& fn, const char* name) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-    if (!fn) missing += std::string(missing.empty() ? "" : ", ") + name;
-  };
-  sym(api_.getinfo, "fi_getinfo");
-  sym(api_.freeinfo, "fi_freeinfo");
-  sym(api_.dupinfo, "fi_dupinfo");
-  sym(api_.fabric, "fi_fabric");
-  sym(api_.strerror, "fi_strerror");
-  sym(api_.version, "fi_version");
-  if (!missing.empty()) {
-    reason_ = path + " lacks " + missing + ": not a libfabric this build can use";
+  lib.resolve(api_.getinfo, "fi_getinfo");
+  lib.resolve(api_.freeinfo, "fi_freeinfo");
+  lib.resolve(api_.dupinfo, "fi_dupinfo");
+  lib.resolve(api_.fabric, "fi_fabric");
+  lib.resolve(api_.strerror, "fi_strerror");
+  lib.resolve(api_.version, "fi_version");
+  if (!lib.missing().empty()) {
+    reason_ = path + " lacks " + lib.missing() + ": not a libfabric this build can use";
     return;
   }
   uint32_t v = api_.version();
