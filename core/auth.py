@@ -15,20 +15,16 @@ The exchange, for a secret ``S`` and a channel label ``L`` ("master", "weights",
    the server has no secret. The client checks it before it sends anything that matters: a
    client with a secret refuses a server without one (or with another one), and a client
    without one refuses a server that asks for one, each with an ``AuthenticationError``.
-3. client → ``Proof(HMAC(S, "tidekv/L/client" || Ns || Nc))`` on stream channels (the master's
-   TCP connection: one proof, then the connection is the client's). Message channels (ZeroMQ,
-   where a "connection" is not visible) instead seal every message with the session key
-   ``HMAC(S, "tidekv/L/session" || Nc || Ns)``: ``Sealer`` adds a sequence number (replays and
-   reordering are refused) and a MAC over it and the body; replies are sealed the same way in
-   the other direction.
+3. client → ``Proof(HMAC(S, "tidekv/L/client" || Ns || Nc))``: one proof, then the connection
+   is the client's (every channel is a TCP or TLS stream: ``tidekv.channel``).
 
 A client may name a *tenant* in its Greeting (the store master's ``store.tenants``): the server
 then uses that tenant's secret for ``S`` and ``L/tenant`` for the label, so a proof names the
 tenant it was made for.
 
-The handshake classes do no I/O: each channel sends and receives the bytes its own way.
-Neighbours: ``config`` (where the secret is read: ``TIDEKV_SECRET`` or ``TIDEKV_SECRET_FILE``),
-``store.rpc``/``store.server`` (master), ``weights`` and ``kvcache.handoff`` (message channels).
+The handshake classes do no I/O: ``tidekv.channel`` (and the master's own connection,
+``store.connection``) send and receive the bytes. Neighbours: ``config`` (where the secret is
+read: ``TIDEKV_SECRET`` or ``TIDEKV_SECRET_FILE``).
 """
 
 from __future__ import annotations
@@ -62,16 +58,7 @@ class Proof(msgspec.Struct, tag="auth_proof", array_like=True):
     mac: bytes
 
 
-class Sealed(msgspec.Struct, tag="auth_sealed", array_like=True):
-    """A message of a message channel: ``body`` with its session, sequence number and MAC."""
-
-    session: bytes  #: the server's nonce of the session
-    seq: int
-    mac: bytes
-    body: bytes
-
-
-Message = Greeting | Challenge | Proof | Sealed
+Message = Greeting | Challenge | Proof
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
@@ -124,8 +111,7 @@ def _check_nonce(nonce: bytes, peer: str) -> None:
 
 class ClientHandshake:
     """The connecting side. ``greeting()``, then ``challenged(reply)`` which checks the server
-    and returns the Proof to send (stream channels) and, through ``sealer``, the session's
-    sealer (message channels).
+    and returns the Proof to send.
 
     Args:
         secret: the shared secret, or None.
@@ -140,7 +126,6 @@ class ClientHandshake:
         self.peer = peer
         self.tenant = tenant
         self.nonce = new_nonce()
-        self.sealer: Sealer | None = None
 
     def greeting(self) -> bytes:
         return encode(Greeting(AUTH_VERSION, self.nonce, self.tenant))
@@ -168,14 +153,12 @@ class ClientHandshake:
         if not hmac.compare_digest(expected, challenge.mac):
             raise AuthenticationError(f"the {what} failed to prove the shared secret (another secret, or not the "
                                       "server it claims to be)", peer=self.peer)
-        key = _mac(self.secret, label, "session", self.nonce, challenge.nonce)
-        self.sealer = Sealer(key, challenge.nonce, self.peer)
         return encode(Proof(_mac(self.secret, label, "client", challenge.nonce, self.nonce)))
 
 
 class ServerHandshake:
     """The accepting side. ``greeted(data)`` returns the Challenge to send; ``proved(data)``
-    checks a stream channel's Proof; ``session_key()`` is a message channel's key.
+    checks the client's Proof.
 
     Args:
         secret: the shared secret, or None (then any client passes).
@@ -232,45 +215,3 @@ class ServerHandshake:
             raise AuthenticationError(f"{self.peer} did not prove the shared secret on the {self.label} channel "
                                       "(no secret, or another one)", peer=self.peer)
 
-    def session_key(self) -> bytes:
-        assert self.secret is not None and self.client_nonce
-        return _mac(self.secret, self.label, "session", self.client_nonce, self.nonce)
-
-
-class Sealer:
-    """Seals and opens the messages of one session of a message channel (one per direction of
-    sequence numbers: ``seal`` counts ours, ``open`` checks the peer's strictly increase).
-    Not thread-safe; each channel guards its own."""
-
-    def __init__(self, key: bytes, session: bytes, peer: str) -> None:
-        self._key = key
-        self.session = session
-        self.peer = peer
-        self._sent = 0
-        self._received = 0
-
-    def _mac(self, direction: bytes, seq: int, body: bytes) -> bytes:
-        return hmac.digest(self._key, direction + seq.to_bytes(8, "little") + body, hashlib.sha256)
-
-    def seal(self, body: bytes, *, is_reply: bool = False) -> bytes:
-        self._sent += 1
-        return encode(Sealed(self.session, self._sent, self._mac(b"R" if is_reply else b"Q", self._sent, body), body))
-
-    def open(self, sealed: Sealed, *, is_reply: bool = False) -> bytes:
-        """The body of a sealed message from the peer.
-
-        Raises:
-            AuthenticationError: a wrong MAC, a sequence number out of range, or one already
-                seen (a replay).
-        """
-        if not 0 < sealed.seq < 1 << 64:  # also keeps to_bytes from raising on hostile numbers
-            raise AuthenticationError(f"a message from {self.peer} carries sequence number {sealed.seq}, out of range",
-                                      peer=self.peer)
-        expected = self._mac(b"R" if is_reply else b"Q", sealed.seq, sealed.body)
-        if not hmac.compare_digest(expected, sealed.mac):
-            raise AuthenticationError(f"a message from {self.peer} failed its MAC (forged, or another secret)",
-                                      peer=self.peer)
-        if sealed.seq <= self._received:
-            raise AuthenticationError(f"{self.peer} repeated message {sealed.seq} (a replay?)", peer=self.peer)
-        self._received = sealed.seq
-        return sealed.body

@@ -1,22 +1,68 @@
-"""The exception hierarchy of tidekv: one root, a few meaningful children.
+"""The exception hierarchy of tidekv: one root, and a child per layer, so the type says what failed.
 
-Native code raises these too: ``native/common/bindings_errors.cpp`` maps each native error kind
-to a class here, in that one place, for raised exceptions and for each failed request of a batch
-alike (every such failure is a ``TransferError`` naming peer, op and byte range). A caller
-catches the same types whichever layer failed. Neighbours: every module raises from here.
+- ``ConfigError``: a setting or argument (nothing was attempted);
+- ``ChannelError``: a control channel (``tidekv.channel``) -- ``AuthenticationError`` and
+  ``ProtocolVersionError`` are its handshake's and version check's, whichever channel;
+- ``TransferError``: the transfer engine's data path (native code raises these: the mapping from
+  native error kinds is in ``native/common/bindings_errors.cpp``, in that one place); its
+  handshake failures are ``TransferAuthenticationError`` / ``TransferProtocolVersionError``,
+  which are both a ``TransferError`` and the channel-level class;
+- ``StoreError``: the store (``MasterUnavailableError`` and friends, per-object errors);
+- ``WeightsError``: weight broadcast.
+
+Batches, one convention: the error raised for a partly failed batch is its first failure, and
+``failures`` lists every failed item as (item, error) -- a transfer batch's request index, a
+store batch's key (``failed_keys`` is the same as a dict). Neighbours: every module raises from here.
 """
 
 from __future__ import annotations
 
 import builtins
+from typing import Any
 
 
 class TidekvError(Exception):
-    """Root of every error tidekv raises on purpose."""
+    """Root of every error tidekv raises on purpose.
+
+    Attributes:
+        failures: for a partly failed batch, every failed item as (item, error): the request's
+            index in a transfer batch, the key in a store batch; empty otherwise.
+    """
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        self.failures: list[tuple[Any, TidekvError]] = []
+
+    @property
+    def failed_keys(self) -> dict[Any, TidekvError]:
+        """``failures`` as a dict (a store batch: key -> error)."""
+        return dict(self.failures)
 
 
 class ConfigError(TidekvError, ValueError):
     """A setting or argument is invalid; the message names it, its value and what is allowed."""
+
+
+class ChannelError(TidekvError):
+    """A control channel (``tidekv.channel``: store, weights, PD releases) failed: a peer refused
+    a request as malformed or failed on it, or sent something unreadable."""
+
+
+class ProtocolVersionError(ChannelError):
+    """A peer speaks another protocol version; the message names both."""
+
+    def __init__(self, message: str, *, peer: str | None = None) -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
+class AuthenticationError(ChannelError):
+    """A peer refused our shared secret, or asked for one we do not have (any channel's handshake,
+    or the transfer engine's)."""
+
+    def __init__(self, message: str, *, peer: str | None = None) -> None:
+        super().__init__(message)
+        self.peer = peer
 
 
 class TransferError(TidekvError):
@@ -26,7 +72,6 @@ class TransferError(TidekvError):
         peer: name ("host:port") of the peer the request went to, when known.
         op: "READ" or "WRITE", when known.
         remote_addr, length: the byte range at the peer, when known.
-        failures: for a failed batch, every failed request as (index, TransferError).
     """
 
     def __init__(
@@ -43,7 +88,6 @@ class TransferError(TidekvError):
         self.op = op
         self.remote_addr = remote_addr
         self.length = length
-        self.failures: list[tuple[int, TransferError]] = []
 
 
 class EngineClosedError(TransferError):
@@ -51,12 +95,12 @@ class EngineClosedError(TransferError):
     running when its engine closed fail with it too."""
 
 
-class ProtocolVersionError(TransferError):
-    """A peer (engine or master) speaks another protocol version; the message names both."""
+class TransferProtocolVersionError(TransferError, ProtocolVersionError):
+    """A transfer engine peer speaks another protocol version (its handshake or descriptor)."""
 
 
-class AuthenticationError(TransferError):
-    """A peer refused our shared secret, or asked for one we do not have."""
+class TransferAuthenticationError(TransferError, AuthenticationError):
+    """A transfer engine peer refused our shared secret, or asked for one we do not have."""
 
 
 class SegmentNotRegisteredError(TransferError):
@@ -128,8 +172,8 @@ class MasterNotReadyError(MasterUnavailableError):
         self.leader = leader
 
 
-class RpcError(StoreError):
-    """The master refused a request as malformed (a bug or a version skew)."""
+class RpcError(StoreError, ChannelError):
+    """The master refused a request as malformed (a bug or a version skew), or answered garbage."""
 
 
 class WeightsError(TidekvError):

@@ -523,8 +523,8 @@ class MooncakeDistributedStore:
                 store.put_many_from([keys[i] for i in todo], [buffers[i] for i in todo], upsert=upsert,
                                     **_placement(config))
             except TidekvError as exc:
-                failed = getattr(exc, "failed_keys", None)
-                if failed is None:
+                failed = exc.failed_keys
+                if not failed:  # not a batch's per-key failure
                     raise
                 _log_failure("batch_put_from", exc)
                 return [error_code(failed[b]) if (b := key_bytes(keys[i])) in failed else 0 for i in todo]
@@ -571,8 +571,8 @@ def _read_into(store: Store, keys: list[str], buffers: Sequence[Any], read: Read
     try:
         sizes = read(store, keys, buffers)
     except TidekvError as exc:
-        failed = getattr(exc, "failed_keys", None)
-        if failed is None:
+        failed = exc.failed_keys
+        if not failed:  # not a batch's per-key failure
             raise
         _log_failure("batch_get_into", exc)
         codes = {b: error_code(e) for b, e in failed.items()}

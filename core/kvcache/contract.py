@@ -24,10 +24,10 @@ import msgspec
 
 from tidekv.errors import ConfigError, ProtocolVersionError
 
-PROTOCOL_VERSION = 2
-"""Version of ``KVHandoff`` and of the hold channel's messages (``handoff.HoldRelease``). Bump it
-on any change a peer of the previous version would mis-read. 2: releases are versioned and say
-why (a failed decode frees the blocks at once, not only a pull)."""
+PROTOCOL_VERSION = 3
+"""Version of ``KVHandoff`` and of the hold channel (``handoff.SPEC``). Bump it on any change a peer
+of the previous version would mis-read. 2: releases are versioned and say why (a failed decode
+frees the blocks at once, not only a pull). 3: the hold channel is ``tidekv.channel`` (was ZeroMQ)."""
 
 
 class RankEndpoint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

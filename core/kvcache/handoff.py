@@ -4,27 +4,23 @@ the "release" signal.
 The decode side pulls the prefill blocks that hold the prompt tokens it does not have
 (``pull_end``, ``pulled_blocks``). The prefill side holds a finished request's blocks until it
 is told to release them, or until ``hold_timeout_s`` passes (the last resort: a decode that
-never comes leaks nothing for longer). Releases travel over one ZeroMQ DEALER -> ROUTER channel
-per prefill rank, as ``HoldRelease`` messages (versioned with the PD contract), and say why
-(``ReleaseReason``): the decode pulled the blocks (its worker says so), its pull failed (its
-worker), the decode request ended before any pull was planned (its scheduler, e.g. aborted when
-its client left), or the decode leg failed before the decode took the request (the proxy:
-decode unreachable or answering an error). ``HoldTable`` owns the ROUTER end on the prefill
-worker and ``Releaser`` a DEALER end wherever a release is sent from. Each does its ZeroMQ I/O on
-a thread of its own: a step never waits on a socket.
+never comes leaks nothing for longer). Releases travel as one-way ``HoldRelease`` messages on the
+hold channel (``tidekv.channel``, label "pd", versioned with the PD contract), one connection per
+prefill rank, and say why (``ReleaseReason``): the decode pulled the blocks (its worker says so),
+its pull failed (its worker), the decode request ended before any pull was planned (its
+scheduler, e.g. aborted when its client left), or the decode leg failed before the decode took
+the request (the proxy: decode unreachable or answering an error). ``HoldTable`` serves the
+channel on the prefill worker, ``Releaser`` sends wherever a release comes from; each on a
+thread of its own, so a step never waits on a socket.
 
 A forged release would free blocks a decode is still reading (wrong tokens), so with a shared
-secret the channel is authenticated (``tidekv.auth``, label "pd"): a releaser greets each hold
-table once, checks its proof, and seals every release with the session's key; the hold table
-drops (and logs) a release that is not sealed by a live session, or replayed. Without a secret
-on either side releases go plain, one message each, as before; a side with a secret refuses a
-side without. Neighbours: ``contract`` (the hold table's address travels in
+secret every connection proves it both ways (``tidekv.auth``) before a release is taken; a side
+with a secret refuses a side without. Neighbours: ``contract`` (the hold table's address travels in
 ``RankEndpoint.confirm_address``; ``PROTOCOL_VERSION``).
 """
 
 from __future__ import annotations
 
-import collections
 import enum
 import logging
 import queue
@@ -32,14 +28,10 @@ import threading
 import time
 
 import msgspec
-import zmq
-
-from tidekv import auth
-from tidekv.auth import ClientHandshake, Sealer, ServerHandshake
-from tidekv.errors import AuthenticationError, ConfigError
+from tidekv.channel import Client, DownUntil, Peer, Server, Spec
+from tidekv.errors import ConfigError, PeerUnavailableError, TidekvError
 from tidekv.kvcache.contract import PROTOCOL_VERSION, KVHandoff
 from tidekv.logs import WarnEvery
-from tidekv.values import format_host_port
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +45,9 @@ class ReleaseReason(enum.Enum):
     DECODE_FAILED = "decode_failed"  #: the decode never took the request, or answered an error (the proxy)
 
 
-class HoldRelease(msgspec.Struct, frozen=True, array_like=True):
+class HoldRelease(msgspec.Struct, frozen=True, array_like=True, tag="release"):
     """The one message of the hold channel: "free request ``request_id``'s blocks, because ``reason``"."""
 
-    protocol_version: int
-    """The sender's ``contract.PROTOCOL_VERSION``; a hold table drops (and names) any other."""
     request_id: str
     """The prefill's id of the request (``KVHandoff.request_id``)."""
     reason: ReleaseReason
@@ -65,18 +55,16 @@ class HoldRelease(msgspec.Struct, frozen=True, array_like=True):
     """What happened, for the prefill's log (e.g. the proxy's error for a failed decode)."""
 
 
-_encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder(HoldRelease).decode
+MAGIC = b"tkp\x03"
+"""First bytes a releaser sends on a new connection to a hold table."""
+SPEC = Spec(label="pd", magic=MAGIC, version=PROTOCOL_VERSION, body=HoldRelease, server_name="hold table",
+            unavailable=lambda message, sent: PeerUnavailableError(message))
+"""The hold channel (``tidekv.channel``): one-way releases, versioned with the PD contract."""
 _MAX_UNPAIRED = 4096
 """Releases kept without a matching hold before the stale ones (older than the hold timeout)
 are pruned. A release may come before its hold (the proxy can hear of a failed decode before
 the prefill's worker has recorded the hold), and after it (a second sender, e.g. the proxy's
 backstop after the decode's own release)."""
-_MAX_SESSIONS = 4096
-"""Releasers' sessions a hold table keeps (the least recently used goes first)."""
-_RETRY_HANDSHAKE_S = 10.0
-"""A hold table whose handshake failed is not greeted again for this long (its releases are
-dropped meanwhile, and free at their deadline), so one dead prefill does not stall the others."""
 
 
 def pull_end(prompt_len: int, remote_num_tokens: int, num_remote_blocks: int, block_size: int, *,
@@ -112,46 +100,25 @@ def pulled_blocks(end_token: int, num_pulled_tokens: int, block_size: int) -> sl
 class HoldTable:
     """Prefill side: held requests, released when told (``HoldRelease``) or at their deadline.
 
-    A receiver thread reads the releases as they arrive, so a step never touches ZeroMQ: on this
-    2-vCPU VM the first poll/recv after the process slept costs 0.1-0.25 ms, paid inside the
-    prefill's step when the step read the socket itself. ``hold``, ``released``, ``wait`` and
-    ``is_held`` may be called from any thread (the worker's step thread calls them).
+    The channel's thread takes the releases as they arrive, so a step never touches a socket.
+    ``hold``, ``released``, ``wait`` and ``is_held`` may be called from any thread (the worker's
+    step thread calls them).
+
+    Raises:
+        ConfigError: the port cannot be bound.
     """
 
     def __init__(self, host: str, hold_timeout_s: float, secret: str | None = None, port: int = 0) -> None:
         self.hold_timeout_s = hold_timeout_s
-        self._secret = secret
-        self._sessions: collections.OrderedDict[bytes, Sealer] = collections.OrderedDict()
-        self._refused = WarnEvery()
-        ctx = zmq.Context.instance()
-        sock = ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IPV6, 1)  # (IPv4 addresses work as before)
-        try:
-            if port:
-                sock.bind(f"tcp://{format_host_port(host, port)}")
-            else:
-                port = sock.bind_to_random_port(f"tcp://{format_host_port(host, 0).rpartition(':')[0]}")
-        except zmq.ZMQError as exc:
-            sock.close()
-            raise ConfigError(f"the PD hold table cannot listen on {format_host_port(host, port)}: {exc} "
-                              "(hold_port, engine_host)") from None
-        self.address = format_host_port(host, port)
-        # close() wakes the receiver through its own inproc pair (a peer cannot send on it).
-        stop_endpoint = f"inproc://tidekv-holds-{id(self):x}-{port}"
-        stop_rx = ctx.socket(zmq.PAIR)
-        stop_rx.bind(stop_endpoint)
-        self._stop_tx = ctx.socket(zmq.PAIR)
-        self._stop_tx.setsockopt(zmq.LINGER, 0)
-        self._stop_tx.connect(stop_endpoint)
         self._deadlines: dict[str, float] = {}
         # request -> (arrival, the release), until released() pairs it with a hold
         self._releases: dict[str, tuple[float, HoldRelease]] = {}
-        self._bad_version = WarnEvery()
         self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._receive_loop, args=(sock, stop_rx), name="tidekv-holds",
-                                        daemon=True)
-        self._thread.start()
+        try:
+            self._server = Server(SPEC, host, port, self._received, secret=secret)
+        except ConfigError as exc:
+            raise ConfigError(f"the PD hold table: {exc} (hold_port, engine_host)") from None
+        self.address = self._server.address
 
     def hold(self, request_id: str) -> None:
         with self._cond:
@@ -195,100 +162,12 @@ class HoldTable:
         return request_id in self._deadlines
 
     def close(self) -> None:
-        if self._thread.is_alive():
-            self._stop_tx.send(b"")
-            self._thread.join(timeout=5)
-        self._stop_tx.close(linger=0)
+        self._server.close()
 
     def _any_released(self) -> bool:
         return any(r in self._releases for r in self._deadlines)
 
-    def _receive_loop(self, sock: zmq.Socket, stop: zmq.Socket) -> None:
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(stop, zmq.POLLIN)
-        try:
-            while stop not in dict(poller.poll()):
-                while True:
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    if len(frames) != 2:
-                        continue
-                    try:
-                        reply = self._receive(frames[1])
-                    except Exception:  # noqa: BLE001 - one peer's message must not stop the receiver
-                        logger.exception("hold table %s: a message failed; receiving on", self.address)
-                        continue
-                    if reply is not None:
-                        sock.send_multipart([frames[0], reply], zmq.NOBLOCK)
-        except zmq.ContextTerminated:
-            pass  # the process is shutting down
-        except Exception:
-            logger.exception("the hold-release receiver stopped; held blocks now free only at their deadline")
-        finally:
-            sock.close(linger=0)
-            stop.close(linger=0)
-
-    def _receive(self, frame: bytes) -> bytes | None:
-        """Takes one message; returns the reply to send back (a handshake's Challenge), if any."""
-        message = auth.decode_any(frame)  # None: a plain release
-        if isinstance(message, auth.Greeting):
-            return self._greeted(frame)
-        if isinstance(message, auth.Sealed):
-            sealer = self._sessions.get(message.session)
-            if sealer is None:
-                self._refuse("a release sealed by an unknown session (this prefill restarted, or forgot the "
-                             "session among too many)")
-                return None
-            try:
-                frame = sealer.open(message)
-            except AuthenticationError as exc:
-                self._refuse(str(exc))
-                return None
-            self._sessions.move_to_end(message.session)
-        elif self._secret is not None:
-            self._refuse("an unauthenticated release (the sender has no TIDEKV_SECRET, or an older tidekv)")
-            return None
-        self._release(frame)
-        return None
-
-    def _greeted(self, frame: bytes) -> bytes | None:
-        handshake = ServerHandshake(self._secret, "pd", f"hold table {self.address}'s peer")
-        try:
-            challenge = handshake.greeted(frame)
-        except AuthenticationError as exc:
-            self._refuse(str(exc))
-            return None
-        if self._secret is not None:
-            self._sessions[handshake.nonce] = Sealer(handshake.session_key(), handshake.nonce, "a releaser")
-            while len(self._sessions) > _MAX_SESSIONS:
-                self._sessions.popitem(last=False)
-        return challenge
-
-    def _refuse(self, why: str) -> None:
-        held_back = self._refused.due()
-        if held_back is not None:
-            logger.warning("hold table %s dropped %s; its blocks free at their deadline (%d similar not logged)",
-                           self.address, why, held_back)
-
-    def _release(self, frame: bytes) -> None:
-        try:
-            release = _decode(frame)
-        except msgspec.DecodeError:
-            version = _peek_version(frame)
-            if version is None or version == PROTOCOL_VERSION:
-                logger.warning("dropped a malformed hold-release message on %s", self.address)
-                return
-            release = HoldRelease(version, "?", ReleaseReason.PULLED)
-        if release.protocol_version != PROTOCOL_VERSION:
-            held_back = self._bad_version.due()
-            if held_back is not None:
-                logger.warning("dropped a hold release of tidekv PD protocol version %s on %s (this prefill speaks "
-                               "version %d): run the same tidekv release on every instance and the proxy (%d similar "
-                               "not logged)", release.protocol_version, self.address, PROTOCOL_VERSION, held_back)
-            return
+    def _received(self, release: HoldRelease, peer: Peer) -> None:
         self._record(release)
 
     def _record(self, release: HoldRelease) -> None:
@@ -305,30 +184,24 @@ class HoldTable:
                 self._cond.notify_all()
 
 
-def _peek_version(frame: bytes) -> int | None:
-    """The protocol version a hold message of another layout claims (its first field), if any."""
-    try:
-        fields = msgspec.msgpack.decode(frame)
-    except msgspec.DecodeError:
-        return None
-    return fields[0] if isinstance(fields, list) and fields and isinstance(fields[0], int) else None
-
 
 class Releaser:
     """Sends ``HoldRelease`` messages to prefill hold tables (decode workers and schedulers, the proxy).
 
-    ``release`` only queues the message: a sender thread puts it on the wire, so the step that
-    pulled the blocks (or the proxy's event loop) does not also pay for waking ZeroMQ's I/O
-    thread (~0.1-0.25 ms on a 2-vCPU VM). The prefill frees the blocks a moment later; nothing
-    waits for that. Thread-safe.
+    ``release`` only queues the message: a sender thread puts it on the wire (one connection per
+    hold table, made and authenticated on first use), so the step that pulled the blocks (or the
+    proxy's event loop) never waits on a socket. The prefill frees the blocks a moment later;
+    nothing waits for that. A hold table that cannot be reached is not tried again before its
+    backoff passes (``channel.Backoff``); its releases are dropped meanwhile and its blocks free
+    at their deadline, so one dead prefill does not stall the others. Thread-safe.
     """
 
     def __init__(self, secret: str | None = None, handshake_timeout_s: float = 5.0) -> None:
         self._secret = secret
         self._handshake_timeout_s = handshake_timeout_s
-        self._sealers: dict[str, Sealer | None] = {}  # the session with each hold table (None: no secret)
-        self._down_until: dict[str, float] = {}  # hold tables whose handshake failed: not greeted again until
-        self._socks: dict[str, zmq.Socket] = {}
+        self._clients: dict[str, Client] = {}
+        self._down = DownUntil()
+        self._dropped = WarnEvery()
         self._queue: queue.SimpleQueue[tuple[str, HoldRelease] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._send_loop, name="tidekv-release", daemon=True)
         self._thread.start()
@@ -336,7 +209,7 @@ class Releaser:
     def release(self, address: str, request_id: str, reason: ReleaseReason = ReleaseReason.PULLED,
                 detail: str = "") -> None:
         """Queues "free ``request_id``'s blocks" for the hold table at ``address`` ("host:port")."""
-        self._queue.put((address, HoldRelease(PROTOCOL_VERSION, request_id, reason, detail)))
+        self._queue.put((address, HoldRelease(request_id, reason, detail)))
 
     def release_handoff(self, handoff: KVHandoff, reason: ReleaseReason, detail: str = "") -> None:
         """Queues the release of ``handoff``'s hold on every prefill rank that holds its blocks."""
@@ -346,59 +219,31 @@ class Releaser:
 
     def _send_loop(self) -> None:
         try:
-            self._send_all()
-        finally:  # the sockets are this thread's: closed here, never under a poll of it
-            for sock in self._socks.values():
-                sock.close()
-            self._socks.clear()
+            while (item := self._queue.get()) is not None:
+                self._send(*item)
+        finally:  # the connections are this thread's: closed here
+            for client in self._clients.values():
+                client.close()
+            self._clients.clear()
 
-    def _send_all(self) -> None:
-        while (item := self._queue.get()) is not None:
-            address, release = item
-            sock = self._socks.get(address)
-            if sock is None:
-                sock = zmq.Context.instance().socket(zmq.DEALER)
-                sock.setsockopt(zmq.LINGER, 1000)
-                sock.setsockopt(zmq.SNDHWM, 100_000)
-                sock.setsockopt(zmq.IPV6, 1)
-                sock.connect(f"tcp://{address}")
-                self._socks[address] = sock
-            message = _encode(release)
-            try:
-                sealer = self._session(address, sock)
-            except (AuthenticationError, TimeoutError) as exc:
-                self._down_until[address] = time.monotonic() + _RETRY_HANDSHAKE_S
-                logger.warning("could not release request %s at %s: %s; it frees at its deadline",
-                               release.request_id, address, exc)
-                continue
-            if sealer is not None:
-                message = sealer.seal(message)
-            try:
-                sock.send(message, zmq.NOBLOCK)
-            except zmq.Again:
-                logger.warning("could not release request %s at %s (queue full); it frees at its deadline",
-                               release.request_id, address)
-
-    def _session(self, address: str, sock: zmq.Socket) -> Sealer | None:
-        """The session with the hold table at ``address`` (its sealer; None without a secret),
-        greeting it first if need be: once per hold table, on this thread, never on a step.
-
-        Raises:
-            AuthenticationError: the hold table did not prove the secret, or wants one we lack.
-            TimeoutError: it did not answer within handshake_timeout_s (or did not recently).
-        """
-        if address in self._sealers:
-            return self._sealers[address]
-        if time.monotonic() < self._down_until.get(address, 0.0):
-            raise TimeoutError(f"its handshake failed less than {_RETRY_HANDSHAKE_S:.0f} s ago")
-        handshake = ClientHandshake(self._secret, "pd", f"hold table {address}")
-        sock.send(handshake.greeting())
-        if not sock.poll(int(self._handshake_timeout_s * 1000), zmq.POLLIN):
-            raise TimeoutError(f"hold table {address} did not answer its handshake within "
-                               f"{self._handshake_timeout_s} s")
-        handshake.challenged(sock.recv())
-        self._sealers[address] = handshake.sealer
-        return handshake.sealer
+    def _send(self, address: str, release: HoldRelease) -> None:
+        if not self._down.due(address):
+            held_back = self._dropped.due()
+            if held_back is not None:
+                logger.warning("could not release request %s at %s: it failed recently; it frees at its deadline "
+                               "(%d similar not logged)", release.request_id, address, held_back)
+            return
+        client = self._clients.get(address)
+        try:
+            if client is None:
+                client = self._clients[address] = Client(address, SPEC, self._handshake_timeout_s, secret=self._secret)
+            client.send(release)
+        except TidekvError as exc:
+            delay = self._down.failed(address)
+            logger.warning("could not release request %s at %s: %s; it frees at its deadline (next try in %.1f s)",
+                           release.request_id, address, exc, delay)
+            return
+        self._down.ok(address)
 
     def close(self) -> None:
         """Sends what is queued, then closes the sockets."""

@@ -23,10 +23,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tidekv.errors import ConfigError, MasterUnavailableError, TidekvError
+from tidekv.channel import Backoff
+from tidekv.errors import MasterUnavailableError, TidekvError
 
 logger = logging.getLogger(__name__)
 
@@ -48,28 +48,6 @@ class LinkState(enum.Enum):
     UP = "up"  #: the master answered last time: ``store`` is the client
     DOWN = "down"  #: never connected, or lost: ``store`` is None, the retry thread works
     CLOSED = "closed"  #: ``close()`` was called
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Delays between reconnection attempts: ``initial_s``, times ``factor`` each time, at most ``max_s``."""
-
-    initial_s: float = 0.5
-    """Delay before the first retry. Default 0.5 s."""
-    factor: float = 2.0
-    """Growth per failed attempt. Default 2."""
-    max_s: float = 10.0
-    """Longest delay: a master that comes back is used again at most this long after. Default 10 s."""
-
-    def __post_init__(self) -> None:
-        if not 0 < self.initial_s <= self.max_s:
-            raise ConfigError(f"initial_s={self.initial_s!r} must be > 0 and <= max_s={self.max_s!r}")
-        if self.factor < 1:
-            raise ConfigError(f"factor={self.factor!r} must be >= 1")
-
-    def delay_s(self, failures: int) -> float:
-        """The wait before the attempt that follows ``failures`` failed ones (0: the first retry)."""
-        return min(self.max_s, self.initial_s * self.factor ** min(failures, 64))
 
 
 class StoreLink:

@@ -20,12 +20,12 @@ Neighbours: ``routing`` (the Router that takes the turn), ``server`` (the HTTP c
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tidekv.channel import Backoff, DownUntil
 from tidekv.errors import ConfigError, TidekvError
 from tidekv.kvcache import contract, prefix
 from tidekv.kvcache.layout import chunk_key
@@ -36,7 +36,8 @@ logger = logging.getLogger(__name__)
 STORE_TIMEOUT_S = 2.0
 """Longest the proxy waits for the master's answer, or for a prefill's /tokenize, before routing round robin."""
 STORE_RETRY_S = 10.0
-"""After the master failed to answer, route round robin without asking for this long."""
+"""The longest the proxy routes round robin without asking, after the master failed to answer (it
+asks again after 1 s, then backs off: ``channel.Backoff``)."""
 _CHAT_TOKENIZE_FIELDS = ("messages", "add_generation_prompt", "continue_final_message", "chat_template",
                          "chat_template_kwargs", "tools", "add_special_tokens")
 
@@ -142,27 +143,28 @@ class StoreLocator:
     lookup (routing must not wait out a failover), the leader followed on the next."""
 
     def __init__(self, master: str, secret: str | None = None) -> None:
-        from tidekv.store.master_client import MasterClient
-
         from tidekv.config import TlsConfig
+        from tidekv.store.master_client import MasterClient
 
         self._client = MasterClient(master, f"tidekv-proxy-{uuid.uuid4().hex[:8]}", timeout_s=STORE_TIMEOUT_S,
                                     secret=secret, tls=TlsConfig.from_env())
-        self._down_until = 0.0
+        self._down = DownUntil(Backoff(initial_s=1.0, max_s=STORE_RETRY_S))
         self._warning = WarnEvery()
 
     def locate(self, keys: list[str]) -> list[list[str]] | None:
         """Engines holding each key; None while the master is unreachable (a warning says so)."""
-        if not keys or time.monotonic() < self._down_until:
+        if not keys or not self._down.due():
             return None
         try:
-            return self._client.locate_many(keys)
+            found = self._client.locate_many(keys)
         except TidekvError as exc:
-            self._down_until = time.monotonic() + STORE_RETRY_S
+            delay = self._down.failed()
             if self._warning.due() is not None:
                 logger.warning("store policy: master %s did not answer (%s); routing round robin for %.0f s",
-                               self._client.address, exc, STORE_RETRY_S)
+                               self._client.address, exc, delay)
             return None
+        self._down.ok()
+        return found
 
     def close(self) -> None:
         self._client.close()

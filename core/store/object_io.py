@@ -85,13 +85,14 @@ def trim(parts: Span, size: int) -> Span:
 
 
 def batch_error(op: str, failures: Failures) -> Exception:
-    """One error for a batch's failed keys: the first key's, with ``failed_keys`` naming them all."""
+    """One error for a batch's failed keys: the first key's, with ``failures`` naming them all
+    (``errors``' batch convention)."""
     first_key, first = next(iter(failures.items()))
     if len(failures) == 1:
-        first.failed_keys = failures  # type: ignore[union-attr]
+        first.failures = list(failures.items())
         return first
     err = type(first)(f"{op} failed for {len(failures)} keys; first {show_key(first_key)}: {first}")
-    err.failed_keys = failures  # type: ignore[union-attr]
+    err.failures = list(failures.items())
     return err
 
 
@@ -212,7 +213,7 @@ class ObjectIO:
             except (StoreError, TransferError) as exc:
                 # No room without those holders: the reason is the holder that is gone.
                 failures.update({k: first[k] if isinstance(e, OutOfSpaceError) else e
-                                 for k, e in (getattr(exc, "failed_keys", None) or {keys[again[0]]: exc}).items()})
+                                 for k, e in (exc.failed_keys or {keys[again[0]]: exc}).items()})
         if ended:
             statuses = self._rpc.call(p.PutEnd(self._client_id, [k for k, _ in ended], [t for _, t in ended]))
             for (key, _), status in zip(ended, statuses):
@@ -276,7 +277,7 @@ class ObjectIO:
                 f"read of {len(keys)} object(s) outlived its lease; the bytes may have been replaced - retry",
                 key=keys[0] if len(keys) == 1 else None,
             )
-            expired.failed_keys = {keys[i]: expired for i, s in enumerate(pieces) if s is not None}  # type: ignore[attr-defined]
+            expired.failures = [(keys[i], expired) for i, s in enumerate(pieces) if s is not None]
             raise expired
         if failures:
             raise batch_error("get", failures)

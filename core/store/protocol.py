@@ -1,9 +1,9 @@
 """Wire messages between store clients and the master: msgspec structs, msgpack-encoded.
 
-On the wire: a client opens a TCP connection, sends ``MAGIC`` once and authenticates
-(``tidekv.auth``); then every message in either direction is a frame, a 4-byte little-endian
-length followed by that many bytes of msgpack. Replies come back on the connection in the order of the requests. Every request travels in an ``Envelope`` carrying ``protocol_version``; the master answers a
-mismatch with an error naming both versions (and ``Hello`` checks it once at connect). Batch
+On the wire: ``tidekv.channel`` (TCP or TLS, ``MAGIC``, the ``tidekv.auth`` handshake, then
+length-prefixed msgpack frames, each request in an ``Envelope`` carrying ``PROTOCOL_VERSION``,
+replies in order); the master answers a version mismatch with an error naming both versions (and
+``Hello`` checks it once at connect). Batch
 requests carry N keys and get N results in one round trip. Neighbours: ``master`` decodes and
 dispatches these, ``rpc`` sends them from clients.
 """
@@ -11,9 +11,17 @@ dispatches these, ``rpc`` sends them from clients.
 from __future__ import annotations
 
 import enum
-from typing import Any, Generic, TypeVar, Union
+from typing import Any, Union
 
 import msgspec
+from tidekv import channel
+from tidekv.channel import FRAME_HEADER, ErrorKind, Reply, TypedReply, encode, frame, probe_header  # noqa: F401 - the store's wire names them
+from tidekv.errors import (
+    LimitExceededError,
+    MasterNotReadyError,
+    MasterUnavailableError,
+    RpcError,
+)
 
 PROTOCOL_VERSION = 8
 """v2: the ``not_ready`` error kind (a recovering master, a standby), idempotent put_end, and the
@@ -30,13 +38,6 @@ MAGIC = b"tkv\x07"
 """First bytes a client sends on a new connection (anything else is not a tidekv store client).
 The handshake (``tidekv.auth``: Greeting, Challenge, Proof, each a frame) follows it, before
 any request."""
-FRAME_HEADER = 4
-"""Bytes of the length prefix of every frame (unsigned, little-endian)."""
-
-
-def frame(payload: bytes) -> bytes:
-    """Prefixes ``payload`` with its length."""
-    return len(payload).to_bytes(FRAME_HEADER, "little") + payload
 
 
 class Status(enum.IntEnum):
@@ -50,20 +51,6 @@ class Status(enum.IntEnum):
     STALE = 5  # put_end/put_revoke for a put the master already reclaimed
     INVALID = 6  # bad key or size
     QUOTA = 7  # put refused: beyond the tenant's quota even after evicting its own objects (``PutSlot.detail``)
-
-
-class ErrorKind(enum.StrEnum):
-    """Why the master refused a whole request (``Reply.error_kind``)."""
-
-    VERSION = "version"  # another protocol version
-    INVALID = "invalid"  # an argument out of range
-    OVERSIZED = "oversized"  # beyond max_message_bytes
-    MALFORMED = "malformed"  # not a request
-    NOT_READY = "not_ready"  # recovering its index, or not the leader (``result`` names the leader if known)
-    INTERNAL = "internal"  # the master failed on this request (a bug; logged there); it keeps serving others
-    AUTH = "auth"  # the connection failed authentication (request id 0); the master closes it
-    LIMIT = "limit"  # this client is at one of its limits (``MasterConfig.max_pending_puts``); retry after some end
-    UNPROVEN = "unproven"  # a mount whose engine did not vouch for its proof (``store.mount_proof``)
 
 
 class Pin(enum.IntEnum):
@@ -227,10 +214,8 @@ Body = Union[
 ]
 
 
-class Envelope(msgspec.Struct, array_like=True):
-    protocol_version: int
-    request_id: int
-    body: Body
+Envelope = channel.Envelope[Body]
+"""A request as the master decodes it."""
 
 
 # ---- replies ------------------------------------------------------------------------------
@@ -299,30 +284,6 @@ class MountResult(msgspec.Struct, array_like=True):
     superseded: int = 0
 
 
-class Reply(msgspec.Struct, array_like=True):
-    """``error`` set (kind + message) means the whole request failed; else ``result`` holds the answer."""
-
-    request_id: int
-    error_kind: str = ""
-    error: str = ""
-    # Per request type: see RESULT_TYPES (Hello -> dict; Mount, Disconnect -> None; Stats -> dict).
-    result: object = None
-    leader: str = ""  # with error_kind not_ready: the leader's address when the master knows it
-
-
-T = TypeVar("T")
-
-
-class TypedReply(msgspec.Struct, Generic[T], array_like=True):
-    """A ``Reply`` as the client decodes it, its result typed by the request (no second conversion)."""
-
-    request_id: int
-    error_kind: str = ""
-    error: str = ""
-    result: T | None = None
-    leader: str = ""
-
-
 RESULT_TYPES: dict[type, object] = {
     Get: tuple[float, list[GetResult]],  # lease_ttl_s, one result per key
     PutStart: list[PutSlot],
@@ -356,16 +317,10 @@ def merge_results(body: msgspec.Struct, results: list[Any]) -> Any:
     return [x for r in results for x in r]
 
 
-_encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(Envelope)
-_reply_decoder = msgspec.msgpack.Decoder(Reply)
 _typed_decoders: dict[type, msgspec.msgpack.Decoder[TypedReply[object]]] = {
     request: msgspec.msgpack.Decoder(TypedReply[result]) for request, result in RESULT_TYPES.items()  # type: ignore[valid-type]
 }
-
-
-def encode(message: msgspec.Struct) -> bytes:
-    return _encoder.encode(message)
 
 
 def decode_request(data: bytes | memoryview) -> Envelope:
@@ -376,17 +331,21 @@ def decode_request(data: bytes | memoryview) -> Envelope:
 def decode_reply(data: bytes | memoryview, request: type | None = None) -> Reply | TypedReply[object]:
     """The reply to a request of type ``request``, its result typed per RESULT_TYPES."""
     decoder = _typed_decoders.get(request) if request is not None else None
-    return (decoder or _reply_decoder).decode(data)
-
-_probe_decoder = msgspec.msgpack.Decoder(tuple)
+    return decoder.decode(data) if decoder is not None else channel.decode_reply(data)
 
 
-def probe_header(data: bytes) -> tuple[int, int] | None:
-    """(protocol_version, request_id) of a message that failed to decode, when that much is readable."""
-    try:
-        head = _probe_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):  # deep nesting: no header either
-        return None
-    if len(head) >= 2 and type(head[0]) is int and type(head[1]) is int and 0 <= head[1] < 2**64:
-        return head[0], head[1]  # (not bools: a reply must carry an int request id)
+def _refusal(kind: str, message: str, peer: str, leader: str) -> Exception | None:
+    if kind == ErrorKind.NOT_READY:
+        return MasterNotReadyError(message, leader=leader)
+    if kind == ErrorKind.LIMIT:
+        return LimitExceededError(message)
+    if kind in (ErrorKind.MALFORMED, ErrorKind.INTERNAL):
+        return RpcError(message)
     return None
+
+
+SPEC = channel.Spec(
+    label="master", magic=MAGIC, version=PROTOCOL_VERSION, body=Body, server_name="master",
+    unavailable=lambda message, sent: MasterUnavailableError(message, is_request_sent=sent),
+    failed=RpcError, results=RESULT_TYPES, refusal=_refusal, hint="is `tidekv master` running there?")
+"""The store's control channel (``tidekv.channel``): clients and the master."""

@@ -1,5 +1,4 @@
-"""Control messages between a weights publisher and its subscribers (msgspec over ZeroMQ; with a
-secret, inside ``tidekv.auth`` sealed messages).
+"""Control messages between a weights publisher and its subscribers, on ``tidekv.channel``.
 
 A pull is two round trips: ``Describe`` (which version, what tensors, how big) so the receiver
 can size its staging buffer, then ``Join`` (here is my staging buffer) which returns the
@@ -11,8 +10,18 @@ never pass through this channel: they move by one-sided reads of the transfer en
 from __future__ import annotations
 
 import msgspec
+from tidekv import channel
+from tidekv.errors import (
+    ChannelError,
+    PublisherUnavailableError,
+    VersionNotFoundError,
+    VersionPendingError,
+)
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""v2: on ``tidekv.channel`` (was ZeroMQ with sealed messages); refusals as ``channel.ErrorKind``."""
+MAGIC = b"tkw\x02"
+"""First bytes a subscriber sends on a new connection."""
 
 
 class TensorSpec(msgspec.Struct, array_like=True, frozen=True):
@@ -26,7 +35,6 @@ class TensorSpec(msgspec.Struct, array_like=True, frozen=True):
 
 
 class Describe(msgspec.Struct, tag="describe"):
-    protocol: int
     version: int | None  #: None = the latest
 
 
@@ -37,7 +45,6 @@ class Manifest(msgspec.Struct, tag="manifest"):
 
 
 class Join(msgspec.Struct, tag="join"):
-    protocol: int
     version: int
     receiver: str  #: the receiver's transfer engine name
     staging_addr: int  #: where its copy (header first) lives, for its children to read
@@ -61,25 +68,22 @@ class Leave(msgspec.Struct, tag="leave"):
 
 
 class Versions(msgspec.Struct, tag="versions"):
-    protocol: int
-
-
-class VersionList(msgspec.Struct, tag="version_list"):
-    versions: list[int]
-
-
-class Ok(msgspec.Struct, tag="ok"):
     pass
 
 
-class Error(msgspec.Struct, tag="error"):
-    kind: str  #: "version_not_found" | "version_pending" | "protocol" | "bad_request" | "auth" | "auth_session"
-    message: str
-
-
 Request = Describe | Join | Leave | Versions
-Reply = Manifest | Plan | VersionList | Ok | Error
 
-encoder = msgspec.msgpack.Encoder()
-request_decoder = msgspec.msgpack.Decoder(Request)
-reply_decoder = msgspec.msgpack.Decoder(Reply)
+
+def _refusal(kind: str, message: str, peer: str, leader: str) -> Exception | None:
+    if kind == channel.ErrorKind.PENDING:
+        return VersionPendingError(message)
+    if kind == channel.ErrorKind.NOT_FOUND:
+        return VersionNotFoundError(message)
+    return None
+
+
+SPEC = channel.Spec(
+    label="weights", magic=MAGIC, version=PROTOCOL_VERSION, body=Request, server_name="weights publisher",
+    unavailable=lambda message, sent: PublisherUnavailableError(message), failed=ChannelError,
+    results={Describe: Manifest, Join: Plan, Versions: list[int], Leave: None}, refusal=_refusal)
+"""The weights control channel: a subscriber asks, the publisher answers (Versions: the list of versions)."""

@@ -2,9 +2,9 @@
 
 ``publish(version)`` copies the current tensors into a fresh buffer registered with the transfer
 engine (the snapshot; the trainer may change its tensors right after) and makes it pullable.
-Receivers learn the layout and their place in the fan-out tree over a small ZeroMQ control
-socket (authenticated with the engine's secret, ``tidekv.auth``), then read the bytes
-one-sidedly -- the publisher's CPU does nothing per byte.
+Receivers learn the layout and their place in the fan-out tree over a small control channel
+(``tidekv.channel``, authenticated with the engine's secret), then read the bytes one-sidedly --
+the publisher's CPU does nothing per byte.
 
 A snapshot is immutable until freed. The newest ``keep_versions`` snapshots stay; older ones are
 freed once no pull holds a lease on them (leases run out after ``lease_s``).
@@ -14,7 +14,6 @@ Neighbours: ``subscriber.Subscriber`` is the other end; ``layout`` packs; ``prot
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import itertools
 import logging
@@ -24,27 +23,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-import zmq
-from tidekv import auth
-from tidekv.auth import Sealer, ServerHandshake
+from tidekv.channel import ErrorKind, Peer, Refused, Server
 from tidekv.config import WeightsConfig
-from tidekv.errors import (
-    AuthenticationError,
-    ConfigError,
-    EngineClosedError,
-    VersionNotFoundError,
-)
+from tidekv.errors import ConfigError, EngineClosedError, VersionNotFoundError
 from tidekv.hostaddr import advertised_host
 from tidekv.transfer import Region, TransferEngine
-from tidekv.values import format_host_port
 from tidekv.weights import layout
 from tidekv.weights import protocol as p
 
 logger = logging.getLogger(__name__)
-
-_MAX_SESSIONS = 4096
-"""Subscribers' authenticated sessions kept (the least recently used goes first; it greets again)."""
 
 
 @dataclass
@@ -109,27 +96,15 @@ class Publisher:
         self._in_place_regions: dict[int, Region] = {}  # storage address -> region, for in-place versions
         self._leases = itertools.count(1)
         self._closed = False
-        # The engine's secret guards the control socket too (``tidekv.auth``): one setting per process.
-        self._secret = self.engine.config.secret
-        self._sessions: collections.OrderedDict[bytes, Sealer] = collections.OrderedDict()
-        self._ctx = zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.IPV6, 1)  # (IPv4 addresses work as before)
+        # The engine's secret guards the control channel too (``tidekv.auth``): one setting per process.
         try:
-            if port:
-                self._sock.bind(f"tcp://{format_host_port(host, port)}")
-            else:
-                port = self._sock.bind_to_random_port(f"tcp://{format_host_port(host, 0).rpartition(':')[0]}")
-        except zmq.ZMQError as exc:
-            self._sock.close()
+            self._server = Server(p.SPEC, host, port, self._handle, secret=self.engine.config.secret,
+                                  tick=self._collect)
+        except ConfigError:
             if self._own_engine:
                 self.engine.close()
-            raise ConfigError(f"cannot bind the weights control socket on {format_host_port(host, port)}: {exc}") from None
-        self.address = format_host_port(host, port)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name=f"tidekv-weights-{port}", daemon=True)
-        self._thread.start()
+            raise
+        self.address = self._server.address
         logger.info("weights publisher at %s (engine %s)", self.address, self.engine.name)
 
     def publish(self, version: int | None = None, tensors: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None,
@@ -250,9 +225,7 @@ class Publisher:
             if self._closed:
                 return
             self._closed = True
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._sock.close()
+        self._server.close()
         with self._lock:
             regions = [v.region for v in self._versions.values()] + self._spare + list(self._in_place_regions.values())
             self._versions, self._spare, self._in_place_regions = {}, [], {}
@@ -270,89 +243,25 @@ class Publisher:
 
     # -- control plane -------------------------------------------------------------------
 
-    def _serve(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        while not self._stop.is_set():
-            if poller.poll(100):
-                while True:
-                    try:
-                        frames = self._sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    except zmq.ZMQError:
-                        return
-                    try:
-                        answer = self._answer(frames[-1])
-                    except Exception as exc:  # noqa: BLE001 - one peer's message must not stop the control loop
-                        logger.exception("weights publisher %s: a message failed", self.address)
-                        answer = p.encoder.encode(p.Error("bad_request", f"publisher failed on the message: {exc}"))
-                    self._sock.send_multipart([*frames[:-1], answer])
-            self._collect()
-
-    def _answer(self, raw: bytes) -> bytes:
-        """The encoded reply to one message: a handshake's Challenge, or a request's reply (sealed
-        when the request came sealed by a session, ``tidekv.auth``)."""
-        message = auth.decode_any(raw)
-        if isinstance(message, auth.Greeting):
-            handshake = ServerHandshake(self._secret, "weights", f"weights publisher {self.address}'s peer")
-            try:
-                challenge = handshake.greeted(raw)
-            except AuthenticationError as exc:
-                return p.encoder.encode(p.Error("auth", str(exc)))
-            if self._secret is not None:
-                self._sessions[handshake.nonce] = Sealer(handshake.session_key(), handshake.nonce, "a subscriber")
-                while len(self._sessions) > _MAX_SESSIONS:
-                    self._sessions.popitem(last=False)
-            return challenge
-        sealer = None
-        if isinstance(message, auth.Sealed):
-            sealer = self._sessions.get(message.session)
-            if sealer is None:
-                return p.encoder.encode(p.Error("auth_session", "unknown session (this publisher restarted, or "
-                                                "forgot it among too many); greet again"))
-            try:
-                raw = sealer.open(message)
-            except AuthenticationError as exc:
-                logger.warning("weights publisher %s: refused a request: %s", self.address, exc)
-                return p.encoder.encode(p.Error("auth", str(exc)))
-            self._sessions.move_to_end(message.session)
-        elif self._secret is not None:
-            logger.warning("weights publisher %s: refused an unauthenticated request", self.address)
-            return p.encoder.encode(p.Error("auth", "this publisher requires a shared secret: set TIDEKV_SECRET (or "
-                                            "TIDEKV_SECRET_FILE) on the subscriber to the one it uses"))
-        try:
-            reply = self._handle(raw)
-        except Exception as exc:  # noqa: BLE001 - a bug must not stop the control loop
-            logger.exception("weights publisher: request failed")
-            reply = p.Error("bad_request", f"publisher failed on the request: {exc}")
-        encoded = p.encoder.encode(reply)
-        return sealer.seal(encoded, is_reply=True) if sealer is not None else encoded
-
-    def _handle(self, raw: bytes) -> p.Reply:
-        try:
-            req = p.request_decoder.decode(raw)
-        except msgspec.DecodeError as exc:
-            return p.Error("bad_request", f"undecodable request: {exc}")
-        if isinstance(req, (p.Describe, p.Join, p.Versions)) and req.protocol != p.PROTOCOL_VERSION:
-            return p.Error("protocol", f"weights protocol {req.protocol} not supported; publisher speaks {p.PROTOCOL_VERSION}")
+    def _handle(self, req: p.Request, peer: Peer) -> object:
+        """Answers one subscriber's request (on the channel's thread)."""
         with self._lock:
             if isinstance(req, p.Versions):
-                return p.VersionList(sorted(self._versions))
+                return sorted(self._versions)
             if isinstance(req, p.Describe):
                 number = max(self._versions, default=None) if req.version is None else req.version
                 v = self._versions.get(number) if number is not None else None
                 if v is None:
                     pending = req.version is None or req.version > max(self._versions, default=0)
-                    return p.Error("version_pending" if pending else "version_not_found", self._missing(req.version))
+                    raise Refused(ErrorKind.PENDING if pending else ErrorKind.NOT_FOUND, self._missing(req.version))
                 return p.Manifest(v.number, v.specs, v.total_bytes)
             if isinstance(req, p.Join):
                 v = self._versions.get(req.version)
                 if v is None:
-                    return p.Error("version_not_found", self._missing(req.version))
+                    raise Refused(ErrorKind.NOT_FOUND, self._missing(req.version))
                 return self._join(v, req)
             self._leave(req)
-            return p.Ok()
+            return None
 
     def _missing(self, version: int | None) -> str:
         held = sorted(self._versions)

@@ -23,21 +23,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-import zmq
-from tidekv import auth
-from tidekv.auth import ClientHandshake, Sealer
+from tidekv.channel import Client
 from tidekv.config import WeightsConfig, parse_host_port
 from tidekv.errors import (
-    AuthenticationError,
     ConfigError,
     EngineClosedError,
-    ProtocolVersionError,
     PublisherUnavailableError,
     SegmentNotRegisteredError,
     TransferError,
     VersionChangedError,
-    VersionNotFoundError,
     VersionPendingError,
 )
 from tidekv.hostaddr import advertised_host
@@ -67,77 +61,6 @@ class PulledWeights:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
-
-
-class _Control:
-    """Request/reply to the publisher's control socket (one call at a time).
-
-    With a secret the channel is authenticated (``tidekv.auth``, label "weights"): the first call
-    greets the publisher and checks its proof, then every request and reply is sealed with the
-    session's key (a publisher that restarted and forgot the session is greeted again)."""
-
-    def __init__(self, address: str, timeout_s: float, secret: str | None = None) -> None:
-        parse_host_port(address, "publisher address")
-        self.address = address
-        self.timeout_s = timeout_s
-        self._secret = secret
-        self._sealer: Sealer | None = None
-        self._sock = zmq.Context.instance().socket(zmq.REQ)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.REQ_RELAXED, 1)
-        self._sock.setsockopt(zmq.REQ_CORRELATE, 1)
-        self._sock.setsockopt(zmq.IPV6, 1)
-        self._sock.connect(f"tcp://{address}")
-
-    def call(self, request: p.Request, timeout_s: float | None = None, *, may_greet_again: bool = True) -> p.Reply:
-        """Raises PublisherUnavailableError (no answer), AuthenticationError (the publisher did not
-        prove the secret, or refused ours), VersionPendingError, VersionNotFoundError,
-        ProtocolVersionError, ConfigError (the publisher refused the request)."""
-        limit = timeout_s or self.timeout_s
-        body = p.encoder.encode(request)
-        if self._secret is not None and self._sealer is None:
-            handshake = ClientHandshake(self._secret, "weights", f"weights publisher {self.address}")
-            handshake.challenged(self._exchange(handshake.greeting(), limit))
-            self._sealer = handshake.sealer
-        raw = self._exchange(self._sealer.seal(body) if self._sealer is not None else body, limit)
-        if self._sealer is not None:
-            sealed = auth.decode_any(raw)
-            if not isinstance(sealed, auth.Sealed):
-                reply = self._decode(raw)
-                if isinstance(reply, p.Error) and reply.kind == "auth_session" and may_greet_again:
-                    self._sealer = None  # the publisher restarted (or forgot us): greet it again, once
-                    return self.call(request, timeout_s, may_greet_again=False)
-                raise AuthenticationError(f"weights publisher {self.address} sent an unsealed reply: {reply}",
-                                          peer=self.address)
-            raw = self._sealer.open(sealed, is_reply=True)
-        reply = self._decode(raw)
-        if isinstance(reply, p.Error):
-            if reply.kind == "version_pending":
-                raise VersionPendingError(reply.message)
-            if reply.kind == "version_not_found":
-                raise VersionNotFoundError(reply.message)
-            if reply.kind == "protocol":
-                raise ProtocolVersionError(reply.message)
-            if reply.kind in ("auth", "auth_session"):
-                raise AuthenticationError(f"weights publisher {self.address} refused this subscriber: {reply.message}",
-                                          peer=self.address)
-            raise ConfigError(f"weights publisher refused the request: {reply.message}")
-        return reply
-
-    def _exchange(self, data: bytes, timeout_s: float) -> bytes:
-        self._sock.send(data)
-        if not self._sock.poll(int(1000 * timeout_s), zmq.POLLIN):
-            raise PublisherUnavailableError(f"weights publisher {self.address} did not answer within {timeout_s} s")
-        return self._sock.recv()
-
-    def _decode(self, raw: bytes) -> p.Reply:
-        try:
-            return p.reply_decoder.decode(raw)
-        except msgspec.DecodeError as exc:
-            raise PublisherUnavailableError(f"weights publisher {self.address} sent an undecodable reply: {exc}") from None
-
-    def close(self) -> None:
-        self._sock.close()
 
 
 class Subscriber:
@@ -172,7 +95,7 @@ class Subscriber:
         self._own_engine = engine is None
         self.engine = engine if engine is not None else TransferEngine(host=advertised_host(host, [publisher_host]))
         # The engine's secret guards the control channel too: one setting per process.
-        self._control = _Control(publisher, self.config.rpc_timeout_s, self.engine.config.secret)
+        self._control = Client(publisher, p.SPEC, self.config.rpc_timeout_s, secret=self.engine.config.secret)
         self._header = self.engine.register(bytearray(layout.HEADER_BYTES))
         self._staging: Region | None = None
         self._lock = threading.Lock()
@@ -184,9 +107,7 @@ class Subscriber:
         Raises:
             PublisherUnavailableError: the publisher did not answer.
         """
-        reply = self._control.call(p.Versions(p.PROTOCOL_VERSION))
-        assert isinstance(reply, p.VersionList)
-        return reply.versions
+        return self._control.call(p.Versions())
 
     def pull(self, version: int | None = None, *, into: Mapping[str, Any] | None = None, wait_s: float = 0.0) -> PulledWeights:
         """Pulls one complete version (None = the latest).
@@ -215,8 +136,7 @@ class Subscriber:
                 _check_into(into, manifest.tensors)
             staging = self._staging_for(manifest.total_bytes)
             layout.write_header(staging.view(), manifest.version, 0, layout.STATE_FILLING)
-            plan = self._control.call(p.Join(p.PROTOCOL_VERSION, manifest.version, self.engine.name, staging.address))
-            assert isinstance(plan, p.Plan)
+            plan = self._control.call(p.Join(manifest.version, self.engine.name, staging.address))
             ok = False
             try:
                 from_parent = self._fetch(manifest, plan, staging)
@@ -233,13 +153,12 @@ class Subscriber:
             return PulledWeights(manifest.version, tensors, time.perf_counter() - started, from_parent)
 
     def _describe(self, version: int | None, wait_s: float) -> p.Manifest:
+        """The publisher's manifest of ``version``, asking again until it is published or ``wait_s`` passes."""
         deadline = time.monotonic() + wait_s
         nap = 0.001
         while True:
             try:
-                manifest = self._control.call(p.Describe(p.PROTOCOL_VERSION, version))
-                assert isinstance(manifest, p.Manifest)
-                return manifest
+                return self._control.call(p.Describe(version))
             except VersionPendingError:
                 left = deadline - time.monotonic()
                 if left <= 0:

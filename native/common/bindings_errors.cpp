@@ -21,8 +21,8 @@ const char* class_name(ErrorKind kind) {
     case ErrorKind::kPeerUnavailable: return "PeerUnavailableError";
     case ErrorKind::kHangup: return "PeerUnavailableError";
     case ErrorKind::kRefused: return "PeerUnavailableError";
-    case ErrorKind::kProtocolVersion: return "ProtocolVersionError";
-    case ErrorKind::kAuth: return "AuthenticationError";
+    case ErrorKind::kProtocolVersion: return "TransferProtocolVersionError";
+    case ErrorKind::kAuth: return "TransferAuthenticationError";
     case ErrorKind::kTimeout: return "TransferTimeoutError";
     case ErrorKind::kClosed: return "EngineClosedError";
   }

@@ -331,10 +331,9 @@ class TidekvHiCacheStorage(HiCacheStorage):
 
 
 def _failed_keys(exc: StoreError, names: list[str]) -> set[str]:
-    """The keys a store error names: its ``failures`` (several keys), its ``key`` (one), else all."""
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict):
-        return {k.decode() if isinstance(k, bytes) else str(k) for k in failures}
+    """The keys a store error names: its ``failed_keys`` (a batch), its ``key`` (one), else all."""
+    if exc.failures:
+        return {k.decode() if isinstance(k, bytes) else str(k) for k in exc.failed_keys}
     if exc.key is not None:
         return {exc.key.decode() if isinstance(exc.key, bytes) else str(exc.key)}
     return set(names)

@@ -7,49 +7,67 @@ report it apart from new ones.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import time
 
 import pytest
-import zmq
-from tidekv import auth
+from tidekv import auth, channel
 from tidekv.auth import ClientHandshake, ServerHandshake
 from tidekv.errors import AuthenticationError
 
-from tests.fuzz.harnesses import SECRET
+from tests.fuzz.harnesses import SECRET, _read_until_closed, _Recorder, _split_frames
+from tests.store.wire import authenticate, recv_frame
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def _dealer(address: str) -> zmq.Socket:
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(f"tcp://{address}")
-    return sock
+def _connect(address: str) -> socket.socket:
+    host, port = address.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=5)
 
 
-def _greet(sock: zmq.Socket, label: str, peer: str) -> bytes:
-    """Greets as a peer without the secret would (anyone may): returns the session id the
-    server's Challenge hands out."""
-    handshake = ClientHandshake(None, label, peer)
-    sock.send(handshake.greeting())
-    assert sock.poll(5000), f"{peer} did not answer a greeting"
-    challenge = auth.decode(sock.recv(), auth.Challenge, peer)
-    assert isinstance(challenge, auth.Challenge)
-    return challenge.nonce
+def _forged(sock: socket.socket, spec: channel.Spec) -> None:
+    """Greets as a peer without the secret would (anyone may), then proves nothing: a made-up MAC."""
+    sock.sendall(spec.magic + channel.frame(ClientHandshake(None, spec.label, "attacker").greeting()))
+    challenge = auth.decode(recv_frame(sock), auth.Challenge, "server")
+    assert isinstance(challenge, auth.Challenge) and challenge.mac  # a secured server
+    sock.sendall(channel.frame(auth.encode(auth.Proof(bytes(32)))))
 
 
-def test_a_sealed_message_with_a_negative_seq_is_refused_by_name() -> None:
-    client, server = ClientHandshake(SECRET, "pd", "fuzz"), ServerHandshake(SECRET, "pd", "fuzz")
-    client.challenged(server.greeted(client.greeting()))
-    opener = auth.Sealer(server.session_key(), server.nonce, "fuzz")
-    with pytest.raises(AuthenticationError):
-        opener.open(auth.Sealed(server.nonce, -1, bytes(32), b"x"))
+def _assert_refused_and_closed(sock: socket.socket) -> None:
+    """What the server wrote until it closed: one ``auth`` refusal, nothing answered."""
+    with contextlib.suppress(OSError):  # reset already
+        sock.shutdown(socket.SHUT_WR)
+    out, is_reset = _read_until_closed(sock, 5.0, "the server")
+    replies = [(r.request_id, r.error_kind) for r in map(channel.decode_reply, _split_frames(out, is_reset))]
+    assert replies == [(0, "auth")] or (is_reset and not replies), replies  # (a reset may lose the refusal)
 
 
-def test_weights_publisher_keeps_serving_after_a_negative_seq() -> None:
-    """An attacker without the secret greets (allowed), then sends one made-up sealed message
-    with seq -1: the publisher's serving thread must answer it with an error and live on."""
+def test_handshake_messages_with_hostile_values_are_refused_by_name() -> None:
+    """The stream handshake's counterpart of the sealed message with seq -1 (an OverflowError once,
+    found by auth_messages): hostile integers and sizes in any handshake message come out as
+    AuthenticationError, nothing else."""
+    nonce = bytes(auth.NONCE_BYTES)
+    for greeting in (auth.Greeting(-1, nonce), auth.Greeting(2**64 - 1, nonce), auth.Greeting(auth.AUTH_VERSION, b"n"),
+                     auth.Greeting(auth.AUTH_VERSION, nonce, "tenant")):
+        with pytest.raises(AuthenticationError):
+            ServerHandshake(SECRET, "pd", "fuzz").greeted(auth.encode(greeting))
+    for mac in (b"", bytes(31), bytes(32), bytes(4096)):
+        server = ServerHandshake(SECRET, "pd", "fuzz")
+        server.greeted(ClientHandshake(SECRET, "pd", "fuzz").greeting())
+        with pytest.raises(AuthenticationError):
+            server.proved(auth.encode(auth.Proof(mac)))
+    for challenge in (auth.Challenge(b"", bytes(32)), auth.Challenge(nonce * 2, b""), auth.Challenge(nonce, bytes(32))):
+        with pytest.raises(AuthenticationError):
+            ClientHandshake(SECRET, "pd", "fuzz").challenged(auth.encode(challenge))
+
+
+def test_weights_publisher_keeps_serving_after_a_forged_proof() -> None:
+    """An attacker without the secret greets (allowed), sends a made-up Proof and requests after it
+    (a real one, one of another version, one with a negative id): the publisher answers nothing
+    but the refusal, closes, and keeps serving a real subscriber."""
     import torch
     from tidekv.config import TransferConfig
     from tidekv.transfer import TransferEngine
@@ -58,41 +76,66 @@ def test_weights_publisher_keeps_serving_after_a_negative_seq() -> None:
 
     engine = TransferEngine(config=TransferConfig(secret=SECRET))
     pub = Publisher({"w": torch.zeros(4)}, engine=engine)
-    sock = _dealer(pub.address)
+    pub.publish(1)
+    sock = _connect(pub.address)
+    client = channel.Client(pub.address, p.SPEC, 5.0, secret=SECRET)
     try:
-        session = _greet(sock, "weights", pub.address)
-        sock.send(auth.encode(auth.Sealed(session, -1, bytes(32), b"")))
-        assert sock.poll(3000), "the publisher stopped answering"
-        reply = p.reply_decoder.decode(sock.recv())
-        assert isinstance(reply, p.Error) and reply.kind == "auth"
-        sock.send(p.encoder.encode(p.Versions(p.PROTOCOL_VERSION)))  # still there for everyone else
-        assert sock.poll(3000), "the publisher stopped answering"
+        _forged(sock, p.SPEC)
+        with contextlib.suppress(OSError):  # closed already
+            for envelope in (channel.Envelope(p.PROTOCOL_VERSION, 1, p.Versions()),
+                             channel.Envelope(p.PROTOCOL_VERSION + 1, 2, p.Describe(None)),
+                             channel.Envelope(p.PROTOCOL_VERSION, -1, p.Describe(1))):
+                sock.sendall(channel.frame(channel.encode(envelope)))
+        _assert_refused_and_closed(sock)
+        assert client.call(p.Versions()) == [1]  # still there for everyone else
     finally:
         sock.close()
+        client.close()
         pub.close()
         engine.close()
 
 
-def test_hold_table_keeps_receiving_after_a_negative_seq() -> None:
-    """Same attack on a prefill's hold table: afterwards a real, sealed release must still free
-    its request's blocks before their deadline."""
+def test_hold_table_takes_no_release_from_a_forged_or_replayed_proof() -> None:
+    """A release after a made-up Proof, or after a real client's greeting and Proof replayed on a
+    new connection (the stream's counterpart of a replayed sealed message: the server's fresh
+    nonce makes the old proof worthless), never frees the blocks; afterwards a real release
+    still frees them before their deadline."""
+    from tidekv.kvcache import handoff
     from tidekv.kvcache.handoff import HoldTable, Releaser
 
     table = HoldTable("127.0.0.1", hold_timeout_s=30.0, secret=SECRET)
     releaser = Releaser(SECRET)
-    sock = _dealer(table.address)
+    release = channel.frame(channel.encode(channel.Envelope(handoff.PROTOCOL_VERSION, 0, handoff.HoldRelease(
+        "req-1", handoff.ReleaseReason.PULLED))))
     try:
-        session = _greet(sock, "pd", table.address)
-        sock.send(auth.encode(auth.Sealed(session, -1, bytes(32), b"")))
-        time.sleep(0.5)
         table.hold("req-1")
+        forged = _connect(table.address)
+        try:
+            _forged(forged, handoff.SPEC)
+            with contextlib.suppress(OSError):
+                forged.sendall(release)
+            _assert_refused_and_closed(forged)
+        finally:
+            forged.close()
+        genuine, replayed = _connect(table.address), _connect(table.address)
+        try:
+            recorded = _Recorder(genuine)
+            authenticate(recorded, SECRET, handoff.MAGIC, "pd")  # type: ignore[arg-type]
+            replayed.sendall(bytes(recorded.sent))
+            recv_frame(replayed)  # its own Challenge (a fresh nonce)
+            with contextlib.suppress(OSError):  # closed already
+                replayed.sendall(release)
+            _assert_refused_and_closed(replayed)
+        finally:
+            genuine.close()
+            replayed.close()
+        assert table.released() == set() and table.is_held("req-1"), "a release without a proof freed the blocks"
         releaser.release(table.address, "req-1")
         deadline = time.monotonic() + 10
         while "req-1" not in (released := table.released()) and time.monotonic() < deadline:
             table.wait(0.2)
         assert "req-1" in released, "the hold table stopped receiving releases"
     finally:
-        sock.close()
         releaser.close()
         table.close()
 

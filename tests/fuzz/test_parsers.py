@@ -8,8 +8,8 @@ arrives, each answers with a typed error or a well-formed reply and never raises
 
 ``TIDEKV_FUZZ_EXAMPLES`` (default 300 per test; CI-sized) runs longer. Found on its first runs:
 a msgpack request whose first two items were bools made the master echo a bool request id, which
-no client could decode. Not fuzzed yet: the transfer data frames (``test_malformed_frames``
-covers them by hand), the weights control messages and the PD confirmations.
+no client could decode. Not fuzzed here: the transfer data frames (``test_malformed_frames``
+covers them by hand); the weights and PD channels are fuzzed live by ``harnesses`` (atheris).
 """
 
 from __future__ import annotations

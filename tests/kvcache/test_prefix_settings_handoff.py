@@ -3,18 +3,31 @@
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Callable, Iterator
 
 import msgspec
 import pytest
-import zmq
-
+from tidekv import channel
 from tidekv.errors import ConfigError
 from tidekv.kvcache import handoff, prefix
 from tidekv.kvcache.contract import PROTOCOL_VERSION, KVHandoff, RankEndpoint
-from tidekv.kvcache.handoff import HoldTable, Releaser, ReleaseReason, pull_end, pulled_blocks
-from tidekv.kvcache.settings import MASTER_ENV, KVConnectorConfig, did_you_mean, resolve_master
+from tidekv.kvcache.handoff import (
+    HoldTable,
+    Releaser,
+    ReleaseReason,
+    pull_end,
+    pulled_blocks,
+)
+from tidekv.kvcache.settings import (
+    MASTER_ENV,
+    KVConnectorConfig,
+    did_you_mean,
+    resolve_master,
+)
+
+from tests.store import wire
 
 
 def test_block_keys_chain_the_whole_prefix() -> None:
@@ -166,27 +179,40 @@ def test_confirmation_while_nothing_is_held_is_kept_for_its_hold(
     assert table.pending == 0
 
 
+def _sender(table: HoldTable) -> socket.socket:
+    """A raw, authenticated connection to ``table``'s channel."""
+    host, port = table.address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=5.0)
+    wire.authenticate(sock, None, handoff.MAGIC, "pd")
+    return sock
+
+
+def _release(rid: str) -> bytes:
+    return channel.frame(channel.encode(channel.Envelope(PROTOCOL_VERSION, 0, handoff.HoldRelease(rid, ReleaseReason.PULLED))))
+
+
 def test_malformed_confirmations_are_dropped_and_stale_ones_pruned(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(handoff, "_MAX_UNPAIRED", 2)
     table = HoldTable("127.0.0.1", hold_timeout_s=0.05)
-    sender = zmq.Context.instance().socket(zmq.DEALER)
-    sender.setsockopt(zmq.LINGER, 0)
-    sender.connect(f"tcp://{table.address}")
+    sender = _sender(table)
     try:
-        sender.send(b"\xff not msgpack")
-        sender.send(b"")  # an empty frame from a peer is just as malformed; it must not stop the receiver
+        sender.sendall(channel.frame(b"\xff not msgpack"))
+        sender.sendall(channel.frame(b""))  # an empty frame from a peer is just as malformed; it must not stop the receiver
         for rid in ("stray1", "stray2"):
-            sender.send(handoff._encode(handoff.HoldRelease(PROTOCOL_VERSION, rid, ReleaseReason.PULLED)))
+            sender.sendall(_release(rid))
+        deadline = time.monotonic() + 5
+        while len(table._releases) < 2 and time.monotonic() < deadline:  # the channel's thread takes them
+            time.sleep(0.005)
         time.sleep(0.1)  # older than the hold timeout now
         table.hold("r")
-        sender.send(handoff._encode(handoff.HoldRelease(PROTOCOL_VERSION, "r", ReleaseReason.PULLED)))
+        sender.sendall(_release("r"))
         assert table.wait(5.0) is True, "the receiver survived the malformed frames"
         assert table.released() == {"r"}
         assert set(table._releases) == set(), "stale unpaired confirmations were pruned"
     finally:
         sender.close()
         table.close()
-    assert not table._thread.is_alive(), "close() stops the receiver thread"
+    assert not table._server._thread.is_alive(), "close() stops the channel's thread"
 
 
 def test_hold_wait_sleeps_until_a_confirmation_arrives(hand_off: Callable[..., tuple[HoldTable, Releaser]]) -> None:
@@ -246,22 +272,18 @@ def test_release_handoff_reaches_every_rank(hand_off: Callable[..., tuple[HoldTa
 
 def test_release_of_another_protocol_version_is_dropped_naming_both(caplog: pytest.LogCaptureFixture) -> None:
     table = HoldTable("127.0.0.1", hold_timeout_s=60.0)
-    sender = zmq.Context.instance().socket(zmq.DEALER)
-    sender.setsockopt(zmq.LINGER, 0)
-    sender.connect(f"tcp://{table.address}")
+    sender = _sender(table)
     try:
         table.hold("r")
-        newer = msgspec.msgpack.encode([PROTOCOL_VERSION + 1, "r", "some_new_reason", ""])
-        sender.send(newer)
-        sender.send(msgspec.msgpack.encode(["r"]))  # protocol 1's confirmation: a bare request id
-        assert table.wait(0.3) is False, "neither released the hold"
+        newer = msgspec.msgpack.encode([PROTOCOL_VERSION + 1, 0, ["release", "r", "some_new_reason", ""]])
+        sender.sendall(channel.frame(newer))
+        assert table.wait(0.3) is False, "it did not release the hold"
         assert table.released() == set() and table.is_held("r")
         messages = [r.getMessage() for r in caplog.records]
         assert any(f"protocol version {PROTOCOL_VERSION + 1}" in m and f"speaks version {PROTOCOL_VERSION}" in m
                    for m in messages), messages
-        assert any("malformed hold-release message" in m for m in messages), messages
-        sender.send(handoff._encode(handoff.HoldRelease(PROTOCOL_VERSION, "r", ReleaseReason.PULLED)))
-        assert table.wait(5.0) is True, "the receiver still works"
+        sender.sendall(_release("r"))
+        assert table.wait(5.0) is True, "the channel still works"
     finally:
         sender.close()
         table.close()

@@ -14,7 +14,8 @@ from tests.store.conftest import SpawnMaster
 from tidekv.bench.process import free_port
 from tidekv.config import StoreConfig
 from tidekv.errors import ConfigError, MasterUnavailableError, ObjectNotFoundError
-from tidekv.kvcache.store_link import Backoff, LinkState, StoreLink
+from tidekv.channel import Backoff
+from tidekv.kvcache.store_link import LinkState, StoreLink
 from tidekv.store import Store
 
 FAST = Backoff(initial_s=0.05, factor=2.0, max_s=0.2)

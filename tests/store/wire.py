@@ -1,4 +1,5 @@
-"""Raw store-protocol connections for tests that speak to a master byte by byte."""
+"""Raw ``tidekv.channel`` connections for tests that speak to a server byte by byte (the store's
+master by default; the weights publisher and the PD hold table with their magic and label)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     data = b""
     while len(data) < n:
         chunk = sock.recv(n - len(data))
-        assert chunk, "the master closed the connection"
+        assert chunk, "the server closed the connection"
         data += chunk
     return data
 
@@ -21,10 +22,11 @@ def recv_frame(sock: socket.socket) -> bytes:
     return recv_exact(sock, int.from_bytes(recv_exact(sock, p.FRAME_HEADER), "little"))
 
 
-def authenticate(sock: socket.socket, secret: str | None = None, magic: bytes = p.MAGIC) -> None:
-    """Greets the master on a fresh connection and proves ``secret`` (any proof without one), as
-    ``rpc.MasterChannel`` does; the connection is ready for requests afterwards."""
-    handshake = ClientHandshake(secret, "master", "test master")
+def authenticate(sock: socket.socket, secret: str | None = None, magic: bytes = p.MAGIC,
+                 label: str = "master") -> None:
+    """Greets the server on a fresh connection and proves ``secret`` (any proof without one), as
+    ``channel.Client`` does; the connection is ready for requests afterwards."""
+    handshake = ClientHandshake(secret, label, "test server")
     sock.sendall(magic + p.frame(handshake.greeting()))
     sock.sendall(p.frame(handshake.challenged(recv_frame(sock))))
 

@@ -39,8 +39,24 @@ def make_tensors(version: int, scale: int = 1) -> dict[str, torch.Tensor]:
     return out
 
 
-def subscriber_main(conn: Connection, address: str, config: dict[str, Any]) -> None:
-    """Pulls each version the test sends; replies (version, from_parent_bytes, equal?) or an error name."""
+def subscriber_main(conn: Connection, address: str, config: dict[str, Any], pause_after_chunks: int = 0) -> None:
+    """Pulls each version the test sends; replies (version, from_parent_bytes, equal?) or an error name.
+
+    With ``pause_after_chunks``, a pull stops for good once it holds that many chunks, after
+    sending ("paused", chunks): its engine still serves them to its children, it never finishes."""
+    if pause_after_chunks:
+        from tidekv.weights import layout
+
+        real_set_progress = layout.set_progress
+
+        def set_progress(view: memoryview, chunks_done: int, state: int) -> None:
+            real_set_progress(view, chunks_done, state)
+            if state == layout.STATE_FILLING and chunks_done >= pause_after_chunks:
+                conn.send(("paused", chunks_done))
+                while True:
+                    time.sleep(60)
+
+        layout.set_progress = set_progress  # type: ignore[assignment]
     with Subscriber(address, config=WeightsConfig(**config)) as sub:
         conn.send(("ready", sub.engine.name))
         while (msg := conn.recv()) is not None:

@@ -3,30 +3,35 @@ publishers and subscribers in separate processes where the behaviour depends on 
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import msgspec
 import pytest
 import torch
-import zmq
+from tidekv import channel
+from tidekv.channel import Client
 from tidekv.config import WeightsConfig
 from tidekv.errors import (
     ConfigError,
+    ProtocolVersionError,
     PublisherUnavailableError,
     VersionChangedError,
     VersionNotFoundError,
     VersionPendingError,
     WeightsError,
 )
-from tidekv.weights import Publisher, Subscriber
+from tidekv.transfer import TransferEngine, TransferOp, TransferRequest
+from tidekv.weights import Publisher, Subscriber, layout
 from tidekv.weights import protocol as p
 
+from tests.store import wire
 from tests.weights import procs
 
 CTX = multiprocessing.get_context("spawn")
@@ -149,25 +154,25 @@ def test_bad_input_is_refused_with_a_clear_error() -> None:
 def test_publisher_survives_garbage_and_refuses_other_protocol_versions() -> None:
     with Publisher(procs.make_tensors(1), config=WeightsConfig(**SMALL)) as pub:
         pub.publish(1)
-        sock = zmq.Context.instance().socket(zmq.REQ)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(f"tcp://{pub.address}")
-        sock.send(b"\x00garbage")
-        assert sock.poll(5000)
-        reply = p.reply_decoder.decode(sock.recv())
-        assert isinstance(reply, p.Error) and reply.kind == "bad_request"
-        sock.send(msgspec.msgpack.encode(p.Describe(protocol=99, version=None)))
-        assert sock.poll(5000)
-        reply = p.reply_decoder.decode(sock.recv())
-        assert isinstance(reply, p.Error) and reply.kind == "protocol" and "99" in reply.message
-        sock.close()
+        host, port = pub.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5.0) as sock:
+            wire.authenticate(sock, None, p.MAGIC, "weights")
+            sock.sendall(channel.frame(b"\x00garbage"))
+            reply = channel.decode_reply(wire.recv_frame(sock))
+            assert reply.error_kind == channel.ErrorKind.MALFORMED
+            sock.sendall(channel.frame(channel.encode(channel.Envelope(99, 7, p.Describe(None)))))
+            reply = channel.decode_reply(wire.recv_frame(sock))
+            assert (reply.request_id, reply.error_kind) == (7, channel.ErrorKind.VERSION) and "99" in reply.error
+        other = dataclasses.replace(p.SPEC, version=p.PROTOCOL_VERSION + 1)  # a newer subscriber: told why
+        with pytest.raises(ProtocolVersionError, match=f"speaks version {p.PROTOCOL_VERSION}"):
+            Client(pub.address, other, 5.0).call(p.Versions())
         with Subscriber(pub.address) as sub:  # still serving
             assert sub.pull(1).version == 1
 
 
 def test_unreachable_publisher_is_reported() -> None:
     with Subscriber("127.0.0.1:9", config=WeightsConfig(rpc_timeout_s=0.3)) as sub, \
-            pytest.raises(PublisherUnavailableError, match="did not answer"):
+            pytest.raises(PublisherUnavailableError, match="cannot reach weights publisher 127.0.0.1:9"):
         sub.pull(1)
 
 
@@ -176,16 +181,8 @@ def test_lease_holds_a_version_and_freed_buffers_are_detected() -> None:
     cfg = WeightsConfig(keep_versions=1, lease_s=0.2, **SMALL)
     with Publisher(tensors, config=cfg) as pub:
         pub.publish(1)
-        ch = zmq.Context.instance().socket(zmq.REQ)
-        ch.setsockopt(zmq.LINGER, 0)
-        ch.connect(f"tcp://{pub.address}")
-
-        def call(req: Any) -> Any:
-            ch.send(msgspec.msgpack.encode(req))
-            assert ch.poll(5000)
-            return p.reply_decoder.decode(ch.recv())
-
-        plan = call(p.Join(p.PROTOCOL_VERSION, 1, "127.0.0.1:1", 0))
+        ch = Client(pub.address, p.SPEC, 5.0)
+        plan = ch.call(p.Join(1, "127.0.0.1:1", 0))
         assert isinstance(plan, p.Plan)
         pub.publish(2)
         assert pub.versions() == [1, 2]  # the lease keeps version 1
@@ -224,23 +221,52 @@ def test_fan_out_to_receiver_processes(spawn: Any, fanout: int) -> None:
 
 
 def test_a_receiver_killed_mid_pull_does_not_stop_its_children(spawn: Any) -> None:
-    cfg = WeightsConfig(fanout=1, window=1, chunk_bytes=64 << 10)
-    tensors = procs.make_tensors(1, scale=64)  # ~30 MiB: many chunks
-    with Publisher(tensors, config=cfg) as pub:
-        first = spawn(procs.subscriber_main, pub.address, {})
-        second = spawn(procs.subscriber_main, pub.address, {})
-        first.send((1, 64))
-        time.sleep(0.5)  # the first joins first: it is the second's parent in the chain
-        second.send((1, 64))
+    """Ordered by events, not sleeps: the first receiver joins and stops for good after 8 chunks
+    (its engine still serving them); the second joins as its child and must have read those 8
+    from it before the first is killed; then it finishes from the publisher, long before the
+    stall timeout could have sent it there; a third then reads from the second."""
+    paused_at = 8
+    cfg = WeightsConfig(fanout=1, window=1, chunk_bytes=64 << 10, stall_timeout_s=60.0)
+    tensors = procs.make_tensors(1, scale=64)  # ~30 MiB: hundreds of chunks
+    with Publisher(tensors, config=cfg) as pub, TransferEngine() as probe:
         pub.publish(1)
-        time.sleep(0.05)
+        first = spawn(procs.subscriber_main, pub.address, {}, paused_at)
+        first.send((1, 64))
+        assert first.recv(60) == ("paused", paused_at)  # joined, holds 8 chunks, will never finish
+        second = spawn(procs.subscriber_main, pub.address, {})
+        second.send((1, 64))
+        receivers = _wait_for(lambda: len(pub._versions[1].receivers) == 2 and pub._versions[1].receivers)
+        assert receivers[0].name == first.hello[1] and receivers[1].name == second.hello[1]
+        header = probe.allocate(layout.HEADER_BYTES)
+        read = TransferRequest(TransferOp.READ, header.address, layout.HEADER_BYTES, receivers[1].name,
+                               receivers[1].staging_addr)
+
+        def second_holds_what_the_first_has() -> bool:
+            probe.transfer([read]).wait()
+            version, done, _ = layout.read_header(header.view())
+            return version == 1 and done >= paused_at
+
+        _wait_for(second_holds_what_the_first_has)  # read from its parent, now waiting for more
         os.kill(first.proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
         reply = second.recv(60)
         assert reply[0] == "pulled" and reply[1] == 1 and reply[3], reply
-        third = spawn(procs.subscriber_main, pub.address, {})  # not sent to the dead receiver
+        assert reply[2] >= paused_at * cfg.chunk_bytes, "the second read the first's chunks from it"
+        assert time.monotonic() - killed < cfg.stall_timeout_s / 2, "it left the dead parent at once, not by timeout"
+        third = spawn(procs.subscriber_main, pub.address, {})  # its parent: the second, which finished
         third.send((1, 64))
         reply = third.recv(60)
         assert reply[0] == "pulled" and reply[3], reply
+        assert reply[2] > 0, "the third read from its live parent"
+
+
+def _wait_for(condition: Any, timeout_s: float = 60.0) -> Any:
+    """Polls ``condition`` until it returns something true (which is returned)."""
+    deadline = time.monotonic() + timeout_s
+    while not (result := condition()):
+        assert time.monotonic() < deadline, "the awaited state never came"
+        time.sleep(0.01)
+    return result
 
 
 def test_trainer_killed_mid_publish_fails_the_pull_cleanly(spawn: Any) -> None:

@@ -1,20 +1,23 @@
-"""The weights control socket with a secret (issue 17, item 1): the publisher's engine secret
+"""The weights control channel with a secret (issue 17, item 1): the publisher's engine secret
 guards its control channel too; a subscriber that does not prove it gets a typed error, and one
 with the secret refuses a publisher that does not prove it."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 
 import pytest
 import torch
-import zmq
+from tidekv import auth, channel
+from tidekv.auth import ClientHandshake
 from tidekv.config import TransferConfig, WeightsConfig
 from tidekv.errors import AuthenticationError
 from tidekv.transfer import TransferEngine
 from tidekv.weights import Publisher, Subscriber
 from tidekv.weights import protocol as p
 
+from tests.store import wire
 from tests.weights import procs
 
 SECRET = "weights-secret"
@@ -54,19 +57,18 @@ def test_a_subscriber_without_the_secret_learns_nothing(engines: dict[str | None
                 sub.versions()
             with pytest.raises(AuthenticationError, match=match):
                 sub.pull(1)
-        # A raw request without any handshake: refused too, naming the secret.
-        sock = zmq.Context.instance().socket(zmq.REQ)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(f"tcp://{pub.address}")
-        try:
-            for request in (p.Versions(p.PROTOCOL_VERSION), p.Describe(p.PROTOCOL_VERSION, None),
-                            p.Join(p.PROTOCOL_VERSION, 1, "127.0.0.1:1", 0), p.Leave(1, True)):
-                sock.send(p.encoder.encode(request))
-                assert sock.poll(5000)
-                reply = p.reply_decoder.decode(sock.recv())
-                assert isinstance(reply, p.Error) and reply.kind == "auth" and "secret" in reply.message
-        finally:
-            sock.close()
+        # Raw requests after a proof of no secret: refused, naming the secret, and nothing answered.
+        for request in (p.Versions(), p.Describe(None), p.Join(1, "127.0.0.1:1", 0), p.Leave(1, True)):
+            host, port = pub.address.rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=5.0) as sock:
+                handshake = ClientHandshake(SECRET, "weights", pub.address)  # checks the publisher's proof ...
+                sock.sendall(p.MAGIC + channel.frame(handshake.greeting()))
+                handshake.challenged(wire.recv_frame(sock))
+                sock.sendall(channel.frame(auth.encode(auth.Proof(bytes(auth.MAC_BYTES))))  # ... but proves nothing
+                             + channel.frame(channel.encode(channel.Envelope(p.PROTOCOL_VERSION, 1, request))))
+                reply = channel.decode_reply(wire.recv_frame(sock))
+                assert (reply.request_id, reply.error_kind, reply.result) == (0, channel.ErrorKind.AUTH, None)
+                assert "secret" in reply.error
 
 
 def test_a_subscriber_with_a_secret_refuses_a_publisher_without_one(engines: dict[str | None, TransferEngine]) -> None:
