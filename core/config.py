@@ -7,10 +7,16 @@ TransferConfig; the CLI builds it from flags.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import enum
+import functools
+import inspect
+import itertools
 import os
+import re
 import ssl
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -63,9 +69,45 @@ def _check_types(config: Any) -> None:
             raise ConfigError(f"{f.name}={value!r} has type {type(value).__name__}; expected {names}")
 
 
-def _check_range(name: str, value: int | float, low: int | float, high: int | float) -> None:
-    if not (low <= value <= high):
-        raise ConfigError(f"{name}={value!r} is out of range; allowed {low}..{high}")
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """What a config field declares beside its type, default and docstring (its help): the values
+    it takes, and for TransferConfig the native engine option it sets. Everything else -- the
+    check, the environment variable, the command-line flag, the reference page -- derives from it."""
+
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] | None = None
+    native: str | None = None
+    """TransferConfig: the ``EngineOptions`` field it sets (default: its own name; ``*_s`` fields
+    set ``*_ms``)."""
+
+
+def setting(default: Any, low: float | None = None, high: float | None = None, *,
+            choices: tuple[str, ...] | None = None, native: str | None = None, repr: bool = True) -> Any:
+    """Declares a config field whose value must be in ``low..high`` (or one of ``choices``)."""
+    return field(default=default, repr=repr, metadata={"setting": Setting(low, high, choices, native)})
+
+
+def setting_of(f: dataclasses.Field[Any]) -> Setting:
+    """The declaration of a field (an empty one for a field declared by its default alone)."""
+    return f.metadata.get("setting") or _NO_SETTING
+
+
+_NO_SETTING = Setting()
+
+
+def _check_settings(config: Any) -> None:
+    """Raises ConfigError naming the first field whose value has the wrong type or is outside
+    its declared range or choices."""
+    _check_types(config)
+    for f in dataclasses.fields(config):
+        declared = setting_of(f)
+        value = getattr(config, f.name)
+        if declared.choices is not None and value not in declared.choices:
+            raise ConfigError(f"{f.name}={value!r} is invalid; allowed {', '.join(declared.choices)}")
+        if declared.low is not None and declared.high is not None and not declared.low <= value <= declared.high:
+            raise ConfigError(f"{f.name}={value!r} is out of range; allowed {declared.low}..{declared.high}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,53 +119,53 @@ class TransferConfig:
     """
 
     transport: TransportKind = TransportKind.AUTO
-    """Transport selection (auto, tcp, shm, cuda, fabric). Default auto."""
-    connections_per_peer: int = 4
-    """tcp connections opened to each peer; slices are striped over them. Default 4 (1..64)."""
-    worker_threads: int = 4
-    """Threads that run transfer tasks. Default 4 (1..256)."""
-    slice_size_bytes: int = 256 << 10
+    """Transport selection (auto, tcp, shm, cuda, fabric)."""
+    connections_per_peer: int = setting(4, 1, 64)
+    """tcp connections opened to each peer; slices are striped over them."""
+    worker_threads: int = setting(4, 1, 256)
+    """Threads that run transfer tasks."""
+    slice_size_bytes: int = setting(256 << 10, 4096, 256 << 20, native="slice_bytes")
     """tcp cuts requests into slices of this size and stripes them over the peer's connections (a
     1 MiB request then moves on four at once); fabric into pieces of this size but at least 1 MiB,
-    all in flight at once. Default 256 KiB (4 KiB..256 MiB)."""
-    io_timeout_s: float = 30.0
-    """A socket that makes no progress for this long fails its requests. Default 30 s (0.1..3600)."""
-    socket_buffer_bytes: int = 4 << 20
-    """SO_SNDBUF/SO_RCVBUF asked for each socket (the kernel caps it). Default 4 MiB."""
-    secret: str | None = field(default=None, repr=False)
+    all in flight at once."""
+    io_timeout_s: float = setting(30.0, 0.1, 3600, native="io_timeout_ms")
+    """A socket that makes no progress for this long fails its requests."""
+    socket_buffer_bytes: int = setting(4 << 20, 0, 1 << 30)
+    """SO_SNDBUF/SO_RCVBUF asked for each socket (the kernel caps it)."""
+    secret: str | None = setting(None, repr=False)
     """Shared secret; peers without it are refused at handshake, and peers that do not prove it
     are refused by ours. From the environment: ``TIDEKV_SECRET``, or ``TIDEKV_SECRET_FILE`` naming
-    a file that holds it (``secret_from_env``). Default None (no check)."""
-    max_regions: int = 4096
-    """Capacity of the registered-region table. Default 4096 (1..1048576)."""
-    unregister_timeout_s: float = 5.0
-    """How long unregister() waits for a same-host peer's copy in flight. Default 5 s (0..600)."""
-    inline_bytes: int = 1 << 20
+    a file that holds it (``secret_from_env``). None = no check."""
+    max_regions: int = setting(4096, 1, 1 << 20)
+    """Capacity of the registered-region table."""
+    unregister_timeout_s: float = setting(5.0, 0, 600, native="unregister_timeout_ms")
+    """How long unregister() waits for a same-host peer's copy in flight."""
+    inline_bytes: int = setting(1 << 20, 0, 1 << 30)
     """Same-host batches up to this size are copied before transfer() returns (on the calling
     thread: about 25 µs for 1 MiB, less than the deferred path's kernel timer costs on a VM, where
-    arming and stopping it took 15 µs of a 1 MiB copy's 40). Default 1 MiB."""
-    shm_parallelism: int = 2
-    """Threads that share one large same-host batch. Default 2 (1..64)."""
-    stream_copy_bytes: int = 8 << 20
+    arming and stopping it took 15 µs of a 1 MiB copy's 40)."""
+    shm_parallelism: int = setting(2, 1, 64)
+    """Threads that share one large same-host batch."""
+    stream_copy_bytes: int = setting(8 << 20, 0, 1 << 50)
     """Same-host batches of at least this many bytes are copied with streaming (non-temporal)
     stores, which bypass the caches: about 2x memcpy per thread once a batch outgrows them
-    (``python benchmarks/copy_probe.py``). Default 8 MiB (0 = never)."""
+    (``python benchmarks/copy_probe.py``). 0 = never."""
     enable_cross_memory_attach: bool = True
-    """Allow same-host peers to copy registered memory with process_vm_readv/writev. Default True."""
-    busy_poll_us: int = 100
+    """Allow same-host peers to copy registered memory with process_vm_readv/writev."""
+    busy_poll_us: int = setting(100, 0, 100_000, native="reply_spin_us")
     """tcp: poll for a reply (or the next frame) this long before sleeping; one thread per
-    process at a time. Trades a little CPU for latency. Default 100 µs (0 = never)."""
-    server_threads: int = 4
-    """Threads that serve peers' tcp data connections (however many are open). Default 4 (1..256)."""
-    handshake_timeout_s: float = 5.0
-    """An incoming connection that has not finished its handshake by then is dropped. Default 5 s."""
-    idle_timeout_s: float = 300.0
+    process at a time. Trades a little CPU for latency. 0 = never."""
+    server_threads: int = setting(4, 1, 256)
+    """Threads that serve peers' tcp data connections (however many are open)."""
+    handshake_timeout_s: float = setting(5.0, 0.05, 600, native="handshake_timeout_ms")
+    """An incoming connection that has not finished its handshake by then is dropped."""
+    idle_timeout_s: float = setting(300.0, 0.5, 86400, native="idle_timeout_ms")
     """A tcp data connection idle this long is closed by the server; clients retire theirs after
-    half of it. Set it alike on every engine. Default 300 s (0.5..86400)."""
-    max_connections: int = 1024
-    """Incoming connections held at once (handshaking or serving); more are refused. Default 1024."""
-    max_connections_per_peer: int = 64
-    """Of which one peer engine may hold (it opens connections_per_peer). Default 64 (1..4096)."""
+    half of it. Set it alike on every engine."""
+    max_connections: int = setting(1024, 1, 1 << 20)
+    """Incoming connections held at once (handshaking or serving); more are refused."""
+    max_connections_per_peer: int = setting(64, 1, 4096)
+    """Of which one peer engine may hold (it opens connections_per_peer)."""
     fabric_provider: str = ""
     """The libfabric provider of the fabric transport (one-sided RDMA), as ``fi_info -l`` names
     it: "verbs" (InfiniBand/RoCE), "efa" (AWS), or a software one ("tcp", slower than the tcp
@@ -133,23 +175,7 @@ class TransferConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.transport, TransportKind):
             raise ConfigError(f"transport={self.transport!r} is invalid; allowed {[k.value for k in TransportKind]}")
-        _check_types(self)
-        _check_range("connections_per_peer", self.connections_per_peer, 1, 64)
-        _check_range("worker_threads", self.worker_threads, 1, 256)
-        _check_range("slice_size_bytes", self.slice_size_bytes, 4096, 256 << 20)
-        _check_range("io_timeout_s", self.io_timeout_s, 0.1, 3600)
-        _check_range("socket_buffer_bytes", self.socket_buffer_bytes, 0, 1 << 30)
-        _check_range("max_regions", self.max_regions, 1, 1 << 20)
-        _check_range("unregister_timeout_s", self.unregister_timeout_s, 0, 600)
-        _check_range("inline_bytes", self.inline_bytes, 0, 1 << 30)
-        _check_range("shm_parallelism", self.shm_parallelism, 1, 64)
-        _check_range("stream_copy_bytes", self.stream_copy_bytes, 0, 1 << 50)
-        _check_range("busy_poll_us", self.busy_poll_us, 0, 100_000)
-        _check_range("server_threads", self.server_threads, 1, 256)
-        _check_range("handshake_timeout_s", self.handshake_timeout_s, 0.05, 600)
-        _check_range("idle_timeout_s", self.idle_timeout_s, 0.5, 86400)
-        _check_range("max_connections", self.max_connections, 1, 1 << 20)
-        _check_range("max_connections_per_peer", self.max_connections_per_peer, 1, 4096)
+        _check_settings(self)
         if self.max_connections_per_peer < self.connections_per_peer:
             raise ConfigError(
                 f"max_connections_per_peer={self.max_connections_per_peer} is below connections_per_peer="
@@ -275,25 +301,26 @@ class EtcdSecurity:
 
     ca_file: str | None = None
     """PEM CAs etcd's certificate is checked against (its host name or IP must match the URL).
-    Set, etcd is spoken to over https, ``etcd://`` addresses included. Default None: http, or the
-    system's CAs for a master given https:// URLs."""
+    Set, etcd is spoken to over https, ``etcd://`` addresses included. None: http, or the system's
+    CAs for a master given https:// URLs."""
     cert_file: str | None = None
     """PEM certificate presented to etcd, for an etcd that requires one (``--client-cert-auth``);
     with ``key_file``. With etcd's authentication on as well, it must carry no Common Name: etcd's
-    JSON gateway, which tidekv speaks, refuses such certificates then. Default None."""
+    JSON gateway, which tidekv speaks, refuses such certificates then."""
     key_file: str | None = None
-    """PEM private key of ``cert_file``. Default None."""
+    """PEM private key of ``cert_file``."""
     user: str | None = None
     """etcd user to authenticate as (for an etcd with ``auth enable``); its role needs read and
-    write on the keys under ``/tidekv/``. Default None (no authentication)."""
-    password: str | None = field(default=None, repr=False)
-    """The user's password, from ``TIDEKV_ETCD_PASSWORD`` (never a flag). Default None."""
+    write on the keys under ``/tidekv/``. None = no authentication."""
+    password: str | None = setting(None, repr=False)
+    """The user's password, from ``TIDEKV_ETCD_PASSWORD`` (never a flag)."""
     password_file: str | None = None
     """File that holds the user's password (trailing whitespace stripped); read again each time
-    tidekv authenticates, so a rotated password is picked up. Default None."""
+    tidekv authenticates, so a rotated password is picked up. Or the password itself in
+    TIDEKV_ETCD_PASSWORD: never on a command line."""
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        _check_settings(self)
         if (self.cert_file is None) != (self.key_file is None):
             raise ConfigError(f"cert_file={self.cert_file!r}, key_file={self.key_file!r}: give both or neither; "
                               f"set {self.how_to_set('cert_file')} and {self.how_to_set('key_file')}")
@@ -396,106 +423,101 @@ class MasterConfig:
     """Settings of the store master (``tidekv master``); env vars ``TIDEKV_MASTER_<FIELD>``."""
 
     host: str = "127.0.0.1"
-    """Address the RPC and HTTP listeners bind to. Default 127.0.0.1."""
-    port: int = 50051
-    """RPC port (0 = any free port). Default 50051."""
-    metrics_port: int = 9003
-    """HTTP port for /metrics and /health (0 = any free port, -1 = off). Default 9003."""
-    client_ttl_s: float = 10.0
+    """Address the RPC and HTTP listeners bind to."""
+    port: int = setting(50051, 0, 65535)
+    """RPC port (0 = any free port)."""
+    metrics_port: int = setting(9003, -1, 65535)
+    """HTTP port for /metrics and /health (0 = any free port, -1 = off)."""
+    client_ttl_s: float = setting(10.0, 0.1, 86400)
     """A client silent this long is dead: its puts are reclaimed and its segments unmounted, or
-    suspended (see ``suspend_grace_s``). Default 10 s."""
-    suspend_grace_s: float = 60.0
+    suspended (see ``suspend_grace_s``)."""
+    suspend_grace_s: float = setting(60.0, 0.0, 86400)
     """How long the segments of a client declared dead stay suspended: their objects unreadable
     but kept, given back when the same holder process re-mounts (a paused or partitioned holder
-    comes back), dropped after this. 0 = unmount at once. Default 60 s (0..86400)."""
-    lease_ttl_s: float = 5.0
-    """Read lease granted by get; eviction and remove skip leased objects. Default 5 s."""
-    put_timeout_s: float = 60.0
-    """A put not ended within this time is reclaimed (its space freed, its key usable). Default 60 s."""
-    high_watermark: float = 0.95
-    """Usage ratio that starts background eviction. Default 0.95 (0.1..1.0)."""
-    eviction_ratio: float = 0.05
-    """Fraction of capacity freed below the watermark per eviction round. Default 0.05 (0..0.5)."""
-    max_key_bytes: int = 4096
-    """Longest key accepted. Default 4096 bytes."""
-    max_message_bytes: int = 64 << 20
-    """Largest RPC message accepted; larger ones are refused. Default 64 MiB."""
-    max_batch_keys: int = DEFAULT_MAX_BATCH_KEYS
+    comes back), dropped after this. 0 = unmount at once."""
+    lease_ttl_s: float = setting(5.0, 0.0, 3600)
+    """Read lease granted by get; eviction and remove skip leased objects."""
+    put_timeout_s: float = setting(60.0, 0.1, 86400)
+    """A put not ended within this time is reclaimed (its space freed, its key usable)."""
+    high_watermark: float = setting(0.95, 0.1, 1.0)
+    """Usage ratio that starts background eviction."""
+    eviction_ratio: float = setting(0.05, 0.0, 0.5)
+    """Fraction of capacity freed below the watermark per eviction round."""
+    max_key_bytes: int = setting(4096, 1, 1 << 20)
+    """Longest key accepted."""
+    max_message_bytes: int = setting(64 << 20, 1024, 1 << 31)
+    """Largest RPC message accepted; larger ones are refused."""
+    max_batch_keys: int = setting(DEFAULT_MAX_BATCH_KEYS, 1, 1 << 24)
     """Most keys one request may name; more are refused, and clients send larger batches in parts
     of this many. It bounds how long one request holds the master's event loop (and so delays
     everyone's heartbeats): with 65536 keys the largest admitted requests delayed a heartbeat by
-    0.7 s here, with 2048 (of 4 KiB keys) by under 40 ms (``tests/store/test_master_stall.py``).
-    Default 2048."""
-    frame_timeout_s: float = 30.0
-    """A connection that sends nothing this long in the middle of a request is closed. Default 30 s."""
-    max_buffered_bytes: int = 256 << 20
+    0.7 s here, with 2048 (of 4 KiB keys) by under 40 ms (``tests/store/test_master_stall.py``)."""
+    frame_timeout_s: float = setting(30.0, 0.05, 3600)
+    """A connection that sends nothing this long in the middle of a request is closed."""
+    max_buffered_bytes: int = setting(256 << 20, 1 << 16, 1 << 40)
     """Bytes of unfinished requests the master holds over all connections; the connection that
-    would pass it is closed. Default 256 MiB."""
-    max_pending_puts: int = 16384
+    would pass it is closed."""
+    max_pending_puts: int = setting(16384, 1, 1 << 24)
     """Puts one client may have started and not yet ended (each holds its bytes until put_end or
-    ``put_timeout_s``); a PutStart beyond it is refused with ``LimitExceededError``. Default 16384."""
-    max_spare_bytes: int = 256 << 10
+    ``put_timeout_s``); a PutStart beyond it is refused with ``LimitExceededError``."""
+    max_spare_bytes: int = setting(256 << 10, 0, 1 << 30)
     """A client putting one object of at most this size gets a spare: a slot of the same size
     reserved for its next put, which then takes one round trip to the master instead of two
     (``store.objects``). Each client holds at most one; reclaimed after ``put_timeout_s`` unused.
-    Default 256 KiB (0 = no spares)."""
-    max_connections: int = 4096
-    """Client connections open at once; more are closed as they come, with a logged reason. Default 4096."""
-    verify_mounts: str = "auto"
+    0 = no spares."""
+    max_connections: int = setting(4096, 1, 1 << 20)
+    """Client connections open at once; more are closed as they come, with a logged reason."""
+    verify_mounts: str = setting("auto", choices=("auto", "on", "off"))
     """Whether a mount must prove its memory is the mounting process's own: the master asks the
     named engine to vouch for the client's proof (``tidekv.store.mount_proof``) and refuses the
     mount otherwise. "on", "off", or "auto" (default): on when the master has a secret (without
     one anyone may do anything, and engines may be out of the master's reach)."""
-    tick_s: float = 0.1
-    """Period of housekeeping (liveness, reclaim, eviction). Default 0.1 s."""
-    busy_poll_us: int = 200
-    """After a request, poll this long for the next before sleeping (0 = never spin). Default 200 µs."""
+    tick_s: float = setting(0.1, 0.001, 10)
+    """Period of housekeeping (liveness, reclaim, eviction)."""
+    busy_poll_us: int = setting(200, 0, 100_000)
+    """After a request, poll this long for the next before sleeping (0 = never spin)."""
     state_dir: str | None = None
     """Directory of the master's journal (every index change, written before it is acknowledged):
     a lone master restarted on it comes back with every object. None = no journal (a restart
-    starts empty). Default None."""
+    starts empty)."""
     etcd: str = ""
     """etcd client URLs ("http://H:P[,...]", or https:// for an etcd that serves TLS, see
     ``etcd_security``): the master campaigns for leadership of ``cluster`` and stands by when
-    another leads. Empty = a lone master. Default empty."""
+    another leads. Empty = a lone master."""
     cluster: str = "tidekv"
-    """Name of the cluster of masters in etcd (with ``etcd``). Default "tidekv"."""
+    """Name of the cluster of masters in etcd (with ``etcd``)."""
     etcd_security: EtcdSecurity = field(default_factory=EtcdSecurity)
     """How the master reaches a secured etcd (TLS, an etcd user): flags ``--etcd-ca-file`` and
-    the like; ``from_env`` reads ``TIDEKV_ETCD_*``, as store clients do. Default: http, no user."""
-    leader_ttl_s: int = 3
-    """TTL of the leader's etcd lease: a dead leader is replaced after at most this long. Default 3 s (2..60)."""
-    sync_timeout_s: float = 1.0
+    the like; ``from_env`` reads ``TIDEKV_ETCD_*``, as store clients do."""
+    leader_ttl_s: int = setting(3, 2, 60)
+    """TTL of the leader's etcd lease: a dead leader is replaced after at most this long."""
+    sync_timeout_s: float = setting(1.0, 0.05, 60)
     """A standby that has not confirmed a change this long after it was sent is dropped from the
-    in-sync set (recorded in etcd first), so it can no longer become leader. Default 1 s."""
-    min_standbys: int = 1
+    in-sync set (recorded in etcd first), so it can no longer become leader."""
+    min_standbys: int = setting(1, 0, 8)
     """A leader acknowledges a change only once at least this many standbys hold it (and every
     in-sync one): with 1, losing the leader right after its promotion, before a standby caught
-    up, loses nothing; changes wait meanwhile. 0 = a leader alone may acknowledge. Default 1 (0..8)."""
+    up, loses nothing; changes wait meanwhile. 0 = a leader alone may acknowledge."""
     tls_cert_file: str | None = None
     """PEM certificate chain the master presents: with ``tls_key_file``, its RPC (and the
-    replication stream) runs over TLS. Default None (plain TCP)."""
+    replication stream) runs over TLS. None = plain TCP."""
     tls_key_file: str | None = None
-    """PEM private key of ``tls_cert_file``. Default None."""
+    """PEM private key of ``tls_cert_file``."""
     tls_ca_file: str | None = None
     """PEM CAs that sign the clients' (and standbys') certificates: when set, every peer must
-    present one (mutual TLS). A standby also checks its leader against them. Default None."""
+    present one (mutual TLS). A standby also checks its leader against them."""
     tenants_file: str | None = None
     """TOML file naming the master's tenants (``tidekv.store.tenants``): each in a namespace of
     its own, with its own secret and a quota if the file gives them. None = no tenants (every
-    client shares one namespace). Default None."""
-    secret: str | None = field(default=None, repr=False)
+    client shares one namespace)."""
+    secret: str | None = setting(None, repr=False)
     """Shared secret every client and standby must prove (``tidekv.auth``); the master proves it
     to them too. ``from_env`` takes the transfer engines' setting (``TIDEKV_SECRET`` or
-    ``TIDEKV_SECRET_FILE``), so one variable secures a whole deployment. Default None (anyone
-    who reaches the port is served)."""
+    ``TIDEKV_SECRET_FILE``), so one variable secures a whole deployment. None: anyone who reaches
+    the port is served."""
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        _check_range("port", self.port, 0, 65535)
-        _check_range("leader_ttl_s", self.leader_ttl_s, 2, 60)
-        _check_range("sync_timeout_s", self.sync_timeout_s, 0.05, 60)
-        _check_range("min_standbys", self.min_standbys, 0, 8)
+        _check_settings(self)
         if not isinstance(self.etcd_security, EtcdSecurity):
             raise ConfigError(f"etcd_security={self.etcd_security!r} is not an EtcdSecurity")
         if self.etcd:
@@ -507,25 +529,6 @@ class MasterConfig:
             if self.host in ("0.0.0.0", "::", ""):
                 raise ConfigError(f"host={self.host!r}: a master in an etcd cluster registers its address for "
                                   "clients to reach; bind a reachable address, not a wildcard")
-        _check_range("metrics_port", self.metrics_port, -1, 65535)
-        _check_range("client_ttl_s", self.client_ttl_s, 0.1, 86400)
-        _check_range("suspend_grace_s", self.suspend_grace_s, 0.0, 86400)
-        _check_range("lease_ttl_s", self.lease_ttl_s, 0.0, 3600)
-        _check_range("put_timeout_s", self.put_timeout_s, 0.1, 86400)
-        _check_range("high_watermark", self.high_watermark, 0.1, 1.0)
-        _check_range("eviction_ratio", self.eviction_ratio, 0.0, 0.5)
-        _check_range("max_key_bytes", self.max_key_bytes, 1, 1 << 20)
-        _check_range("max_message_bytes", self.max_message_bytes, 1024, 1 << 31)
-        _check_range("max_batch_keys", self.max_batch_keys, 1, 1 << 24)
-        _check_range("frame_timeout_s", self.frame_timeout_s, 0.05, 3600)
-        _check_range("max_buffered_bytes", self.max_buffered_bytes, 1 << 16, 1 << 40)
-        _check_range("max_connections", self.max_connections, 1, 1 << 20)
-        _check_range("max_pending_puts", self.max_pending_puts, 1, 1 << 24)
-        _check_range("max_spare_bytes", self.max_spare_bytes, 0, 1 << 30)
-        if self.verify_mounts not in ("auto", "on", "off"):
-            raise ConfigError(f"verify_mounts={self.verify_mounts!r}: choose auto, on or off")
-        _check_range("tick_s", self.tick_s, 0.001, 10)
-        _check_range("busy_poll_us", self.busy_poll_us, 0, 100_000)
         if self.secret is not None and not self.secret:
             raise ConfigError("secret='' is invalid; use None for no secret")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
@@ -582,17 +585,17 @@ class TlsConfig:
     standby); env vars ``TIDEKV_TLS_<FIELD>``. The master's own side is in MasterConfig."""
 
     enable: bool = False
-    """Connect to the master over TLS (it must serve with ``--tls-cert-file``). Default off."""
+    """Connect to the master over TLS (it must serve with ``--tls-cert-file``)."""
     ca_file: str | None = None
     """PEM CAs the master's certificate is checked against (its host name or IP must match the
-    address the client dials). Default None: the system's CAs."""
+    address the client dials). None: the system's CAs."""
     cert_file: str | None = None
-    """PEM certificate this client presents, for a master that requires one (mutual TLS). Default None."""
+    """PEM certificate this client presents, for a master that requires one (mutual TLS)."""
     key_file: str | None = None
-    """PEM private key of ``cert_file``. Default None."""
+    """PEM private key of ``cert_file``."""
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        _check_settings(self)
         if (self.cert_file is None) != (self.key_file is None):
             raise ConfigError("cert_file and key_file go together: give both (mutual TLS) or neither")
         if not self.enable and (self.ca_file or self.cert_file):
@@ -623,45 +626,35 @@ SEGMENT_MEMORY = ("auto", "shared", "huge")
 class StoreConfig:
     """Settings of a store client (``tidekv.Store``); env vars ``TIDEKV_STORE_<FIELD>``."""
 
-    segment_size_bytes: int = 0
-    """Memory this client contributes to the pool (0 = pure client). Default 0."""
-    staging_size_bytes: int = 64 << 20
-    """Registered scratch memory for put()/get() of bytes objects. Default 64 MiB."""
-    replicas: int = 1
-    """Copies of each object, on distinct segments (best effort). Default 1 (1..16)."""
-    heartbeat_interval_s: float = 1.0
-    """How often the client tells the master it is alive. Default 1 s."""
-    rpc_timeout_s: float = 5.0
+    segment_size_bytes: int = setting(0, 0, 1 << 46)
+    """Memory this client contributes to the pool (0 = pure client)."""
+    staging_size_bytes: int = setting(64 << 20, 4096, 1 << 40)
+    """Registered scratch memory for put()/get() of bytes objects."""
+    replicas: int = setting(1, 1, 16)
+    """Copies of each object, on distinct segments (best effort)."""
+    heartbeat_interval_s: float = setting(1.0, 0.01, 3600)
+    """How often the client tells the master it is alive."""
+    rpc_timeout_s: float = setting(5.0, 0.01, 3600)
     """A master that does not answer one request within this time is taken as gone (the client
-    looks for the leader again, see ``failover_timeout_s``). Default 5 s."""
-    failover_timeout_s: float = 15.0
+    looks for the leader again, see ``failover_timeout_s``)."""
+    failover_timeout_s: float = setting(15.0, 0, 3600)
     """How long a request that may be retried (see ``MasterClient``) keeps looking for a master
     that answers - the leader after a failover, a restarted master - before it raises
-    MasterUnavailableError or MasterNotReadyError. 0 = one attempt. Default 15 s."""
-    rpc_busy_poll_us: int = 50
+    MasterUnavailableError or MasterNotReadyError. 0 = one attempt."""
+    rpc_busy_poll_us: int = setting(50, 0, 100_000)
     """Poll this long for the master's reply before sleeping (0 = sleep at once): a reply takes
-    ~20 µs, and waking a sleeping thread on a VM costs about as much again. Default 50 µs."""
+    ~20 µs, and waking a sleeping thread on a VM costs about as much again."""
     prefer_local_segment: bool = True
-    """Put replicas in this client's own segment first when it has room. Default True."""
-    segment_memory: str = "auto"
+    """Put replicas in this client's own segment first when it has room."""
+    segment_memory: str = setting("auto", choices=SEGMENT_MEMORY)
     """What backs the segment: "shared" (a memfd that same-host peers map), "huge" (private memory
     on transparent huge pages that same-host peers read by cross-memory attach; reads stay fast
     after the memory sat idle, which 4 KiB pages do not on some VMs) or "auto" (huge where THP
     is on and processes of one user may attach to each other's memory - process_vm_readv allowed,
-    Yama's ptrace_scope 0 or absent, the engine's enable_cross_memory_attach on - else shared).
-    Default auto."""
+    Yama's ptrace_scope 0 or absent, the engine's enable_cross_memory_attach on - else shared)."""
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        if self.segment_memory not in SEGMENT_MEMORY:
-            raise ConfigError(f"segment_memory={self.segment_memory!r} is not one of {', '.join(SEGMENT_MEMORY)}")
-        _check_range("segment_size_bytes", self.segment_size_bytes, 0, 1 << 46)
-        _check_range("staging_size_bytes", self.staging_size_bytes, 4096, 1 << 40)
-        _check_range("replicas", self.replicas, 1, 16)
-        _check_range("heartbeat_interval_s", self.heartbeat_interval_s, 0.01, 3600)
-        _check_range("rpc_timeout_s", self.rpc_timeout_s, 0.01, 3600)
-        _check_range("failover_timeout_s", self.failover_timeout_s, 0, 3600)
-        _check_range("rpc_busy_poll_us", self.rpc_busy_poll_us, 0, 100_000)
+        _check_settings(self)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> StoreConfig:
@@ -677,34 +670,27 @@ class WeightsConfig:
     them to every receiver in the pull plan.
     """
 
-    chunk_bytes: int = 16 << 20
-    """Unit of transfer and of fan-out: a receiver serves a chunk on once it holds it. Default 16 MiB."""
-    fanout: int = 0
+    chunk_bytes: int = setting(16 << 20, 4096, 1 << 34)
+    """Unit of transfer and of fan-out: a receiver serves a chunk on once it holds it."""
+    fanout: int = setting(0, 0, 1024)
     """Children per node of the distribution tree: the publisher serves ``fanout`` receivers, each
     of them ``fanout`` more, and so on (1 = a chain). 0 = every receiver reads from the publisher
-    (best on one host, where reads are memory copies). Default 0."""
-    window: int = 4
-    """Chunks one receiver keeps in flight. Default 4."""
-    keep_versions: int = 2
+    (best on one host, where reads are memory copies)."""
+    window: int = setting(4, 1, 1024)
+    """Chunks one receiver keeps in flight."""
+    keep_versions: int = setting(2, 1, 1024)
     """Published versions the publisher keeps readable (older ones are freed once no pull holds
-    them). Default 2."""
-    lease_s: float = 300.0
-    """How long a receiver's pull may hold a version before the publisher may free it. Default 300 s."""
-    stall_timeout_s: float = 10.0
+    them)."""
+    lease_s: float = setting(300.0, 0.1, 86400)
+    """How long a receiver's pull may hold a version before the publisher may free it."""
+    stall_timeout_s: float = setting(10.0, 0.01, 3600)
     """A parent receiver that makes no progress for this long is bypassed: the child reads the
-    rest from the publisher. Default 10 s."""
-    rpc_timeout_s: float = 10.0
-    """A publisher that does not answer a control request within this time is unavailable. Default 10 s."""
+    rest from the publisher."""
+    rpc_timeout_s: float = setting(10.0, 0.01, 3600)
+    """A publisher that does not answer a control request within this time is unavailable."""
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        _check_range("chunk_bytes", self.chunk_bytes, 4096, 1 << 34)
-        _check_range("fanout", self.fanout, 0, 1024)
-        _check_range("window", self.window, 1, 1024)
-        _check_range("keep_versions", self.keep_versions, 1, 1024)
-        _check_range("lease_s", self.lease_s, 0.1, 86400)
-        _check_range("stall_timeout_s", self.stall_timeout_s, 0.01, 3600)
-        _check_range("rpc_timeout_s", self.rpc_timeout_s, 0.01, 3600)
+        _check_settings(self)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> WeightsConfig:
@@ -757,3 +743,191 @@ def settings_sources(cls: type, environ: Mapping[str, str] | None = None) -> lis
             value = SECRET_SHOWN_AS
         rows.append((f.name, value, f"env {variable}" if variable in env else "default"))
     return rows
+
+
+# ---- derived from the declarations: help text, flags, native options, the reference page ----------
+
+OTHER_VARIABLES: dict[str, str] = {
+    "TIDEKV_SECRET": "the shared secret of every component (``secret_from_env``)",
+    "TIDEKV_SECRET_FILE": "a file holding it (instead of TIDEKV_SECRET)",
+    "TIDEKV_HOST": "this host's address for every listener that is not given one (``tidekv.hostaddr``)",
+    "TIDEKV_MASTER": "the store master engines' plugins use when their config names none (HOST:PORT or etcd://)",
+    "TIDEKV_TENANT": "the tenant a store client acts as (``tidekv.store.tenants``)",
+    "TIDEKV_CONNECTOR_CONFIG": "the vLLM connector's settings as a JSON object (``kvcache.settings``)",
+    "TIDEKV_LOG_LEVEL": "DEBUG, INFO, WARNING or ERROR for tidekv's loggers and the native engine's",
+    "TIDEKV_TRANSPORT": "the C ABI's (TensorRT-LLM) forced transport; Python reads it as TransferConfig.transport",
+    "TIDEKV_LIBCUDA": "the CUDA driver library to load (default libcuda.so.1)",
+    "TIDEKV_LIBFABRIC": "the libfabric library to load (default libfabric.so.1)",
+    "TIDEKV_FABRIC_CONFIRM_BY_READ": "1: confirm fabric writes by a read even where the provider can deliver-complete (testing)",
+    "TIDEKV_SHIM": "the Mooncake drop-in's switch (``tidekv.compat``)",
+    "TIDEKV_BENCH_DEBUG": "1: the vLLM PD benchmark prints per-hook times",
+}
+"""Variables read outside the config classes (a test checks that every ``"TIDEKV_..."`` the code
+names is one of these or a config field's)."""
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's docstring (the string right below it in the class body), as one paragraph."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, after in itertools.pairwise(body):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def variable_of(cls: type, name: str) -> str:
+    """The environment variable of field ``name`` of ``cls`` (``TIDEKV_SECRET`` for every secret)."""
+    return ENV_PREFIX + "SECRET" if name == "secret" else ENV_PREFIXES[cls] + name.upper()
+
+
+def _shown(name: str, value: Any) -> str:
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if name.endswith("_bytes") and isinstance(value, int) and value:
+        return format_size(value)
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def allowed_text(cls: type, f: dataclasses.Field[Any]) -> str:
+    """What field ``f`` takes, as its help says it ("1..64", "auto, on, off"), or ""."""
+    declared = setting_of(f)
+    if declared.choices is not None:
+        return ", ".join(declared.choices)
+    if declared.low is not None:
+        return f"{_shown(f.name, declared.low)}..{_shown(f.name, declared.high)}"
+    if f.type == "TransportKind":
+        return ", ".join(k.value for k in TransportKind)
+    return ""
+
+
+def add_flags(parser: Any, cls: type, *, skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None,
+              prefix: str = "") -> None:
+    """Adds ``--<prefix><field>`` to an argparse parser for each plain field of ``cls`` (not a
+    secret, not a composed component, not in ``skip``; only ``only`` when given), with the
+    field's docstring, default, range and variable as help; dest ``<prefix><field>`` (dashes
+    as underscores); default None (unset: the environment's or the class's value stands)."""
+    import argparse
+
+    docs, defaults = field_docs(cls), cls()
+    for f in dataclasses.fields(cls):
+        value = getattr(defaults, f.name)
+        if f.name in skip or (only is not None and f.name not in only) or not f.repr or type(value) in ENV_PREFIXES:
+            continue
+        kind = str(f.type)
+        if f.name.endswith("_bytes") and kind == "int":
+            parse: Any = _flag_size(f"--{prefix}{f.name}".replace("_", "-"))
+        else:
+            parse = {"int": int, "float": float}.get(kind, str)
+        text = re.sub(r"``(\w+)``", lambda m: f"--{prefix}{m.group(1)}".replace("_", "-")
+                      if m.group(1) in docs else m.group(1), docs.get(f.name, ""))
+        notes = [f"default {_shown(f.name, value)}"] if value not in (None, "") else []
+        allowed = allowed_text(cls, f)
+        if allowed and not setting_of(f).choices:
+            notes.append(allowed)
+        notes.append("$" + variable_of(cls, f.name))
+        metavar = {"int": "N", "float": "X"}.get(kind, "FILE" if f.name.endswith("_file") else
+                                                  "DIR" if f.name.endswith("_dir") else "TEXT")
+        parser.add_argument(f"--{prefix}{f.name}".replace("_", "-"), dest=f"{prefix}{f.name}".replace("-", "_"),
+                            type=parse, default=None, choices=setting_of(f).choices,
+                            metavar=None if setting_of(f).choices else ("SIZE" if parse not in (int, float, str) else metavar),
+                            help=f"{text.rstrip('.')} ({'; '.join(notes)})".replace("%", "%%"))
+    _ = argparse  # (imported for callers' parsers only; kept lazy)
+
+
+def _flag_size(flag: str) -> Any:
+    def parse(text: str) -> int:
+        import argparse
+
+        try:
+            return parse_size(text, flag)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def native_options(config: TransferConfig, options: Any) -> Any:
+    """Sets every field of the native ``EngineOptions`` that a TransferConfig field declares
+    (``Setting.native``; seconds become milliseconds, a transport its name, no secret "")."""
+    for f in dataclasses.fields(config):
+        name, value = native_name(f), getattr(config, f.name)
+        setattr(options, name, native_value(f, value))
+    return options
+
+
+def native_name(f: dataclasses.Field[Any]) -> str:
+    """The ``EngineOptions`` field a TransferConfig field sets."""
+    return setting_of(f).native or (f.name[:-2] + "_ms" if f.name.endswith("_s") else f.name)
+
+
+def native_value(f: dataclasses.Field[Any], value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if value is None:
+        return ""
+    return round(value * 1000) if f.name.endswith("_s") else value
+
+
+def settings_markdown() -> str:
+    """The reference page of every setting and variable (docs/settings.md), from the declarations."""
+    lines = ["# Settings", "",
+             "Generated from the declarations in `core/config.py` by `tidekv doctor --settings-reference`; a test checks",
+             "that this page is current. Each component reads its variables in `from_env()`; flags of",
+             "`tidekv master` / `tidekv up` carry the same names (`--lease-ttl-s` for `lease_ttl_s`).", ""]
+    for cls in ENV_PREFIXES:
+        docs, defaults = field_docs(cls), cls()
+        lines += [f"## {cls.__name__}", "", (cls.__doc__ or "").strip().splitlines()[0], "",
+                  "| variable | default | allowed | what |", "|---|---|---|---|"]
+        for f in dataclasses.fields(cls):
+            value = getattr(defaults, f.name)
+            if type(value) in ENV_PREFIXES:
+                continue
+            shown = "(none)" if value in (None, "") else f"`{_shown(f.name, value)}`"
+            what = re.sub(r"``([^`]+)``", r"`\1`", docs.get(f.name, "")).replace("|", r"\|")
+            lines.append(f"| `{variable_of(cls, f.name)}` | {shown} | {allowed_text(cls, f)} | {what} |")
+        lines.append("")
+    lines += ["## Other variables", "", "| variable | what |", "|---|---|"]
+    lines += [f"| `{name}` | {text} |" for name, text in OTHER_VARIABLES.items()]
+    return "\n".join(lines) + "\n"
+
+
+
+def capi_settings_header() -> str:
+    """The C ABI's reader of every TransferConfig setting (plugins/trtllm/capi/settings.gen.h), from
+    the declarations: one call per field, naming its variable, its range and the native field."""
+    calls = []
+    for f in dataclasses.fields(TransferConfig):
+        declared, native, variable = setting_of(f), native_name(f), variable_of(TransferConfig, f.name)
+        if f.name in ("transport", "secret"):
+            continue  # read by hand: the transports of the build; the secret's two variables
+        if f.type == "bool":
+            calls.append(f'  r.flag("{variable}", o.{native});')
+        elif f.type == "str":
+            calls.append(f'  r.text("{variable}", o.{native});')
+        elif f.name.endswith("_s"):
+            calls.append(f'  r.seconds("{variable}", {declared.low!r}, {declared.high!r}, o.{native});')
+        else:
+            calls.append(f'  r.integer("{variable}", {int(declared.low or 0)}LL, {int(declared.high or 0)}LL, o.{native});')
+    return "\n".join([
+        "// Generated from tidekv.config.TransferConfig by `tidekv doctor --settings-reference capi`; a test",
+        "// checks it is current. Do not edit: change the declaration in core/config.py.",
+        "#pragma once",
+        "",
+        "#include \"common/context.h\"",
+        "",
+        "namespace tidekv::capi {",
+        "",
+        "// Reads every declared setting's TIDEKV_* variable into `o` through `r` (options.cpp's reader,",
+        "// which refuses a value outside the declared range, naming the variable).",
+        "template <typename Reader>",
+        "void read_declared_settings(const Reader& r, EngineOptions& o) {",
+        *calls,
+        "}",
+        "",
+        "}  // namespace tidekv::capi",
+        "",
+    ])

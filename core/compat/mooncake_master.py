@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidekv.compat.mooncake_store import MOONCAKE_CLUSTER
-from tidekv.config import ENV_PREFIX, MasterConfig, parse_etcd_endpoints
+from tidekv.config import ENV_PREFIX, MasterConfig, field_docs, parse_etcd_endpoints
 from tidekv.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,8 @@ class Flag:
 
     field: str | None
     parse: Callable[[str, str], Any]
-    help: str
+    help: str = ""
+    """What --help says; "" = the MasterConfig field's own docstring (its declaration)."""
     is_bool: bool = False
 
 
@@ -101,16 +102,16 @@ FLAGS: dict[str, Flag] = {
     "rpc_port": Flag("port", _int, "RPC port (default 50051)"),
     "rpc_address": Flag("host", lambda _, t: t, "address to bind and advertise (default 127.0.0.1; Mooncake: 0.0.0.0)"),
     "default_kv_lease_ttl": Flag("lease_ttl_s", _lease_s, "read lease, ms or with ms/s/m/h (default 10000)"),
-    "eviction_high_watermark_ratio": Flag("high_watermark", _float, "usage that starts eviction (default 0.90)"),
-    "eviction_ratio": Flag("eviction_ratio", _float, "fraction freed per eviction round (default 0.05)"),
-    "client_ttl": Flag("client_ttl_s", _float, "seconds without a heartbeat before a client is dead (default 10)"),
-    "put_start_release_timeout_sec": Flag("put_timeout_s", _float, "an unfinished put is reclaimed after this (s)"),
-    "metrics_port": Flag("metrics_port", _int, "HTTP port of /metrics and /health (default 9003)"),
+    "eviction_high_watermark_ratio": Flag("high_watermark", _float),
+    "eviction_ratio": Flag("eviction_ratio", _float),
+    "client_ttl": Flag("client_ttl_s", _float),
+    "put_start_release_timeout_sec": Flag("put_timeout_s", _float),
+    "metrics_port": Flag("metrics_port", _int),
     "enable_ha": Flag(None, _bool, "elect a leader among masters through etcd (with --etcd_endpoints)", True),
     "ha_backend_type": Flag(None, _ha_backend, "leader election backend: etcd only"),
     "etcd_endpoints": Flag("etcd", _etcd, "etcd endpoints, host:port separated by ';'"),
     "ha_backend_connstring": Flag("etcd", _etcd, "the same as --etcd_endpoints, for --ha_backend_type=etcd"),
-    "cluster_id": Flag("cluster", lambda _, t: t, f"cluster name in etcd (default {MOONCAKE_CLUSTER})"),
+    "cluster_id": Flag("cluster", lambda _, t: t),
 }
 """The Mooncake flags tidekv's master serves; every other flag is refused."""
 
@@ -118,10 +119,20 @@ MOONCAKE_DEFAULTS: dict[str, Any] = {"lease_ttl_s": 10.0, "high_watermark": 0.90
 """Mooncake's defaults where they differ from MasterConfig's (a TIDEKV_MASTER_* variable wins over them)."""
 
 
+def _help(flag: Flag) -> str:
+    """A flag's help: its own text, else its MasterConfig field's docstring with the default this
+    command applies (Mooncake's where it differs)."""
+    if flag.help or flag.field is None:
+        return flag.help
+    default = MOONCAKE_DEFAULTS.get(flag.field, getattr(MasterConfig(), flag.field))
+    text = field_docs(MasterConfig)[flag.field].replace("``", "").rstrip(".")
+    return f"{text} (default {default})"
+
+
 def usage() -> str:
     width = max(len(n) for n in FLAGS) + 2
     lines = [f"usage: {PROG} [--flag=value ...]  (Mooncake's master flags, served by a tidekv master)", ""]
-    lines += [f"  --{name:<{width}}{flag.help}" for name, flag in FLAGS.items()]
+    lines += [f"  --{name:<{width}}{_help(flag)}" for name, flag in FLAGS.items()]
     lines += ["", "Any other flag is refused. Other settings: TIDEKV_MASTER_* variables (tidekv master --help)."]
     return "\n".join(lines)
 

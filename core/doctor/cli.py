@@ -35,6 +35,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                         help="print one JSON document on stdout and nothing else there (progress stays on stderr)")
     doctor.add_argument("--timeout-s", type=_positive_seconds, default=30.0,
                         help="bound on each self-test step: starting the target, each transfer (default 30)")
+    doctor.add_argument("--settings-reference", nargs="?", const="markdown", choices=("markdown", "capi"),
+                        help="print the reference of every setting and TIDEKV_* variable (markdown: docs/settings.md; "
+                        "capi: the C ABI's reader, plugins/trtllm/capi/settings.gen.h) and exit, checking nothing")
     doctor.set_defaults(func=run)
 
 
@@ -50,6 +53,11 @@ def _positive_seconds(text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Diagnoses, prints the report, and returns the exit status."""
+    if args.settings_reference:
+        from tidekv.config import capi_settings_header, settings_markdown
+
+        print(settings_markdown() if args.settings_reference == "markdown" else capi_settings_header(), end="")
+        return EXIT_OK
     library = logging.getLogger("tidekv")
     level = library.level
     if args.log_level is None and "TIDEKV_LOG_LEVEL" not in os.environ:

@@ -180,3 +180,24 @@ class StoreLink:
             logger.info("tidekv store at %s answers again: prefix reuse is on (%s)", self.master, self.owner)
             self._cond.notify_all()
         return True
+
+
+def lookup_client(master: str, client_id: str, timeout_s: float, secret: str | None) -> Any:
+    """A connected master client for an engine scheduler's lookups: no transfer engine or staging,
+    TLS as ``TIDEKV_TLS_*`` say (``TlsConfig``). Lookups sit on the scheduling path: one attempt
+    each (a master that does not answer fast is skipped; the link retries in the background and
+    follows a new leader). Every engine plugin's scheduler connects through this one function.
+
+    Raises:
+        whatever ``MasterClient.connect`` raises (the link logs it and retries).
+    """
+    from tidekv.config import TlsConfig
+    from tidekv.store.master_client import MasterClient
+
+    client = MasterClient(master, client_id, timeout_s=timeout_s, secret=secret, tls=TlsConfig.from_env())
+    try:
+        client.connect()
+    except BaseException:
+        client.close()
+        raise
+    return client

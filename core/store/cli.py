@@ -26,6 +26,7 @@ from tidekv.config import (
     StoreConfig,
     TlsConfig,
     TransferConfig,
+    add_flags,
     parse_etcd_endpoints,
     parse_size,
     secret_from_env,
@@ -66,100 +67,17 @@ def _size(text: str) -> int:
 
 
 def _add_master_flags(parser: argparse.ArgumentParser) -> None:
-    d = MasterConfig()
+    """Every MasterConfig setting as a flag (``config.add_flags``: its docstring, default and
+    range as help), --etcd-<field> for the EtcdSecurity settings a command line may carry, and
+    --config; --host's default depends on the deployment, so it says how."""
     parser.add_argument("--config", metavar="FILE", help="JSON file with any of the settings below (flags win)")
     parser.add_argument("--host", default=None,
                         help="address to bind and advertise ($TIDEKV_MASTER_HOST; default $TIDEKV_HOST, else with "
-                             f"--etcd the interface that routes to etcd, else {d.host})")
-    parser.add_argument("--port", type=int, default=None, help=f"RPC port, 0 = any free (default {d.port})")
-    parser.add_argument("--metrics-port", type=int, default=None,
-                        help=f"HTTP port for /metrics and /health, 0 = any free, -1 = off (default {d.metrics_port})")
-    parser.add_argument("--client-ttl-s", type=float, default=None,
-                        help=f"a client silent this long is dead; its segments are suspended (default {d.client_ttl_s})")
-    parser.add_argument("--suspend-grace-s", type=float, default=None,
-                        help=f"a dead client's segments stay suspended this long: their objects come back if the "
-                        f"same holder re-mounts, else they are dropped; 0 = drop at once (default {d.suspend_grace_s})")
-    parser.add_argument("--lease-ttl-s", type=float, default=None, help=f"read lease granted by get (default {d.lease_ttl_s})")
-    parser.add_argument("--put-timeout-s", type=float, default=None,
-                        help=f"an unfinished put is reclaimed after this long (default {d.put_timeout_s})")
-    parser.add_argument("--high-watermark", type=float, default=None,
-                        help=f"usage ratio that starts eviction (default {d.high_watermark})")
-    parser.add_argument("--eviction-ratio", type=float, default=None,
-                        help=f"fraction of capacity freed per eviction round (default {d.eviction_ratio})")
-    parser.add_argument("--max-key-bytes", type=int, default=None, help=f"longest key accepted (default {d.max_key_bytes})")
-    parser.add_argument("--max-message-bytes", type=int, default=None,
-                        help=f"largest RPC request accepted; larger ones get an error (default {d.max_message_bytes})")
-    parser.add_argument("--max-batch-keys", type=int, default=None,
-                        help=f"most keys one request may name; more get an error (default {d.max_batch_keys})")
-    parser.add_argument("--frame-timeout-s", type=float, default=None,
-                        help=f"close a connection that sends nothing this long mid-request (default {d.frame_timeout_s})")
-    parser.add_argument("--max-buffered-bytes", type=int, default=None,
-                        help=f"bytes of unfinished requests held over all connections; the connection that would "
-                        f"pass it is closed (default {d.max_buffered_bytes})")
-    parser.add_argument("--max-pending-puts", type=int, default=None,
-                        help=f"puts one client may have started and not ended; more are refused (default "
-                        f"{d.max_pending_puts})")
-    parser.add_argument("--max-spare-bytes", type=int, default=None,
-                        help=f"a client putting one object up to this size gets a slot reserved for its next put, "
-                        f"which then takes one round trip to the master instead of two; 0 = never (default "
-                        f"{d.max_spare_bytes})")
-    parser.add_argument("--verify-mounts", choices=("auto", "on", "off"), default=None,
-                        help="refuse a mount unless the engine it names vouches that the memory is the mounting "
-                        "process's own; auto = on with a secret (default auto)")
-    parser.add_argument("--max-connections", type=int, default=None,
-                        help=f"client connections open at once; more are closed (default {d.max_connections})")
-    parser.add_argument("--tick-s", type=float, default=None,
-                        help=f"period of housekeeping: liveness, reclaim, eviction (default {d.tick_s})")
-    parser.add_argument("--busy-poll-us", type=int, default=None,
-                        help=f"after a request, poll this long for the next before sleeping; 0 = never spin "
-                        f"(default {d.busy_poll_us})")
-    parser.add_argument("--state-dir", default=None, metavar="DIR",
-                        help="journal every index change here before acknowledging it; a master restarted on the "
-                        "same DIR comes back with every object (default: none, a restart starts empty)")
-    parser.add_argument("--tls-cert-file", default=None, metavar="PEM",
-                        help="serve the RPC over TLS with this certificate chain (with --tls-key-file; clients set "
-                        "TIDEKV_TLS_ENABLE=1 and TIDEKV_TLS_CA_FILE)")
-    parser.add_argument("--tls-key-file", default=None, metavar="PEM", help="private key of --tls-cert-file")
-    parser.add_argument("--tls-ca-file", default=None, metavar="PEM",
-                        help="require client certificates signed by these CAs (mutual TLS; clients set "
-                        "TIDEKV_TLS_CERT_FILE and TIDEKV_TLS_KEY_FILE)")
-    parser.add_argument("--tenants-file", default=None, metavar="FILE",
-                        help="serve the tenants this TOML file names ([tenants.NAME] with optional secret_file and "
-                        "quota): each in a namespace of its own; clients name theirs with TIDEKV_TENANT "
-                        "(default: no tenants)")
-    parser.add_argument("--etcd", default=None, metavar="URLS",
-                        help="etcd client URLs http://H:P[,...] (https:// for an etcd serving TLS, see --etcd-ca-file): "
-                        "campaign for leadership of --cluster, stand by while another master leads (default: none, "
-                        "a lone master)")
-    parser.add_argument("--cluster", default=None, help=f"name of the cluster of masters in etcd (default {d.cluster})")
-    _add_etcd_flags(parser)
-    parser.add_argument("--leader-ttl-s", type=int, default=None,
-                        help=f"TTL of the leader's etcd lease; a dead leader is replaced within it (default {d.leader_ttl_s})")
-    parser.add_argument("--min-standbys", type=int, default=None,
-                        help=f"changes are acknowledged only once this many standbys hold them; 0 = a leader "
-                        f"alone may (default {d.min_standbys})")
-    parser.add_argument("--sync-timeout-s", type=float, default=None,
-                        help=f"a standby this late to confirm a change leaves the in-sync set (default {d.sync_timeout_s})")
-
-
-_ETCD_FLAG_HELP = {
-    "ca_file": ("PEM", "CA that signed etcd's certificate; etcd is reached over https (--etcd https://...)"),
-    "cert_file": ("PEM", ("client certificate for an etcd with --client-cert-auth (with --etcd-key-file; no "
-                          "Common Name when etcd also has authentication on)")),
-    "key_file": ("PEM", "private key of --etcd-cert-file"),
-    "user": ("NAME", "etcd user to authenticate as; its role needs readwrite on the prefix /tidekv/"),
-    "password_file": ("FILE", "file holding the etcd user's password (or $TIDEKV_ETCD_PASSWORD; never a flag)"),
-}
-assert set(_ETCD_FLAG_HELP) == set(ETCD_MASTER_FLAGS)
-
-
-def _add_etcd_flags(parser: argparse.ArgumentParser) -> None:
-    """``--etcd-<field>`` for EtcdSecurity's fields; store clients take the same settings as
-    $TIDEKV_ETCD_<FIELD>, which the master reads too (flags win)."""
-    for name in ETCD_MASTER_FLAGS:
-        metavar, text = _ETCD_FLAG_HELP[name]
-        parser.add_argument(f"--etcd-{name.replace('_', '-')}", dest=f"etcd_{name}", default=None, metavar=metavar,
-                            help=f"{text} (${ENV_PREFIX}ETCD_{name.upper()})")
+                             f"--etcd the interface that routes to etcd, else {MasterConfig().host})")
+    add_flags(parser, MasterConfig, skip=("host",))
+    # Store clients take the same settings as $TIDEKV_ETCD_<FIELD>, which the master reads too
+    # (flags win); never the password itself, which a command line would show to anyone.
+    add_flags(parser, EtcdSecurity, only=ETCD_MASTER_FLAGS, prefix="etcd_")
 
 
 def _etcd_security(args: argparse.Namespace, values: dict[str, Any]) -> EtcdSecurity:

@@ -1,33 +1,14 @@
 """``LruTable``: the object table's dict of key -> metadata, in least-recently-used order, in
 hash shards. Nothing else.
 
-Why not one dict (what the object table was): CPython rebuilds a dict's whole table when it
-runs out of free entries, and an insert never reuses a deleted one, so a table that grows, or
-deletes and re-inserts keys (every put_end, every get's move to the LRU end, every eviction and
-new put), rebuilds all its entries now and then, with the master's loop stopped: 120-290 ms at
-1.0-1.5M objects here (``tidekv bench master``). Here the keys are spread over ``shards`` dicts
-by the CRC-32 of the key, so a rebuild redoes one shard: 1/16 of the work. More shards make it
-shorter still but cost every eviction a look at each shard's oldest object (``by_age``).
-
-Why a CRC and not ``hash()``: Python seeds ``hash()`` per process, and a snapshot (each shard
-oldest first, one after the other) is loaded by another process (a standby, a restarted
-master). With ``hash()`` its shards got the old shards' objects mixed, one old shard after the
-other, and evicted a key read last among the first (``test_master_service``). The CRC costs
-2-5% of the master's single-key get and put rate (``bench master`` at 200k objects, three
-alternating pairs on 2026-12-03).
-
-A standby's mirror of the index (``journal.Mirror``) stays one dict. In shards too (tried
-twice; the second time, 2026-12-03, as a ``ShardedDict`` base of this class, measured by a
-one-off script: snapshot and log written with one hash seed, read with another), its rebuilds
-at 1M objects shrank from 59 to 4 ms, but each op applied went through a Python method (a
-million puts applied: 1.31 -> 2.15 s of the standby's CPU), and a mirror filled by puts was
-walked shard by shard, in strides through memory, when a promotion restored it (1.72 -> 3.46 s).
-
-LRU order: each shard is a dict in its own recency order, and every value carries a stamp of
-its last touch (``used``, from one counter), so ``by_age()`` merges the shards into the exact
-global order: oldest first, the order the single dict had. Assigning an existing key keeps its
-place (as a dict does); ``move_to_end`` and inserting a new key make it the newest; ``load``
-fills an empty table (a restore).
+Shards, because CPython rebuilds a whole dict now and then as keys come and go, with the
+master's loop stopped; a shard's rebuild is 1/16 of the work. Keys go to shards by CRC-32, not
+``hash()``, so a snapshot loaded by another process keeps each key's shard. Each shard is a dict
+in its own recency order and every value carries a stamp of its last touch (``used``), so
+``by_age()`` merges the shards into the exact global order, oldest first. Assigning an existing
+key keeps its place (as a dict does); ``move_to_end`` and inserting a new key make it the
+newest; ``load`` fills an empty table (a restore). Measurements and the designs tried:
+docs/store-design.md, "The object table's shards".
 """
 
 from __future__ import annotations

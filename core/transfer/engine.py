@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tidekv import _native
-from tidekv.config import TransferConfig
+from tidekv.config import TransferConfig, native_options
 from tidekv.errors import ConfigError, EngineClosedError, TransferError
 from tidekv.hostaddr import advertised_host
 from tidekv.transfer.batch import TransferHandle, TransferRequest
@@ -29,29 +29,9 @@ from tidekv.transfer.region import Region, memory_of
 logger = logging.getLogger(__name__)
 
 def _native_options(host: str, port: int, config: TransferConfig) -> _native.EngineOptions:
-    o = _native.EngineOptions()
+    o = native_options(config, _native.EngineOptions())  # every setting, as TransferConfig declares it
     o.host = host
     o.port = port
-    o.transport = config.transport.value
-    o.connections_per_peer = config.connections_per_peer
-    o.worker_threads = config.worker_threads
-    o.slice_bytes = config.slice_size_bytes
-    o.io_timeout_ms = int(config.io_timeout_s * 1000)
-    o.socket_buffer_bytes = config.socket_buffer_bytes
-    o.secret = config.secret or ""
-    o.max_regions = config.max_regions
-    o.unregister_timeout_ms = int(config.unregister_timeout_s * 1000)
-    o.inline_bytes = config.inline_bytes
-    o.shm_parallelism = config.shm_parallelism
-    o.stream_copy_bytes = config.stream_copy_bytes
-    o.fabric_provider = config.fabric_provider
-    o.enable_cross_memory_attach = config.enable_cross_memory_attach
-    o.reply_spin_us = config.busy_poll_us
-    o.server_threads = config.server_threads
-    o.handshake_timeout_ms = int(config.handshake_timeout_s * 1000)
-    o.idle_timeout_ms = int(config.idle_timeout_s * 1000)
-    o.max_connections = config.max_connections
-    o.max_connections_per_peer = config.max_connections_per_peer
     return o
 
 

@@ -41,10 +41,13 @@ from tidekv.kvcache.layout import KVLayout
 from tidekv.kvcache.prefix_reuse import BlockJob, PrefixReuse
 from tidekv.kvcache.ranks import RankedKeys
 from tidekv.kvcache.settings import KVConnectorConfig
-from tidekv.kvcache.store_link import StoreLink
+from tidekv.kvcache.store_link import StoreLink, lookup_client
 
 try:  # TensorRT-LLM 1.x; newer trees moved the module into connectors/
-    from tensorrt_llm._torch.pyexecutor.kv_cache_connector import KvCacheConnectorScheduler, KvCacheConnectorWorker
+    from tensorrt_llm._torch.pyexecutor.kv_cache_connector import (
+        KvCacheConnectorScheduler,
+        KvCacheConnectorWorker,
+    )
 except ImportError:
     from tensorrt_llm._torch.pyexecutor.connectors.kv_cache_connector import (  # type: ignore[no-redef]
         KvCacheConnectorScheduler,
@@ -99,16 +102,8 @@ class TidekvConnectorScheduler(KvCacheConnectorScheduler):  # type: ignore[misc]
         self._matched: dict[str, int] = {}  # request -> store tokens promised, until allocation
 
     def _connect_store(self) -> Any:
-        from tidekv.store.master_client import MasterClient
-
-        client = MasterClient(self.settings.master or "", "trtllm-scheduler", timeout_s=self.settings.store_timeout_s,
-                              secret=self.settings.secret)
-        try:
-            client.connect()
-        except BaseException:
-            client.close()
-            raise
-        return client
+        return lookup_client(self.settings.master or "", "trtllm-scheduler", self.settings.store_timeout_s,
+                             self.settings.secret)
 
     def _keys(self) -> None:
         if self.reuse.keys is None and _local_layout:

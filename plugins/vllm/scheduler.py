@@ -21,7 +21,7 @@ from tidekv.kvcache.layout import KVLayout
 from tidekv.kvcache.prefix_reuse import PrefixReuse
 from tidekv.kvcache.ranks import RankedKeys
 from tidekv.kvcache.settings import KVConnectorConfig
-from tidekv.kvcache.store_link import StoreLink
+from tidekv.kvcache.store_link import StoreLink, lookup_client
 from tidekv.logs import WarnEvery
 from tidekv_vllm.metadata import PullJob, TidekvHandshake, TidekvMetadata
 
@@ -76,21 +76,9 @@ class TidekvScheduler:
         return list(self.keys.namespaces) if self.keys is not None else None
 
     def _connect_store(self) -> Any:
-        from tidekv.config import TlsConfig
-        from tidekv.store.master_client import MasterClient
-
-        # The scheduler only asks which blocks exist: a master client, no transfer engine or
-        # staging. Lookups sit on the scheduling path: one attempt each (a master that does not
-        # answer fast is skipped; the link retries in the background and follows a new leader).
-        client = MasterClient(self.settings.master or "", f"vllm-scheduler-{self.engine_id}",
-                              timeout_s=self.settings.store_timeout_s, secret=self.settings.secret,
-                              tls=TlsConfig.from_env())
-        try:
-            client.connect()
-        except BaseException:
-            client.close()
-            raise
-        return client
+        # The scheduler only asks which blocks exist: a master client, no engine (lookup_client).
+        return lookup_client(self.settings.master or "", f"vllm-scheduler-{self.engine_id}",
+                             self.settings.store_timeout_s, self.settings.secret)
 
     @property
     def _store(self) -> Any:

@@ -44,7 +44,7 @@ def test_help_exits_zero(command: str) -> None:
             for name in ETCD_MASTER_FLAGS:
                 assert f"--etcd-{name.replace('_', '-')} " in result.stdout, name
                 assert f"$TIDEKV_ETCD_{name.upper()}" in result.stdout, name
-            assert "$TIDEKV_ETCD_PASSWORD;" in result.stdout
+            assert "TIDEKV_ETCD_PASSWORD:" in " ".join(result.stdout.split())
             continue
         assert f"--{f.name.replace('_', '-')} " in result.stdout, f.name
     if command == "up":

@@ -53,7 +53,7 @@ def test_segment_memory_setting_picks_the_backing(connect: Connect, spawn_master
 
 
 def test_unknown_segment_memory_is_refused() -> None:
-    with pytest.raises(ConfigError, match="segment_memory='tmpfs' is not one of auto, shared, huge"):
+    with pytest.raises(ConfigError, match="segment_memory='tmpfs' is invalid; allowed auto, shared, huge"):
         StoreConfig(segment_memory="tmpfs")
     with pytest.raises(ConfigError, match="segment_memory"):
         StoreConfig.from_env({"TIDEKV_STORE_SEGMENT_MEMORY": "bogus"})

@@ -211,6 +211,26 @@ def test_the_secret_follows_tidekvs_one_setting(library: Path, tmp_path: Path, m
             assert expected in lib.tidekv_last_error().decode(), (env, lib.tidekv_last_error())
 
 
+@pytest.mark.parametrize(("name", "value", "expected"), [
+    ("TIDEKV_SLICE_SIZE_BYTES", "1024", "TIDEKV_SLICE_SIZE_BYTES='1024' is invalid; allowed: an integer in 4096..268435456"),
+    ("TIDEKV_HANDSHAKE_TIMEOUT_S", "0.01", "TIDEKV_HANDSHAKE_TIMEOUT_S='0.01' is invalid; allowed: seconds in 0.05..600"),
+    ("TIDEKV_ENABLE_CROSS_MEMORY_ATTACH", "maybe", "TIDEKV_ENABLE_CROSS_MEMORY_ATTACH='maybe' is invalid"),
+    ("TIDEKV_MAX_CONNECTIONS", "2048", None),
+])
+def test_every_declared_setting_reaches_the_c_abi(library: Path, monkeypatch: pytest.MonkeyPatch, name: str,
+                                                  value: str, expected: str | None) -> None:
+    """createTransferEngine reads every TransferConfig variable with its declared range
+    (settings.gen.h, generated from tidekv.config), not only the few it once parsed by hand."""
+    lib = _c_api(library)
+    monkeypatch.setenv(name, value)
+    engine = lib.createTransferEngine(b"P2PHANDSHAKE", b"127.0.0.1", b"127.0.0.1", 0, 0)
+    if expected is None:
+        assert engine, lib.tidekv_last_error()
+        lib.destroyTransferEngine(engine)
+    else:
+        assert not engine and expected in lib.tidekv_last_error().decode(), lib.tidekv_last_error()
+
+
 class _Request(ctypes.Structure):
     _fields_ = [("opcode", ctypes.c_int), ("source", ctypes.c_void_p), ("target_id", ctypes.c_int32),
                 ("target_offset", ctypes.c_uint64), ("length", ctypes.c_uint64)]

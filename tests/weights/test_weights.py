@@ -178,15 +178,16 @@ def test_unreachable_publisher_is_reported() -> None:
 
 def test_lease_holds_a_version_and_freed_buffers_are_detected() -> None:
     tensors = procs.make_tensors(1)
-    cfg = WeightsConfig(keep_versions=1, lease_s=0.2, **SMALL)
+    cfg = WeightsConfig(keep_versions=1, lease_s=2.0, **SMALL)  # long enough for a loaded machine's publish
     with Publisher(tensors, config=cfg) as pub:
         pub.publish(1)
         ch = Client(pub.address, p.SPEC, 5.0)
+        joined = time.monotonic()
         plan = ch.call(p.Join(1, "127.0.0.1:1", 0))
         assert isinstance(plan, p.Plan)
         pub.publish(2)
         assert pub.versions() == [1, 2]  # the lease keeps version 1
-        time.sleep(0.3)
+        time.sleep(max(0.0, joined + cfg.lease_s + 0.1 - time.monotonic()))
         pub.publish(3)  # lease ran out: version 1 goes, its buffer is reused
         assert 1 not in pub.versions()
         ch.close()

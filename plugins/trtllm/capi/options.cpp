@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "boundary.h"
+#include "settings.gen.h"
 #include "transport/registry.h"
 
 namespace tidekv::capi {
@@ -17,17 +18,50 @@ const char* env(const char* name) {
   return v && *v ? v : nullptr;
 }
 
-long env_int(const char* name, long fallback, long low, long high) {
-  const char* v = env(name);
-  if (!v) return fallback;
-  char* end = nullptr;
-  errno = 0;
-  long n = std::strtol(v, &end, 10);
-  if (errno || *end || n < low || n > high)
-    refuse(-1, std::string(name) + "='" + v + "' is invalid; allowed: an integer in " + std::to_string(low) + ".." +
-                   std::to_string(high));
-  return n;
-}
+// Reads one TIDEKV_* variable per declared setting (settings.gen.h, generated from
+// tidekv.config.TransferConfig): the same names, ranges and units as Python's from_env().
+struct Reader {
+  template <typename T>
+  void integer(const char* name, long long low, long long high, T& field) const {
+    const char* v = env(name);
+    if (!v) return;
+    char* end = nullptr;
+    errno = 0;
+    long long n = std::strtoll(v, &end, 0);
+    if (errno || *end || n < low || n > high)
+      refuse(-1, std::string(name) + "='" + v + "' is invalid; allowed: an integer in " + std::to_string(low) +
+                     ".." + std::to_string(high));
+    field = static_cast<T>(n);
+  }
+  void seconds(const char* name, double low, double high, int& field_ms) const {
+    const char* v = env(name);
+    if (!v) return;
+    char* end = nullptr;
+    double s = std::strtod(v, &end);
+    if (*end || !(s >= low && s <= high)) {
+      std::ostringstream allowed;
+      allowed << low << ".." << high;
+      refuse(-1, std::string(name) + "='" + v + "' is invalid; allowed: seconds in " + allowed.str());
+    }
+    field_ms = int(s * 1000 + 0.5);
+  }
+  void flag(const char* name, bool& field) const {
+    const char* v = env(name);
+    if (!v) return;
+    std::string s = v;
+    for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+    if (s == "1" || s == "true" || s == "yes" || s == "on") {
+      field = true;
+    } else if (s == "0" || s == "false" || s == "no" || s == "off") {
+      field = false;
+    } else {
+      refuse(-1, std::string(name) + "='" + v + "' is invalid; allowed: 1/true/yes/on or 0/false/no/off");
+    }
+  }
+  void text(const char* name, std::string& field) const {
+    if (const char* v = env(name)) field = v;
+  }
+};
 
 // The same rules as tidekv.config.secret_from_env: one of the two variables, a file's trailing
 // whitespace dropped, nothing empty.
@@ -66,7 +100,6 @@ EngineOptions engine_options_from_env(const std::string& host) {
     if (!known) refuse(-1, "TIDEKV_TRANSPORT='" + s + "' is invalid; allowed: " + allowed);
     o.transport = s;
   }
-  if (const char* p = env("TIDEKV_FABRIC_PROVIDER")) o.fabric_provider = p;
   if (const char* f = env("MC_FORCE_TCP")) {
     std::string s = f;
     if (s == "1" || s == "true" || s == "True" || s == "TRUE") {
@@ -75,15 +108,7 @@ EngineOptions engine_options_from_env(const std::string& host) {
       refuse(-1, "MC_FORCE_TCP='" + s + "' is invalid; allowed: 1/true or 0/false");
     }
   }
-  o.worker_threads = int(env_int("TIDEKV_WORKER_THREADS", o.worker_threads, 1, 256));
-  o.connections_per_peer = int(env_int("TIDEKV_CONNECTIONS_PER_PEER", o.connections_per_peer, 1, 64));
-  if (const char* v = env("TIDEKV_IO_TIMEOUT_S")) {
-    char* end = nullptr;
-    double s = std::strtod(v, &end);
-    if (*end || !(s >= 0.1 && s <= 3600))
-      refuse(-1, std::string("TIDEKV_IO_TIMEOUT_S='") + v + "' is invalid; allowed: seconds in 0.1..3600");
-    o.io_timeout_ms = int(s * 1000);
-  }
+  read_declared_settings(Reader{}, o);
   if (const char* v = env("TIDEKV_LOG_LEVEL")) {
     std::string s = v;
     if (s != "DEBUG" && s != "INFO" && s != "WARNING" && s != "ERROR")

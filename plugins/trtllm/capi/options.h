@@ -1,8 +1,8 @@
-// Settings of a C API engine, read from the environment in this one place: the variables of
-// tidekv.config.TransferConfig that a C caller may need (TIDEKV_TRANSPORT, TIDEKV_SECRET or
-// TIDEKV_SECRET_FILE, TIDEKV_WORKER_THREADS, TIDEKV_CONNECTIONS_PER_PEER, TIDEKV_IO_TIMEOUT_S,
-// TIDEKV_LOG_LEVEL) and Mooncake's MC_FORCE_TCP=1 (TensorRT-LLM's tests set it), which forces
-// tcp. An invalid value is an error naming the variable, never a silent default.
+// Settings of a C API engine, read from the environment in this one place: every variable of
+// tidekv.config.TransferConfig (settings.gen.h, generated from its declarations: the same names,
+// ranges and units as Python), TIDEKV_SECRET or TIDEKV_SECRET_FILE, TIDEKV_LOG_LEVEL, and
+// Mooncake's MC_FORCE_TCP=1 (TensorRT-LLM's tests set it), which forces tcp. An invalid value is
+// an error naming the variable, never a silent default.
 #pragma once
 
 #include <string>
