@@ -49,12 +49,7 @@ class EngineHandshake(Harness):
             e.close()
 
     def one(self, data: bytes) -> None:
-        self._count += 1
-        if self._count % self._CHECK_EVERY == 0:
-            self._check_alive()
-        src = Source(data)
-        flags = src.byte()
-        secret = SECRET if flags & 1 else None
+        src, flags, secret = self.start_input(data)
         mode = (flags >> 1) % 4
         engine = self._engines[secret]
         self.note(("raw connection", "after a Hello", "add_peer garbage", "add_peer mutated descriptor")[mode]

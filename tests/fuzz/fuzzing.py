@@ -148,6 +148,23 @@ class Harness:
         """Starting inputs (real messages) for the random mutator and atheris's corpus."""
         return [b""]
 
+    _CHECK_EVERY: ClassVar[int] = 0
+    """Live-server harnesses: check every this many inputs that the servers still serve (0: never)."""
+
+    def _check_alive(self) -> None:
+        """Raises unless the harness's servers still serve a well-behaved client."""
+
+    def start_input(self, data: bytes) -> tuple[Source, int, str | None]:
+        """Begins one input: counts it (checking the servers every ``_CHECK_EVERY``), and reads its
+        first byte of flags, whose low bit says whether it goes to the secured server.
+        Returns (the rest of the input, the flags, the secret or None)."""
+        self._count = getattr(self, "_count", 0) + 1
+        if self._CHECK_EVERY and self._count % self._CHECK_EVERY == 0:
+            self._check_alive()
+        src = Source(data)
+        flags = src.byte()
+        return src, flags, SECRET if flags & 1 else None
+
     def note(self, kind: str) -> None:
         """Counts one input as of ``kind`` (the report says what the inputs exercised)."""
         kinds = self.__dict__.setdefault("kinds", collections.Counter())

@@ -346,12 +346,7 @@ class _ChannelPeer(Harness):
         raise NotImplementedError
 
     def one(self, data: bytes) -> None:
-        self._count += 1
-        if self._count % self._CHECK_EVERY == 0:
-            self._check_alive()
-        src = Source(data)
-        flags = src.byte()
-        secret = SECRET if flags & 1 else None
+        src, flags, secret = self.start_input(data)
         mode = (flags >> 1) % len(self.MODES)
         tail = src.byte() % len(self.TAILS)
         self.note(f"{self.MODES[mode]}, {self.TAILS[tail]}" + (", secured" if secret else ""))

@@ -45,11 +45,16 @@ def requests_of(st: Store) -> Iterator[list[str]]:
         st._rpc.call = call  # type: ignore[method-assign]
 
 
+def _pool(spawn_master: SpawnMaster, spawn_agent: SpawnAgent, connect: Connect, **master_settings: object) -> Store:
+    """A client of a master (with ``master_settings``) whose pool is one 16 MiB holder."""
+    master = spawn_master(**master_settings)
+    spawn_agent(master.address, 16 * MIB)
+    return connect(master.address)
+
+
 def test_a_small_put_after_the_first_takes_one_request_to_the_master(spawn_master: SpawnMaster,
                                                                     spawn_agent: SpawnAgent, connect: Connect) -> None:
-    master = spawn_master()
-    spawn_agent(master.address, 16 * MIB)
-    st = connect(master.address)
+    st = _pool(spawn_master, spawn_agent, connect)
     with requests_of(st) as sent:
         st.put("first", payload(1, 4096))
     assert sent == ["PutStart", "PutEnd"]
@@ -65,9 +70,7 @@ def test_a_small_put_after_the_first_takes_one_request_to_the_master(spawn_maste
 
 def test_a_put_of_an_existing_key_through_the_spare_is_a_no_op_and_keeps_the_spare(
         spawn_master: SpawnMaster, spawn_agent: SpawnAgent, connect: Connect) -> None:
-    master = spawn_master()
-    spawn_agent(master.address, 16 * MIB)
-    st = connect(master.address)
+    st = _pool(spawn_master, spawn_agent, connect)
     st.put("k", payload(1, 1000))
     with requests_of(st) as sent:
         st.put("k", payload(2, 1000))  # immutable: a successful no-op
@@ -80,9 +83,7 @@ def test_a_put_of_an_existing_key_through_the_spare_is_a_no_op_and_keeps_the_spa
 
 def test_puts_of_other_shapes_take_the_two_phase_path_and_move_the_spare(
         spawn_master: SpawnMaster, spawn_agent: SpawnAgent, connect: Connect) -> None:
-    master = spawn_master()
-    spawn_agent(master.address, 16 * MIB)
-    st = connect(master.address)
+    st = _pool(spawn_master, spawn_agent, connect)
     st.put("a", payload(1, 4096))
     with requests_of(st) as sent:
         st.put("b", payload(2, 8192))  # another size
@@ -158,9 +159,7 @@ def test_a_spare_on_a_killed_holder_costs_a_retry_not_the_put(spawn_master: Spaw
 
 def test_with_spares_off_every_put_has_two_phases(spawn_master: SpawnMaster, spawn_agent: SpawnAgent,
                                                   connect: Connect) -> None:
-    master = spawn_master(max_spare_bytes=0)
-    spawn_agent(master.address, 16 * MIB)
-    st = connect(master.address)
+    st = _pool(spawn_master, spawn_agent, connect, max_spare_bytes=0)
     with requests_of(st) as sent:
         for i in range(3):
             st.put(f"k{i}", payload(i, 100))
@@ -182,9 +181,7 @@ def test_spares_stay_out_of_a_nearly_full_pool(spawn_master: SpawnMaster, spawn_
 def test_a_reserved_key_is_refused(spawn_master: SpawnMaster, spawn_agent: SpawnAgent, connect: Connect,
                                    caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR)
-    master = spawn_master()
-    spawn_agent(master.address, 16 * MIB)
-    st = connect(master.address)
+    st = _pool(spawn_master, spawn_agent, connect)
     st.put("a", payload(1, 64))
     for key in (p.SPARE_MARK + b"1", p.SPARE_MARK + b"999"):
         with pytest.raises(ConfigError, match="refused key"):

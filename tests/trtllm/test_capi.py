@@ -184,12 +184,7 @@ def test_benchmark_runs_small(library: Path, tmp_path: Path) -> None:
 def test_the_secret_follows_tidekvs_one_setting(library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """createTransferEngine reads TIDEKV_SECRET / TIDEKV_SECRET_FILE as tidekv.config.secret_from_env
     does: both set, an empty secret or an empty file is refused with a named reason."""
-    lib = ctypes.CDLL(str(library))
-    lib.createTransferEngine.restype = ctypes.c_void_p
-    lib.createTransferEngine.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint64,
-                                         ctypes.c_int]
-    lib.destroyTransferEngine.argtypes = [ctypes.c_void_p]
-    lib.tidekv_last_error.restype = ctypes.c_char_p
+    lib = _c_api(library)
     empty = tmp_path / "empty"
     empty.write_text(" \n")
     good = tmp_path / "secret"
