@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from tidekv.bench.process import free_port
+from tidekv.bench.ports import free_port
 from tidekv.bench.timing import percentile
 from tidekv.config import StoreConfig, TlsConfig, TransferConfig
 from tidekv.store.client import Store

@@ -26,9 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tidekv.bench.process import HelperProcess, send_ready, serve  # noqa: E402
-from tidekv.bench.report import format_size, parse_size  # noqa: E402
 from tidekv.config import TransferConfig  # noqa: E402
+from tidekv.helper_process import HelperProcess, send_ready, serve  # noqa: E402
+from tidekv.report import format_size, parse_size  # noqa: E402
 from tidekv.transfer.batch import TransferOp, TransferRequest  # noqa: E402
 from tidekv.transfer.engine import TransferEngine  # noqa: E402
 

@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from tidekv.bench import churn, failover
-from tidekv.bench.process import HelperProcess, send_ready, serve
-from tidekv.store.etcd_server import EtcdServer
+from tidekv.bench.etcd_server import EtcdServer
+from tidekv.helper_process import HelperProcess, send_ready, serve
 
 SYSTEMS = ("single", "ha", "ha-nowait", "ha-nowait-noapply")
 

@@ -20,8 +20,9 @@ byte against its source outside the timed region. Reported: best round, pages/s 
 
 The default page geometry (32 layers x 8 KV heads x 128 dim x 16 tokens, bf16) makes 2 MiB pages.
 
-Usage: .venv-sglang/bin/python benchmarks/sglang_hicache.py [--pages 256] [--rounds 3] [--json FILE]
-       .venv-sglang/bin/python benchmarks/sglang_hicache.py --compare mooncake [--pages 128] [--rounds 5] [--json FILE]
+Usage (from the repo root):
+       .venv-sglang/bin/python -m benchmarks.sglang_hicache [--pages 256] [--rounds 3] [--json FILE]
+       .venv-sglang/bin/python -m benchmarks.sglang_hicache --compare mooncake [--pages 128] [--rounds 5] [--json FILE]
 """
 
 from __future__ import annotations
@@ -37,11 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parents[1] / "integration" / "sglang"))
-
-import sglang_hicache_mooncake  # noqa: E402  (after the path insert; lives next to this file)
-import sglang_rig  # noqa: E402
+from benchmarks import sglang_hicache_mooncake
+from integration.sglang import sglang_rig
 
 BAR_GET_RATIO = 3.0
 """The issue's bar: tidekv's get throughput at least this multiple of the file backend's."""

@@ -1,4 +1,4 @@
-"""``benchmarks/sglang_hicache.py --compare mooncake``: SGLang's mooncake HiCache backend on the real
+"""``python -m benchmarks.sglang_hicache --compare mooncake``: SGLang's mooncake HiCache backend on the real
 Mooncake and on tidekv's drop-in, and tidekv's own backend, side by side: same pages, same run.
 
 Backends, each built by SGLang's ``StorageBackendFactory`` on SGLang's real ``MHATokenToKVPoolHost``
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import sglang_rig
+from integration.sglang import sglang_rig
 
 LAYOUTS = {"same": "pool in the SGLang process", "other": "pool in another process"}
 REAL_PYTHON = sglang_rig.REPO / ".venv-sglang-mooncake" / "bin" / "python"

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from tidekv import Store
-from tidekv.bench.process import free_port
+from tidekv.bench.ports import free_port
 from tidekv.values import format_size, parse_size
 
 

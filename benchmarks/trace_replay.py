@@ -33,8 +33,8 @@ coefficients, decode leg and in-flight count, sheds, probes) and its estimated T
 with the one the proxy observed (``conductor_final``; a line under the table). ``--repeats N``
 runs the columns N times in turn, to see the noise.
 
-Usage: .venv-vllm/bin/python benchmarks/trace_replay.py [--sample-conversations 8] [--speedup 30]
-           [--columns one,round_robin,prefix,store,conductor] [--repeats 1] [--json FILE]
+Usage (from the repo root): .venv-vllm/bin/python -m benchmarks.trace_replay [--sample-conversations 8]
+           [--speedup 30] [--columns one,round_robin,prefix,store,conductor] [--repeats 1] [--json FILE]
 """
 
 from __future__ import annotations
@@ -52,13 +52,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve()
-ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "integration"))
-sys.path.insert(0, str(HERE.parent))
+from benchmarks.vllm_serve import server, spawn
+from integration.harness import free_port
 
-from harness import free_port  # noqa: E402
-from vllm_serve import server, spawn  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TRACE = ROOT.parent / "shared" / "data" / "fast25" / "conversation_trace.jsonl"
 COLUMNS = ("one", "round_robin", "prefix", "store", "conductor")
@@ -293,7 +290,7 @@ def main() -> int:
         ap.error(f"unknown column(s) {sorted(set(columns) - set(COLUMNS))}; choose from {', '.join(COLUMNS)}")
     if not args.trace.exists():
         ap.error(f"the trace is not at {args.trace}; pass --trace")
-    from tiny_model import build
+    from integration.tiny_model import build
 
     rows: list[dict[str, Any]] = []
     summaries: list[dict[str, Any]] = []

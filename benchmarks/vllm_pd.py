@@ -42,7 +42,8 @@ floor request follows the same: the plain engine first computes a fresh prompt o
 length (otherwise the floor, right after the measured request, would run warm and charge the
 whole wake-up to the connector).
 
-Usage: .venv-vllm/bin/python benchmarks/vllm_pd.py [--prompts 4] [--repeat 4] [--tokens 2000] [--idle] [--json FILE]
+Usage (from the repo root): .venv-vllm/bin/python -m benchmarks.vllm_pd [--prompts 4] [--repeat 4] [--tokens 2000]
+           [--idle] [--json FILE]
 """
 
 from __future__ import annotations
@@ -58,9 +59,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parents[1] / "integration"))
 
 BLOCK_SIZE = 32
 WARM_PROMPT = [257] + [ord("w")] * 63  # the warm-up request: <s> (BOS_ID of the tiny model), then bytes
@@ -128,8 +126,8 @@ def child(spec: dict[str, Any], reply_fd: int) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    sys.path.insert(0, str(HERE.parent))
-    import vllm_pd as timed  # the module the Timed connectors live in (this file is __main__ here)
+    # The module the Timed connectors live in, as vLLM imports it (this file is __main__ here).
+    from benchmarks import vllm_pd as timed  # noqa: PLW0406
 
     llm = LLM(model=spec["model"], dtype="float32", enforce_eager=True, max_model_len=2304, max_num_seqs=4,
               block_size=BLOCK_SIZE, seed=0, kv_transfer_config=spec.get("kv"))
@@ -183,7 +181,7 @@ class Engine:
         read_fd, write_fd = os.pipe()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, str(HERE), "--child", str(spec_path), "--reply-fd", str(write_fd)],
+                [sys.executable, "-m", "benchmarks.vllm_pd", "--child", str(spec_path), "--reply-fd", str(write_fd)],
                 stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, pass_fds=(write_fd,), text=True)
         os.close(write_fd)
         self._replies = os.fdopen(read_fd)
@@ -254,7 +252,7 @@ def main() -> int:
     if args.child:
         child(json.loads(Path(args.child).read_text()), args.reply_fd)
         return 0
-    from tiny_model import BOS_ID, build
+    from integration.tiny_model import BOS_ID, build
 
     raw: dict[str, list[float]] = {k: [] for k in (
         "recompute", "local_hit", "tidekv_prefill", "tidekv_export", "tidekv_decode", "tidekv_floor",
@@ -281,7 +279,7 @@ def main() -> int:
         fillers = iter([[BOS_ID, ord("#"), i % 256] + text(1000 + i, args.tokens - 3)
                         for i in range(2 * len(prompts))])
         base = {"model": model}
-        here = {"kv_connector_module_path": "vllm_pd"}  # the Timed<Connector> wrappers
+        here = {"kv_connector_module_path": "benchmarks.vllm_pd"}  # the Timed<Connector> wrappers
         tide = {**here, "kv_connector": "TimedTidekvConnector", "kv_role": "kv_both", "kv_connector_extra_config": {}}
         store_dir = str(Path(tmp, "example"))
         os.makedirs(store_dir)

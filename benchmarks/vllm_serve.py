@@ -37,7 +37,7 @@ goes first; the overhead is the difference of the TTFT medians. ``breakdown`` do
 workload-length prompts and reports the prefill leg and the decode leg's TTFT separately, next
 to a plain server's TTFT for fresh prompts of that length (measured after each ``one`` column).
 
-Usage: .venv-vllm/bin/python benchmarks/vllm_serve.py [--requests 50] [--rate 1.5]
+Usage (from the repo root): .venv-vllm/bin/python -m benchmarks.vllm_serve [--requests 50] [--rate 1.5]
            [--columns one,one-in-process,pd-mp,pd,store,lmcache] [--json FILE]
 """
 
@@ -61,11 +61,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from integration.harness import OpenAIServer, free_port
+
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "integration"))
-
-from harness import OpenAIServer, free_port  # noqa: E402
 
 BLOCK_SIZE = 32
 LETTERS = "abcdefghijklmnopqrstuvwxyz "
@@ -249,7 +248,8 @@ def probe_proxy_alone(params: dict[str, Any], pairs: int, max_tokens: int) -> di
     """The proxy's own added latency: stub backends that answer at once, ``pairs`` requests
     through the proxy against the same two legs called directly (alternating which goes first)."""
     stub_port, proxy_port = free_port(), free_port()
-    with spawn([sys.executable, str(HERE), "--stub", str(stub_port), json.dumps(params)], "stub listening", "stub"):
+    stub_argv = [sys.executable, "-m", "benchmarks.vllm_serve", "--stub", str(stub_port), json.dumps(params)]
+    with spawn(stub_argv, "stub listening", "stub"):
         stub = f"http://127.0.0.1:{stub_port}"
         with spawn([sys.executable, "-m", "tidekv", "proxy", "--prefill", stub, "--decode", stub,
                     "--port", str(proxy_port)], "listening", "tidekv proxy"):
@@ -378,7 +378,7 @@ def main() -> int:
     unknown = set(columns) - set(COLUMNS)
     if unknown:
         ap.error(f"unknown column(s) {sorted(unknown)}; choose from {', '.join(COLUMNS)}")
-    from tiny_model import build
+    from integration.tiny_model import build
 
     results: dict[str, Any] = {"config": vars(args), "columns": {}, "probes": {}, "notes": []}
     with tempfile.TemporaryDirectory(prefix="tidekv-vllm-serve-") as tmp_name:

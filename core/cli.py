@@ -1,16 +1,18 @@
 """The ``tidekv`` command: one subcommand per job, each with its own ``--help``.
 
 Subcommands register themselves through small ``add_parser(subparsers)`` functions in the
-modules that implement them, so this file only wires them together.
+modules that implement them, so this file only wires them together. Plugins add theirs through
+the ``tidekv.commands`` entry points (``PLUGIN_COMMANDS``) and are imported only when one of
+their commands runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
-
-import logging
+from pathlib import Path
 
 from tidekv import __version__
 from tidekv.errors import TidekvError
@@ -42,7 +44,20 @@ engines (install tidekv into the engine's environment):
   `tidekv up` starts a pool and prints these flags with its address."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+PLUGIN_COMMANDS = "tidekv.commands"
+"""The entry-point group through which plugins add subcommands: ``<command> = "<module>:<function>"``
+(pyproject.toml), where ``<function>(subparsers)`` adds the command's parser as the ``add_parser``
+functions here do. ``tidekv --help`` lists such a command with the summary line of ``<module>``'s
+docstring, read without importing the plugin."""
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of the ``tidekv`` command.
+
+    Args:
+        argv: the arguments it is about to parse (default: ``sys.argv[1:]``): a plugin command
+            named there is loaded with its real parser, the others are listed only.
+    """
     parser = argparse.ArgumentParser(
         prog="tidekv",
         description="tidekv: KV-cache transfer engine and distributed KV store for disaggregated LLM serving.",
@@ -91,14 +106,56 @@ def build_parser() -> argparse.ArgumentParser:
     from tidekv.doctor import cli as doctor_cli
 
     doctor_cli.add_parser(sub)
-    from tidekv_trtllm import cli as trtllm_cli
-
-    trtllm_cli.add_parser(sub)
+    _add_plugin_commands(sub, sys.argv[1:] if argv is None else argv)
     return parser
 
 
+def _add_plugin_commands(sub: argparse._SubParsersAction, argv: Sequence[str]) -> None:  # type: ignore[type-arg]
+    """Adds every installed plugin's commands: the real parser of one named in ``argv`` (it runs,
+    or shows its ``--help``), a placeholder for the others that only lists them in ``tidekv --help``.
+
+    Raises:
+        argparse.ArgumentError: two commands have the same name.
+    """
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=PLUGIN_COMMANDS):
+        if entry.name in argv:
+            entry.load()(sub)
+        else:
+            sub.add_parser(entry.name, help=_module_summary(entry.module), add_help=False)
+
+
+def _module_summary(module: str) -> str:
+    """The summary of ``module``'s docstring (its first paragraph), read from its source file without
+    importing it or its package; lower-cased and without its final period, like the other
+    commands' help lines. "" when the source cannot be read (the command is then listed bare)."""
+    import ast
+    import importlib.util
+
+    top, *rest = module.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None:
+        return ""
+    if not rest:
+        candidates = [Path(spec.origin)] if spec.origin else []
+    elif spec.submodule_search_locations:
+        location = Path(next(iter(spec.submodule_search_locations)), *rest)
+        candidates = [location.with_name(location.name + ".py"), location / "__init__.py"]
+    else:
+        return ""
+    for path in candidates:
+        try:
+            docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        summary = " ".join((docstring or "").partition("\n\n")[0].split()).rstrip(".")
+        return summary[:1].lower() + summary[1:]
+    return ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
     try:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tidekv.bench.process import free_port
+from tidekv.bench.ports import free_port
 
 HARNESS = Path(__file__).resolve()
 LOG_TAIL_CHARS = 20_000

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tidekv.bench.report import format_size
+from tidekv.report import format_size
 
 logger = logging.getLogger(__name__)
 

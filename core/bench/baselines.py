@@ -23,9 +23,9 @@ import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from tidekv.bench.process import HelperProcess, send_ready, serve
 from tidekv.bench.timing import Budget, measure
 from tidekv.bench.workload import Workload
+from tidekv.helper_process import HelperProcess, send_ready, serve
 from tidekv.transfer.batch import TransferOp
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ One run, all on 127.0.0.1, each party its own process:
    read back (byte for byte) is ``restart_recovery_s``.
 
 ``--json FILE`` writes one summary object. Neighbours: ``churn`` (the load and its books),
-``process`` (helpers), ``store.etcd_server`` (the etcd).
+``tidekv.helper_process`` (helpers), ``etcd_server`` (the etcd).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from tidekv.bench import churn
-from tidekv.bench.process import HelperProcess, send_ready, serve
+from tidekv.bench.etcd_server import EtcdServer
 from tidekv.errors import ConfigError, TidekvError
-from tidekv.store.etcd_server import EtcdServer
+from tidekv.helper_process import HelperProcess, send_ready, serve
 
 logger = logging.getLogger(__name__)
 

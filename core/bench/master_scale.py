@@ -44,7 +44,7 @@ import tempfile
 import time
 from typing import Any
 
-from tidekv.bench.report import Column, format_table
+from tidekv.report import Column, format_table
 from tidekv.config import MasterConfig
 from tidekv.store import protocol as p
 from tidekv.store.collector import FrozenHeap

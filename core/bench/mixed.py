@@ -6,7 +6,7 @@ to the second go over tcp. Each round times the shm half alone, the tcp half alo
 one batch; the bar is the mixed batch's rate against the sum of parts (both halves' bytes over
 both halves' times added up): per-request dispatch must not cost a mixed batch more than running
 its parts one after the other. ``TIDEKV_*`` settings apply to the targets as to the initiator.
-Neighbours: ``transfer`` (one transport per row), ``process``.
+Neighbours: ``transfer`` (one transport per row), ``tidekv.helper_process``.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from tidekv.bench import report
-from tidekv.bench.process import HelperProcess, send_ready, serve
-from tidekv.bench.report import format_size, parse_size
+from tidekv import report
 from tidekv.bench.timing import Budget, measure, summarize
 from tidekv.config import TransferConfig
 from tidekv.errors import ConfigError, TidekvError
+from tidekv.helper_process import HelperProcess, send_ready, serve
+from tidekv.report import format_size, parse_size
 from tidekv.transfer.batch import TransferOp, TransferRequest
 from tidekv.transfer.engine import TransferEngine
 

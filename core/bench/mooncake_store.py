@@ -41,10 +41,11 @@ from typing import Any
 
 from tidekv.bench import mooncake_te
 from tidekv.bench.mooncake_te import INSTALL_HINT
-from tidekv.bench.process import HelperProcess, free_port, send_ready, serve
+from tidekv.bench.ports import free_port
 from tidekv.bench.store_ops import KeyMaker, Span, StoreOp, time_op
 from tidekv.bench.timing import Budget
 from tidekv.errors import ConfigError, TidekvError
+from tidekv.helper_process import HelperProcess, send_ready, serve
 
 logger = logging.getLogger(__name__)
 

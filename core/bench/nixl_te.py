@@ -22,10 +22,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from tidekv.bench.process import HelperProcess, send_ready, serve
 from tidekv.bench.timing import Budget, measure
 from tidekv.bench.workload import Workload
 from tidekv.errors import ConfigError, TidekvError
+from tidekv.helper_process import HelperProcess, send_ready, serve
 from tidekv.transfer.batch import TransferOp
 
 logger = logging.getLogger(__name__)

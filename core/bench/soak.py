@@ -22,7 +22,7 @@ later write of that key failed (that write may have removed it), and *unexplaine
 (a bug). A read that returns another version than the acknowledged one, or bytes that are no
 whole value, is stale or corrupt.
 
-Neighbours: ``churn`` (values and books), ``process`` (helper processes), ``failover``.
+Neighbours: ``churn`` (values and books), ``tidekv.helper_process``, ``failover``.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from tidekv.bench import churn
-from tidekv.bench.process import HelperProcess, send_ready, serve
 from tidekv.errors import LeaseExpiredError, ObjectNotFoundError, TidekvError
+from tidekv.helper_process import HelperProcess, send_ready, serve
 
 logger = logging.getLogger(__name__)
 

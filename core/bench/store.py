@@ -36,14 +36,14 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from tidekv.bench import report
-from tidekv.bench.process import HelperProcess, send_ready, serve
-from tidekv.bench.report import Row, format_size, parse_size
+from tidekv import report
 from tidekv.bench.store_ops import KeyMaker, OpKind, Span, StoreOp, time_op
 from tidekv.bench.store_report import evaluate_bars, plot, pyplot, table_columns, table_notes
 from tidekv.bench.timing import Budget, Summary, summarize
 from tidekv.config import MasterConfig, StoreConfig, TransferConfig, TransportKind
 from tidekv.errors import ConfigError, TidekvError
+from tidekv.helper_process import HelperProcess, send_ready, serve
+from tidekv.report import Row, format_size, parse_size
 from tidekv.store import MasterServer, Status, Store
 from tidekv.transfer.region import Region
 

@@ -2,7 +2,7 @@
 
 The rows come from ``store.run_bench`` (one per holder, transport and op; Mooncake's numbers
 and the ratio on the same row). ``STORE_BARS`` are the targets of the store issue, checked on
-same-run ratios to Mooncake and printed, never enforced. Neighbours: ``report`` (tables, JSON),
+same-run ratios to Mooncake and printed, never enforced. Neighbours: ``tidekv.report`` (tables, JSON),
 ``bars`` (the ``Bar`` type).
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tidekv.bench.bars import Bar
-from tidekv.bench.report import Column, Row, format_size
 from tidekv.errors import ConfigError
+from tidekv.report import Column, Row, format_size
 
 if TYPE_CHECKING:
     from tidekv.bench.store import StoreBenchOptions

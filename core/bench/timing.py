@@ -2,7 +2,7 @@
 
 A measurement repeats one operation (a transfer, a copy, a socket round trip) under a
 ``Budget`` and returns per-iteration latencies; ``summarize`` turns them into throughput and
-percentiles. Neighbours: ``report`` prints and plots the summaries; ``transfer``, ``baselines``
+percentiles. Neighbours: ``tidekv.report`` prints and plots the summaries; ``transfer``, ``baselines``
 and ``mooncake_te`` measure with ``measure``. Every bench in ``tidekv.bench`` shares it, so all
 rows of a run are timed the same way.
 """

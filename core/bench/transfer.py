@@ -1,13 +1,13 @@
 """``tidekv bench transfer``: the transfer engine measured against baselines of the same run.
 
-A target process (a helper, see ``process``) allocates a region on a TransferEngine and waits;
+A target process (a helper, see ``tidekv.helper_process``) allocates a region on a TransferEngine and waits;
 this process is the initiator and times READ and WRITE, single requests and batches, over tcp
 (forced), shm and, when asked, fabric. Next to each row it times the matching baseline
 (``baselines``: a plain loopback socket for tcp, memcpy for shm, tidekv's own tcp transport for
 fabric) and, with ``--compare mooncake`` / ``nixl``, the same workload
 through Mooncake (``mooncake_te``) and NIXL (``nixl_te``: UCX's tcp beside tcp rows, its default
 cross-memory attach beside same-host rows). Each row reports GB/s, p50/p99 latency and the ratio to its
-baseline; ``report`` prints the table, the JSON lines and the plot.
+baseline; ``tidekv.report`` prints the table, the JSON lines and the plot.
 
 Why same-run ratios: on a small VM, wake-up latency of an idle core (~80 us here) and memory
 bandwidth drift from run to run, so an absolute number from another run means little.
@@ -31,17 +31,17 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
-from tidekv.bench import report
+from tidekv import report
+from tidekv.bench import nixl_te
 from tidekv.bench.bars import evaluate_bars
 from tidekv.bench.baselines import MemcpyBaseline, SocketBaseline
-from tidekv.bench import nixl_te
 from tidekv.bench.mooncake_te import MooncakeDriver, check_available
-from tidekv.bench.process import HelperProcess, send_ready, serve
-from tidekv.bench.report import Column, Row, Series, format_size, parse_size
 from tidekv.bench.timing import Budget, Summary, measure, summarize
 from tidekv.bench.workload import Workload, region_bytes_for
 from tidekv.config import TransferConfig, TransportKind
 from tidekv.errors import ConfigError, TidekvError
+from tidekv.helper_process import HelperProcess, send_ready, serve
+from tidekv.report import Column, Row, Series, format_size, parse_size
 from tidekv.transfer.batch import TransferOp, TransferRequest
 from tidekv.transfer.engine import TransferEngine
 

@@ -21,8 +21,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from tidekv.bench.report import Column, format_size, format_table, parse_size, progress
 from tidekv.errors import ConfigError
+from tidekv.report import Column, format_size, format_table, parse_size, progress
 
 # (hidden, ffn, vocab): a 1B-class Llama; the small one keeps tests of the bench quick
 _MODELS = [(2048, 5632, 32000), (256, 704, 4000)]

@@ -1,7 +1,7 @@
 """The doctor's self-test: a few MiB between two processes over each available transport, byte-checked.
 
 For each transport the catalog calls available, a target engine starts in a child process
-(``tidekv.bench.process.HelperProcess``) with the transport forced, and fills its regions with a
+(``tidekv.helper_process.HelperProcess``) with the transport forced, and fills its regions with a
 random pattern. This process's engine, forced the same way, then reads that pattern (compared
 byte for byte), writes another one (the target compares its memory's sha256) and reads it back
 (compared byte for byte). The shm transport is checked twice: on memory from ``allocate()``,
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from tidekv.bench.process import HelperProcess, send_ready, serve
 from tidekv.config import TransferConfig, TransportKind
 from tidekv.errors import TidekvError
+from tidekv.helper_process import HelperProcess, send_ready, serve
 from tidekv.transfer import transports
 from tidekv.transfer.batch import TransferOp, TransferRequest
 from tidekv.transfer.engine import TransferEngine

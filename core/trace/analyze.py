@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tidekv.bench.report import Column, format_table, progress, require_matplotlib
+from tidekv.report import Column, format_table, progress, require_matplotlib
 from tidekv.trace.cache import (
     CacheKind,
     CacheResult,

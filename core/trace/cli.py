@@ -52,7 +52,7 @@ def _add_slice_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _run_analyze(args: argparse.Namespace) -> int:
-    from tidekv.bench.report import require_matplotlib
+    from tidekv.report import require_matplotlib
     from tidekv.trace.analyze import AnalyzeSettings, analyze, plot, report_text, write_json
 
     if args.plot:
@@ -73,8 +73,8 @@ def _run_analyze(args: argparse.Namespace) -> int:
 
 
 def _run_replay(args: argparse.Namespace) -> int:
-    from tidekv.bench.report import require_matplotlib
     from tidekv.proxy.routing import normalize_url
+    from tidekv.report import require_matplotlib
     from tidekv.trace import replay_report
     from tidekv.trace.prompts import PromptSettings
     from tidekv.trace.replay import ReplaySettings, require_aiohttp, run

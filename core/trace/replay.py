@@ -144,7 +144,7 @@ async def replay(requests: Sequence[TraceRequest], settings: ReplaySettings, *, 
     require_aiohttp()
     import aiohttp
 
-    from tidekv.bench.report import progress
+    from tidekv.report import progress
 
     synth = PromptSynthesizer(settings.prompts)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.timeout_s, sock_read=settings.timeout_s)

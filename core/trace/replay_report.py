@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tidekv.bench.report import Column, format_table, require_matplotlib
+from tidekv.report import Column, format_table, require_matplotlib
 from tidekv.trace.replay import ReplayRun, RequestResult
 
 logger = logging.getLogger(__name__)

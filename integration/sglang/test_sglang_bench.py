@@ -1,4 +1,4 @@
-"""``benchmarks/sglang_hicache.py`` runs end to end on a small workload: every backend measured,
+"""``python -m benchmarks.sglang_hicache`` runs end to end on a small workload: every backend measured,
 every call succeeded and every page read back equals its source (no timing is asserted). The
 ``--compare mooncake`` run needs ``.venv-sglang-mooncake`` (Mooncake's wheel, made by
 ``integration/setup_sglang.sh``) and root for the network namespace; without them it skips saying so."""
@@ -18,10 +18,10 @@ import sglang_rig
 
 def test_hicache_bench_runs_small_and_checks_bytes(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, str(sglang_rig.REPO / "benchmarks" / "sglang_hicache.py"), "--pages", "12", "--batch", "5",
+    cmd = [sys.executable, "-m", "benchmarks.sglang_hicache", "--pages", "12", "--batch", "5",
            "--rounds", "2", "--layers", "4", "--heads", "2", "--head-dim", "64", "--file-dir", str(tmp_path),
            "--json", str(out)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=sglang_rig.REPO)
     assert run.returncode == 0, run.stdout + run.stderr[-4000:]
     results = json.loads(out.read_text())
     assert set(results["backends"]) == {"tidekv", "file", "file_cold"}
@@ -55,10 +55,10 @@ def test_mooncake_side_by_side_runs_small_and_checks_bytes(tmp_path: Path) -> No
         pytest.skip(missing)
     out = tmp_path / "bench.json"
     pages, warmup, rounds = 6, 1, 2
-    cmd = [sys.executable, str(sglang_rig.REPO / "benchmarks" / "sglang_hicache.py"), "--compare", "mooncake",
+    cmd = [sys.executable, "-m", "benchmarks.sglang_hicache", "--compare", "mooncake",
            "--pages", str(pages), "--batch", "4", "--rounds", str(rounds), "--warmup", str(warmup), "--layers", "4",
            "--heads", "2", "--head-dim", "64", "--json", str(out)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=sglang_rig.REPO)
     assert run.returncode == 0, run.stdout + run.stderr[-4000:]
     results = json.loads(out.read_text())
     assert results["page_bytes"] == 2 * 4 * 2 * 64 * 16 * 2

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import sglang_rig
-from tidekv.bench.process import free_port
+from tidekv.bench.ports import free_port
 
 SHIM = sglang_rig.REPO / "plugins" / "mooncake"
 

@@ -1,8 +1,11 @@
-"""The ``tidekv trtllm-lib`` subcommand: prints the directory of ``libtransfer_engine.so``.
+"""Print the directory of libtransfer_engine.so (TensorRT-LLM's MOONCAKE backend) for LD_LIBRARY_PATH.
 
-Used as ``LD_LIBRARY_PATH=$(tidekv trtllm-lib):$LD_LIBRARY_PATH trtllm-serve ...`` so that
-TensorRT-LLM's MOONCAKE cache transceiver loads tidekv's library. Neighbours: ``tidekv.cli``
-(which registers this), ``tidekv_trtllm.library_dir``.
+The ``tidekv trtllm-lib`` subcommand, used as ``LD_LIBRARY_PATH=$(tidekv trtllm-lib):$LD_LIBRARY_PATH
+trtllm-serve ...`` so that TensorRT-LLM's MOONCAKE cache transceiver loads tidekv's library. The
+``tidekv`` command finds ``add_parser`` through the ``tidekv.commands`` entry point
+(pyproject.toml) and lists the command with the line above, read without importing this module,
+until the command runs. Neighbours: ``tidekv.cli`` (``PLUGIN_COMMANDS``),
+``tidekv_trtllm.library_dir``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.childproc import REPO_ROOT
-from tidekv.store.etcd_server import MISSING, etcd_binary
+from tidekv.bench.etcd_server import MISSING, etcd_binary
 
 FIELDS = ("kills", "acknowledged", "lost", "stale_reads", "failover_p50_s", "failover_max_s", "put_p50_ratio",
           "get_p50_ratio", "restart_recovery_s")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tidekv.bench import report
+from tidekv import report
 from tidekv.bench.bars import Bar, evaluate_bars
 from tidekv.bench.timing import Budget, measure, summarize
 from tidekv.bench.transfer import plot

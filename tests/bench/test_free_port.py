@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tidekv.bench import process
-from tidekv.bench.process import free_port
+from tidekv.bench import ports
+from tidekv.bench.ports import free_port
 
 
 def _listen(port: int) -> None:
@@ -20,15 +20,15 @@ def _listen(port: int) -> None:
 
 def test_a_free_port_lies_below_the_ephemeral_range_and_can_be_bound() -> None:
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    ports = [free_port() for _ in range(20)]
-    assert all(1024 <= p < low for p in ports), (low, ports)
-    assert len(set(ports)) > 1, "picked at random"
-    for port in ports:
+    picked = [free_port() for _ in range(20)]
+    assert all(1024 <= p < low for p in picked), (low, picked)
+    assert len(set(picked)) > 1, "picked at random"
+    for port in picked:
         _listen(port)
 
 
 def test_without_the_range_the_kernel_picks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(process, "_EPHEMERAL_RANGE", tmp_path / "missing")
+    monkeypatch.setattr(ports, "_EPHEMERAL_RANGE", tmp_path / "missing")
     port = free_port()
     _listen(port)
 
@@ -38,13 +38,13 @@ def test_a_taken_port_is_not_given(monkeypatch: pytest.MonkeyPatch) -> None:
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]
-        picks = iter([taken] * process._FREE_PORT_TRIES)
+        picks = iter([taken] * ports._FREE_PORT_TRIES)
 
         class Rng:
             def randrange(self, start: int, stop: int) -> int:
                 return next(picks)
 
-        monkeypatch.setattr(process.random, "SystemRandom", Rng)
+        monkeypatch.setattr(ports.random, "SystemRandom", Rng)
         port = free_port()
         assert port != taken
         _listen(port)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.childproc import REPO_ROOT
-from tidekv.store.etcd_server import MISSING, etcd_binary
+from tidekv.bench.etcd_server import MISSING, etcd_binary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(200)]
 

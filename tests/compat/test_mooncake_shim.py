@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tidekv.bench.process import free_port
+from tidekv.bench.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM = REPO / "plugins" / "mooncake"

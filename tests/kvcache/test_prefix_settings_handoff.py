@@ -323,7 +323,7 @@ def test_the_engine_address_follows_the_master_unless_set() -> None:
 
 
 def test_the_hold_table_listens_on_a_set_port_and_on_ipv6() -> None:
-    from tidekv.bench.process import free_port
+    from tidekv.bench.ports import free_port
 
     port = free_port()
     table = HoldTable("127.0.0.1", hold_timeout_s=60.0, port=port)

@@ -11,7 +11,7 @@ import pytest
 
 from tests.store.conftest import spawn_master  # noqa: F401 (fixture)
 from tests.store.conftest import SpawnMaster
-from tidekv.bench.process import free_port
+from tidekv.bench.ports import free_port
 from tidekv.config import StoreConfig
 from tidekv.errors import ConfigError, MasterUnavailableError, ObjectNotFoundError
 from tidekv.channel import Backoff

@@ -15,7 +15,7 @@ import pytest
 
 from tests.multihost.rig import Rig
 from tidekv.errors import ConfigError
-from tidekv.store.etcd_server import MISSING, EtcdHost, EtcdServer, etcd_binary
+from tidekv.bench.etcd_server import MISSING, EtcdHost, EtcdServer, etcd_binary
 
 pytestmark = pytest.mark.skipif(etcd_binary() is None, reason=MISSING)
 

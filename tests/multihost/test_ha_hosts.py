@@ -44,7 +44,7 @@ from tests.store.cluster_rig import CLIENT, MASTER
 from tests.store.payload import digest, payload
 from tests.store.procs import AgentProcess, wait_until
 from tests.store.tls_certs import Certs, issue_client_cert, make_certs
-from tidekv.store.etcd_server import MISSING, EtcdHost, EtcdServer, EtcdServerAuth, EtcdServerTls, etcd_binary
+from tidekv.bench.etcd_server import MISSING, EtcdHost, EtcdServer, EtcdServerAuth, EtcdServerTls, etcd_binary
 
 pytestmark = pytest.mark.skipif(etcd_binary() is None, reason=MISSING)
 

@@ -1,6 +1,6 @@
 """Test rig for clusters of masters: relays that cut links, and the masters' health and roles.
 
-The etcd itself is ``tidekv.store.etcd_server.EtcdServer`` (the ``etcd`` fixtures). ``TcpRelay``
+The etcd itself is ``tidekv.bench.etcd_server.EtcdServer`` (the ``etcd`` fixtures). ``TcpRelay``
 forwards one port to another so a test can cut the link (``cut()``: connections are dropped and
 new ones black-holed, as a pulled cable looks) and heal it; ``EtcdView`` shows one client the
 masters' addresses as relays of its own, to cut that client alone off from the leader. ``health(master)`` reads a master's

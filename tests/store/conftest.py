@@ -21,7 +21,7 @@ from tests.store.cluster_rig import TcpRelay
 from tests.store.procs import AgentProcess, ChildProcess, MasterProcess
 from tidekv.config import StoreConfig
 from tidekv.store import Store
-from tidekv.store.etcd_server import MISSING, EtcdServer, etcd_binary
+from tidekv.bench.etcd_server import MISSING, EtcdServer, etcd_binary
 
 _CHILDREN = pytest.StashKey[list[ChildProcess]]()
 _ETCDS = pytest.StashKey[list[EtcdServer]]()

@@ -22,7 +22,7 @@ from tests.store.cluster_rig import CLIENT, HOLDER_BYTES, MASTER, TcpRelay, chur
 from tests.store.conftest import SpawnAgent, SpawnMaster
 from tests.store.procs import wait_until
 from tidekv.store.etcd import EtcdClient, EtcdUnavailableError
-from tidekv.store.etcd_server import EtcdServer
+from tidekv.bench.etcd_server import EtcdServer
 
 FAILURES = ["sigkill", "cut"]
 

@@ -43,7 +43,7 @@ from tidekv.store.etcd import (
     EtcdUnavailableError,
     KeyValue,
 )
-from tidekv.store.etcd_server import MISSING, EtcdServer, EtcdServerAuth, EtcdServerTls, etcd_binary
+from tidekv.bench.etcd_server import MISSING, EtcdServer, EtcdServerAuth, EtcdServerTls, etcd_binary
 
 pytestmark = pytest.mark.skipif(etcd_binary() is None, reason=MISSING)
 

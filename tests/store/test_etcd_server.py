@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tidekv.bench.process import free_port
+from tidekv.bench.ports import free_port
 from tidekv.errors import TidekvError
-from tidekv.store import etcd_server
-from tidekv.store.etcd_server import MISSING, EtcdServer, etcd_binary
+from tidekv.bench import etcd_server
+from tidekv.bench.etcd_server import MISSING, EtcdServer, etcd_binary
 
 pytestmark = pytest.mark.skipif(etcd_binary() is None, reason=MISSING)
 

@@ -36,7 +36,7 @@ from tests.store.conftest import Connect, SpawnAgent, SpawnMaster
 from tests.store.procs import MasterProcess, wait_until
 from tidekv.errors import MasterNotReadyError, MasterUnavailableError
 from tidekv.store import protocol as p
-from tidekv.store.etcd_server import EtcdServer
+from tidekv.bench.etcd_server import EtcdServer
 from tidekv.store.master_client import MasterClient
 
 MIB = 1 << 20

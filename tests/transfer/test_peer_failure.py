@@ -26,7 +26,7 @@ from tidekv import (
     TransferState,
     TransferTimeoutError,
 )
-from tidekv.bench.process import free_port
+from tidekv.bench.ports import free_port
 
 pytestmark = pytest.mark.timeout(90)
 

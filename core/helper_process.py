@@ -1,11 +1,12 @@
-"""Helper processes of a benchmark: the peers a bench measures against, each a separate process.
+"""Helper processes: peers that a bench or the doctor's self-test drives, each a separate process.
 
 A helper is a top-level function ``main(conn, *args)`` started with multiprocessing's *spawn*
-method (a fresh interpreter, no state inherited from the bench). It answers over a pipe: first
+method (a fresh interpreter, no state inherited from its driver). It answers over a pipe: first
 ``send_ready(conn, info)``, then ``serve(conn, handler)`` answers calls until told to stop. Its
 stdout and stderr go to a log file, which error messages quote (native libraries such as
-Mooncake's log to stderr and would otherwise tear the progress bar). Neighbours: the targets in
-``transfer``, ``baselines`` and ``mooncake_te`` are helpers.
+Mooncake's log to stderr and would otherwise tear a progress bar). Neighbours: the self-test's
+target in ``tidekv.doctor.selftest``; the benches' targets (``transfer``, ``baselines``,
+``mooncake_te``, ...).
 
 Ownership: ``HelperProcess`` owns its process; ``stop()`` (or leaving the ``with`` block) ends it.
 As with any spawn start, a script that starts helpers needs the ``if __name__ == "__main__":``
@@ -18,9 +19,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
-import random
 import signal
-import socket
 import sys
 import time
 import traceback
@@ -37,38 +36,6 @@ _POLL_S = 0.2
 _LOG_TAIL_BYTES = 4000
 
 
-_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-_FREE_PORT_TRIES = 32
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now, for a server started on ``host`` a moment later
-    (a bench's peer, a test's etcd or master).
-
-    Picked at random below the kernel's ephemeral range (``ip_local_port_range``) when it can be:
-    the port of every outgoing connection comes from that range, so none can take this one in
-    the moment before the server binds it (a port the kernel picked was once taken so before
-    etcd bound it, in CI). Else (no room below the range, or every try taken) any port the
-    kernel picks.
-    """
-    try:
-        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 0
-    rng = random.SystemRandom()
-    for _ in range(_FREE_PORT_TRIES if low > 2048 else 0):
-        port = rng.randrange(max(1024, low // 2), low)
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def _entry(main: Callable[..., None], log_path: str, conn: Connection, args: tuple[Any, ...]) -> None:
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
@@ -82,20 +49,20 @@ def _entry(main: Callable[..., None], log_path: str, conn: Connection, args: tup
     except BaseException:
         text = traceback.format_exc()
         sys.stderr.write(text)
-        with contextlib.suppress(OSError, EOFError):  # the bench may be gone already
+        with contextlib.suppress(OSError, EOFError):  # the driver may be gone already
             conn.send(("error", text))
         raise
 
 
 def send_ready(conn: Connection, info: Any) -> None:
-    """Called by a helper once it is ready: ``info`` is what the bench receives as ``hello``."""
+    """Called by a helper once it is ready: ``info`` is what the driver receives as ``hello``."""
     conn.send(("ready", info))
 
 
 def serve(conn: Connection, handler: Callable[[Any], Any] | None = None) -> None:
-    """Answers calls with ``handler(message)`` until the bench says stop or goes away.
+    """Answers calls with ``handler(message)`` until the driver says stop or goes away.
 
-    A handler's exception is sent back as an error (the bench raises it) and serving goes on.
+    A handler's exception is sent back as an error (the driver raises it) and serving goes on.
     """
     while True:
         try:
@@ -114,7 +81,7 @@ def serve(conn: Connection, handler: Callable[[Any], Any] | None = None) -> None
 
 
 class HelperProcess:
-    """A running helper process and the bench's end of its pipe.
+    """A running helper process and its driver's end of the pipe.
 
     Args:
         name: short name for logs and errors (also the log file's stem).
@@ -134,7 +101,7 @@ class HelperProcess:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._process = ctx.Process(target=_entry, args=(main, str(self.log_path), child, args),
-                                    name=f"tidekv-bench-{name}", daemon=True)
+                                    name=f"tidekv-helper-{name}", daemon=True)
         self._process.start()
         child.close()
         try:
@@ -142,7 +109,7 @@ class HelperProcess:
         except BaseException:
             self.stop()
             raise
-        logger.info("bench helper %s started (pid %s)", name, self._process.pid)
+        logger.info("helper %s started (pid %s)", name, self._process.pid)
 
     @property
     def pid(self) -> int | None:
@@ -192,7 +159,7 @@ class HelperProcess:
                 self._conn.send(None)
             self._process.join(timeout_s)
         if self._process.is_alive():
-            logger.warning("bench helper %s (pid %s) did not exit; terminating it", self.name, self._process.pid)
+            logger.warning("helper %s (pid %s) did not exit; terminating it", self.name, self._process.pid)
             self._process.terminate()
             self._process.join(timeout_s)
         with contextlib.suppress(OSError):
@@ -231,6 +198,6 @@ class HelperProcess:
 
     def _failure(self, what: str) -> TidekvError:
         return TidekvError(
-            f"bench helper {self.name} (pid {self._process.pid}) {what}\n"
+            f"helper {self.name} (pid {self._process.pid}) {what}\n"
             f"--- last lines of {self.log_path} ---\n{self.log_tail()}"
         )

@@ -9,8 +9,8 @@ health, who leads, the auth set-up) runs there too, as a short child process thr
 this process may have no route to the hosts. Short raft timings (heartbeat 50 ms, election
 500 ms) keep the loss of a member's leadership brief. A member can be SIGKILLed and started again on the same ports and
 data (it rejoins the cluster). This is not how etcd is run in production: that is the
-operator's own etcd, reached with ``--etcd``. Neighbours: ``etcd`` (the client), the
-``tidekv bench failover`` run and the store's failover tests, which both use this.
+operator's own etcd, reached with ``--etcd``. Neighbours: ``tidekv.store.etcd`` (the client),
+the ``tidekv bench failover`` run and the store's failover tests, which both use this.
 
 Secured, as an operator's etcd may be: ``EtcdServerTls`` serves the client URLs over https
 (and with a client certificate given, requires one: ``--client-cert-auth``); ``EtcdServerAuth``
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tidekv.bench.process import free_port
+from tidekv.bench.ports import free_port
 from tidekv.config import EtcdSecurity
 from tidekv.errors import ConfigError, TidekvError
 

@@ -1,9 +1,10 @@
-"""Reporting of benchmark results: text tables, a progress bar, JSON lines and plots.
+"""Reporting of results: text tables, a progress bar, JSON lines and plots.
 
 A result is a list of rows; a row is a plain ``dict`` of JSON-able values. The caller picks
 what to show with ``Column``s (tables) and ``Series`` (plots), so every bench (``bench
-transfer``, ``bench store``) reports the same way without this module knowing its rows.
-Neighbours: ``timing`` produces the numbers; each bench module builds the rows.
+transfer``, ``bench store``) and the trace tools (``trace analyze``, ``trace replay``) report
+the same way without this module knowing their rows. Neighbours: the benches' ``timing``
+produces their numbers; each bench module and ``tidekv.trace.replay_report`` build rows.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from tidekv.config import format_size as format_size  # re-exported: the benches' tables use it
+from tidekv.config import format_size as format_size  # re-exported: the tables' size columns use it
 from tidekv.config import parse_size as config_parse_size
 from tidekv.errors import ConfigError
 from tqdm import tqdm
