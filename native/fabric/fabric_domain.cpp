@@ -299,7 +299,7 @@ void Domain::remove_peer(fi_addr_t addr) {
 }
 
 void Domain::post(bool is_read, Op* op, uint64_t local, uint64_t length, void* desc, fi_addr_t peer, uint64_t remote,
-                  uint64_t key) {
+                  uint64_t key, const std::function<void()>& check_peer) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(io_timeout_ms_);
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
@@ -336,7 +336,10 @@ void Domain::post(bool is_read, Op* op, uint64_t local, uint64_t length, void* d
                                                       "network the peer is on)"
                                                     : ""));
     // The queue is full, or the provider is still connecting to the peer: progress it from here.
+    // A peer that is gone leaves the provider connecting for ever (rxm 1.17 retries on each post
+    // and reports no error): the caller's check ends the wait then (it throws).
     lock.unlock();
+    if (check_peer) check_peer();
     if (progress() == 0) {
       if (std::chrono::steady_clock::now() > deadline)
         TIDEKV_THROW(kTimeout, "fabric: the provider took no new operation for io_timeout_ms");

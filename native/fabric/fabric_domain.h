@@ -18,6 +18,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -92,9 +93,13 @@ class Domain {
   void remove_peer(fi_addr_t addr);
 
   // Posts a read (into local) or write (from local); the op finishes through the progress thread.
-  // Throws kTransfer when the provider refuses it outright; waits for room while the queue is full.
+  // Throws kTransfer when the provider refuses it outright; waits for room while the queue is full
+  // (or the provider is connecting to the peer), up to io_timeout_ms. While it waits it calls
+  // `check_peer` (when given), which throws to give up: libfabric 1.17's rxm answers every post to
+  // a peer whose process is gone with -FI_EAGAIN (each post dials it again, the refusal stays
+  // inside the provider), so only the caller can tell that waiting is pointless.
   void post(bool is_read, Op* op, uint64_t local, uint64_t length, void* desc, fi_addr_t peer, uint64_t remote,
-            uint64_t key);
+            uint64_t key, const std::function<void()>& check_peer = {});
   // Operations that have not finished in io_timeout_ms are failed with FI_ETIMEDOUT (their
   // provider contexts stay allocated until a completion or close()).
   int io_timeout_ms() const { return io_timeout_ms_; }

@@ -193,6 +193,18 @@ void FabricLink::open_control() {
   });
 }
 
+void FabricLink::check_peer() {
+  if (!control_lost_.load(std::memory_order_acquire)) return;
+  try {
+    open_control();  // a live peer answers (a restarted one is reported by the handshake)
+  } catch (const Error& e) {
+    throw Error(e.kind(),
+                std::string("the peer's fabric control connection closed and it takes no new one (") + e.what() +
+                    "): it is gone, so the provider's connection to it will not come back",
+                e.file(), e.line());
+  }
+}
+
 void FabricLink::send(const Msg& m) {
   std::lock_guard<std::mutex> lock(control_mu_);
   TIDEKV_CHECK(control_fd_ >= 0, kPeerUnavailable, "no fabric control connection to peer " + peer_.name);
@@ -261,6 +273,7 @@ void FabricLink::run(const std::shared_ptr<Group>& g) {
     addr = addr_;
   }
   const uint64_t slice = std::min<uint64_t>(std::max<uint64_t>(kMinSlice, ctx_.options.slice_bytes), domain_.max_message());
+  const std::function<void()> check = [this] { check_peer(); };
   for (uint32_t r : g->requests) {
     const Request& q = g->batch->requests()[r];
     Group::State& s = g->state[r];
@@ -319,7 +332,7 @@ void FabricLink::run(const std::shared_ptr<Group>& g) {
       uint64_t len = std::min(slice, q.length - off);
       try {
         domain_.post(q.op == wire::Op::kRead, op, q.local_addr + off, len, local.desc, addr,
-                     domain_.remote_address(q.remote_addr + off, remote->base), remote->key);
+                     domain_.remote_address(q.remote_addr + off, remote->base), remote->key, check);
       } catch (const Error& e) {
         delete op;
         fail(e.kind(), "peer " + peer_.name + ": " + e.what() + " during " + range_text(q.op, q.remote_addr, q.length));
@@ -436,7 +449,8 @@ void FabricLink::post_flush(const std::shared_ptr<Group>& g) {
   };
   try {
     domain_.post(true, op, scratch_.base, 1, scratch_.desc, addr,
-                 domain_.remote_address(last.remote_addr + last.length - 1, remote->base), remote->key);
+                 domain_.remote_address(last.remote_addr + last.length - 1, remote->base), remote->key,
+                 [this] { check_peer(); });
   } catch (const Error& e) {
     delete op;
     {

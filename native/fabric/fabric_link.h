@@ -59,6 +59,10 @@ class FabricLink final : public PeerLink, public std::enable_shared_from_this<Fa
   // The peer's region covering [addr, +length): from the cache, else asked for. Null with
   // *status (wire::Status) when the peer has none; throws when the peer cannot be asked.
   std::shared_ptr<Remote> resolve(uint64_t addr, uint64_t length, uint32_t* status);
+  // Throws once the peer is known to be gone: its control connection ended and a new one cannot
+  // be opened (a dead process: refused). Cheap while the control connection lives. Given to every
+  // post, whose wait for the provider would otherwise last io_timeout_ms (Domain::post).
+  void check_peer();
   void send(const Msg& m);
   void request_done(const std::shared_ptr<Group>& g, uint32_t request);
   void post_flush(const std::shared_ptr<Group>& g);
