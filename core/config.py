@@ -810,8 +810,6 @@ def add_flags(parser: Any, cls: type, *, skip: tuple[str, ...] = (), only: tuple
     secret, not a composed component, not in ``skip``; only ``only`` when given), with the
     field's docstring, default, range and variable as help; dest ``<prefix><field>`` (dashes
     as underscores); default None (unset: the environment's or the class's value stands)."""
-    import argparse
-
     docs, defaults = field_docs(cls), cls()
     for f in dataclasses.fields(cls):
         value = getattr(defaults, f.name)
@@ -819,7 +817,7 @@ def add_flags(parser: Any, cls: type, *, skip: tuple[str, ...] = (), only: tuple
             continue
         kind = str(f.type)
         if f.name.endswith("_bytes") and kind == "int":
-            parse: Any = _flag_size(f"--{prefix}{f.name}".replace("_", "-"))
+            parse: Any = size_flag(f"--{prefix}{f.name}".replace("_", "-"))
         else:
             parse = {"int": int, "float": float}.get(kind, str)
         text = re.sub(r"``(\w+)``", lambda m: f"--{prefix}{m.group(1)}".replace("_", "-")
@@ -835,10 +833,11 @@ def add_flags(parser: Any, cls: type, *, skip: tuple[str, ...] = (), only: tuple
                             type=parse, default=None, choices=setting_of(f).choices,
                             metavar=None if setting_of(f).choices else ("SIZE" if parse not in (int, float, str) else metavar),
                             help=f"{text.rstrip('.')} ({'; '.join(notes)})".replace("%", "%%"))
-    _ = argparse  # (imported for callers' parsers only; kept lazy)
 
 
-def _flag_size(flag: str) -> Any:
+def size_flag(flag: str) -> Any:
+    """An argparse ``type`` reading ``flag``'s value through the one size parser (1024, 64KiB, 4GiB)."""
+
     def parse(text: str) -> int:
         import argparse
 

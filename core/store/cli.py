@@ -28,8 +28,8 @@ from tidekv.config import (
     TransferConfig,
     add_flags,
     parse_etcd_endpoints,
-    parse_size,
     secret_from_env,
+    size_flag,
 )
 from tidekv.errors import ConfigError
 from tidekv.hostaddr import advertised_host, is_loopback
@@ -58,12 +58,7 @@ def _engine_help(master: str) -> str:
     return "\n".join(lines)
 
 
-def _size(text: str) -> int:
-    """--segment-size through tidekv's one size parser (1024, 64KiB, 16MiB, 4GiB; 1GB = 1GiB)."""
-    try:
-        return parse_size(text, "--segment-size")
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+_size = size_flag("--segment-size")
 
 
 def _add_master_flags(parser: argparse.ArgumentParser) -> None:
