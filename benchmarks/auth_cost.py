@@ -29,14 +29,14 @@ import time
 from tidekv.bench.ports import free_port
 from tidekv.bench.timing import percentile
 from tidekv.config import StoreConfig, TlsConfig, TransferConfig
-from tidekv.store.client import Store
+from tidekv.store.client.store import Store
 
 SECRET = "bench-secret"
 SIZE = 4096
 HOLDER = """
 import sys, time
 from tidekv.config import StoreConfig, TlsConfig, TransferConfig
-from tidekv.store.client import Store
+from tidekv.store.client.store import Store
 st = Store.connect(sys.argv[1], 256 << 20, config=StoreConfig(staging_size_bytes=1 << 20),
                    transfer_config=TransferConfig(secret=sys.argv[2] or None),
                    tls=TlsConfig(True, sys.argv[3]) if sys.argv[3] else TlsConfig())

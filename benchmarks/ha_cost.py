@@ -48,7 +48,7 @@ SYSTEMS = ("single", "ha", "ha-nowait", "ha-nowait-noapply")
 
 def _nowait_master_main(conn: Connection, config: dict[str, Any]) -> None:
     """A cluster master whose replies do not wait for the standbys (measurement only)."""
-    from tidekv.store.connection import MasterConnection
+    from tidekv.store.master.connection import MasterConnection
 
     send = MasterConnection._send_when_committed
     MasterConnection._send_when_committed = lambda self, replies, _committed: send(self, replies, 1 << 62)
@@ -58,7 +58,7 @@ def _nowait_master_main(conn: Connection, config: dict[str, Any]) -> None:
 def _noapply_master_main(conn: Connection, config: dict[str, Any]) -> None:
     """As ``_nowait_master_main``, and a standby acks each batch but applies none once it holds an
     object (measurement only: what delivering the changes alone costs)."""
-    from tidekv.store.journal import Mirror
+    from tidekv.store.master.journal import Mirror
 
     apply = Mirror.apply
     Mirror.apply = lambda self, ops, now: None if self.objects else apply(self, ops, now)

@@ -18,12 +18,12 @@ The exchange, for a secret ``S`` and a channel label ``L`` ("master", "weights",
 3. client → ``Proof(HMAC(S, "tidekv/L/client" || Ns || Nc))``: one proof, then the connection
    is the client's (every channel is a TCP or TLS stream: ``tidekv.channel``).
 
-A client may name a *tenant* in its Greeting (the store master's ``store.tenants``): the server
+A client may name a *tenant* in its Greeting (the store master's ``store.master.tenants``): the server
 then uses that tenant's secret for ``S`` and ``L/tenant`` for the label, so a proof names the
 tenant it was made for.
 
 The handshake classes do no I/O: ``tidekv.channel`` (and the master's own connection,
-``store.connection``) send and receive the bytes. Neighbours: ``config`` (where the secret is
+``store.master.connection``) send and receive the bytes. Neighbours: ``config`` (where the secret is
 read: ``TIDEKV_SECRET`` or ``TIDEKV_SECRET_FILE``).
 """
 
@@ -46,7 +46,7 @@ MAC_BYTES = 32
 class Greeting(msgspec.Struct, tag="auth_greeting", array_like=True):
     version: int
     nonce: bytes
-    tenant: str = ""  #: the tenant the client acts as (the master's ``store.tenants``); "" = none
+    tenant: str = ""  #: the tenant the client acts as (the master's ``store.master.tenants``); "" = none
 
 
 class Challenge(msgspec.Struct, tag="auth_challenge", array_like=True):

@@ -14,8 +14,8 @@ What each channel adds is a ``Spec``: its magic, auth label, protocol version, r
 result types and how a refusal becomes an exception. ``Client`` (blocking, one call at a time,
 reconnecting on the next call after a failure) and ``Server`` (a thread running an asyncio loop)
 do the rest; ``Backoff`` is the one retry policy. The master keeps its own asyncio protocol for
-speed (``store.connection``) but speaks exactly this. Neighbours: ``auth`` (the handshake),
-``store.protocol``, ``weights.protocol``, ``kvcache.handoff`` (the three specs).
+speed (``store.master.connection``) but speaks exactly this. Neighbours: ``auth`` (the handshake),
+``store.wire.protocol``, ``weights.protocol``, ``kvcache.handoff`` (the three specs).
 """
 
 from __future__ import annotations

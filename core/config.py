@@ -293,7 +293,7 @@ _ETCD_PASSWORD_FIELDS = frozenset({"password", "password_file"})
 class EtcdSecurity:
     """How tidekv reaches a secured etcd: TLS (a CA, a client certificate) and an etcd user.
 
-    One set of settings for both sides of ``tidekv.store.etcd``: the masters of a cluster
+    One set of settings for both sides of ``tidekv.store.ha.etcd``: the masters of a cluster
     (``tidekv master --etcd-ca-file ...``, or ``TIDEKV_ETCD_<FIELD>``) and the store clients that
     find the leader through ``etcd://H:P/NAME`` (``TIDEKV_ETCD_<FIELD>``: their address has room
     for nothing else). Defaults: plain http, no user.
@@ -463,13 +463,13 @@ class MasterConfig:
     max_spare_bytes: int = setting(256 << 10, 0, 1 << 30)
     """A client putting one object of at most this size gets a spare: a slot of the same size
     reserved for its next put, which then takes one round trip to the master instead of two
-    (``store.objects``). Each client holds at most one; reclaimed after ``put_timeout_s`` unused.
+    (``store.master.objects``). Each client holds at most one; reclaimed after ``put_timeout_s`` unused.
     0 = no spares."""
     max_connections: int = setting(4096, 1, 1 << 20)
     """Client connections open at once; more are closed as they come, with a logged reason."""
     verify_mounts: str = setting("auto", choices=("auto", "on", "off"))
     """Whether a mount must prove its memory is the mounting process's own: the master asks the
-    named engine to vouch for the client's proof (``tidekv.store.mount_proof``) and refuses the
+    named engine to vouch for the client's proof (``tidekv.store.wire.mount_proof``) and refuses the
     mount otherwise. "on", "off", or "auto" (default): on when the master has a secret (without
     one anyone may do anything, and engines may be out of the master's reach)."""
     tick_s: float = setting(0.1, 0.001, 10)
@@ -507,7 +507,7 @@ class MasterConfig:
     """PEM CAs that sign the clients' (and standbys') certificates: when set, every peer must
     present one (mutual TLS). A standby also checks its leader against them."""
     tenants_file: str | None = None
-    """TOML file naming the master's tenants (``tidekv.store.tenants``): each in a namespace of
+    """TOML file naming the master's tenants (``tidekv.store.master.tenants``): each in a namespace of
     its own, with its own secret and a quota if the file gives them. None = no tenants (every
     client shares one namespace)."""
     secret: str | None = setting(None, repr=False)
@@ -752,7 +752,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "TIDEKV_SECRET_FILE": "a file holding it (instead of TIDEKV_SECRET)",
     "TIDEKV_HOST": "this host's address for every listener that is not given one (``tidekv.hostaddr``)",
     "TIDEKV_MASTER": "the store master engines' plugins use when their config names none (HOST:PORT or etcd://)",
-    "TIDEKV_TENANT": "the tenant a store client acts as (``tidekv.store.tenants``)",
+    "TIDEKV_TENANT": "the tenant a store client acts as (``tidekv.store.master.tenants``)",
     "TIDEKV_CONNECTOR_CONFIG": "the vLLM connector's settings as a JSON object (``kvcache.settings``)",
     "TIDEKV_LOG_LEVEL": "DEBUG, INFO, WARNING or ERROR for tidekv's loggers and the native engine's",
     "TIDEKV_TRANSPORT": "the C ABI's (TensorRT-LLM) forced transport; Python reads it as TransferConfig.transport",

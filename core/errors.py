@@ -154,7 +154,7 @@ class MasterUnavailableError(StoreError):
     Attributes:
         is_request_sent: False when the request certainly never reached a master (it was not
             applied); True when it may have been (a put_start then is not retried: see
-            ``tidekv.store.master_client``).
+            ``tidekv.store.client.master_client``).
     """
 
     def __init__(self, message: str, *, key: bytes | str | None = None, is_request_sent: bool = True) -> None:

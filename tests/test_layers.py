@@ -37,3 +37,21 @@ def test_the_library_imports_neither_the_tool_layer_nor_the_plugins() -> None:
 
 def test_the_command_imports_no_plugin() -> None:
     assert sorted(n for n in _imports(CORE / "cli.py") if _within(n, PLUGINS)) == []
+
+
+STORE = CORE / "store"
+STORE_SIDES = {
+    "wire": ("tidekv.store.client", "tidekv.store.master", "tidekv.store.ha"),
+    "client": ("tidekv.store.master",),
+    "master": ("tidekv.store.client",),
+}
+"""What each side of the store may not import: the messages belong to neither side, and a client
+and the master share only them (a client finds the leader through ``ha.etcd``; the master's
+``ha`` part may name the client's leader key)."""
+
+
+def test_each_side_of_the_store_imports_only_the_wire_and_its_own() -> None:
+    offenders = {f"{side}/{p.name}": sorted(n for n in _imports(p) if _within(n, forbidden))
+                 for side, forbidden in STORE_SIDES.items() for p in sorted((STORE / side).glob("*.py"))}
+    assert len(offenders) > 20, offenders
+    assert {k: v for k, v in offenders.items() if v} == {}

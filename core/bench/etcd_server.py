@@ -9,7 +9,7 @@ health, who leads, the auth set-up) runs there too, as a short child process thr
 this process may have no route to the hosts. Short raft timings (heartbeat 50 ms, election
 500 ms) keep the loss of a member's leadership brief. A member can be SIGKILLed and started again on the same ports and
 data (it rejoins the cluster). This is not how etcd is run in production: that is the
-operator's own etcd, reached with ``--etcd``. Neighbours: ``tidekv.store.etcd`` (the client),
+operator's own etcd, reached with ``--etcd``. Neighbours: ``tidekv.store.ha.etcd`` (the client),
 the ``tidekv bench failover`` run and the store's failover tests, which both use this.
 
 Secured, as an operator's etcd may be: ``EtcdServerTls`` serves the client URLs over https

@@ -10,11 +10,11 @@ object count — the object table, allocator and eviction bookkeeping — not lo
   least recently used object on its own path);
 - pauses at N objects, over N/2 single-key puts in a row (PutStart+PutEnd), with Python's cycle
   collector as it comes and then kept off the index as ``tidekv master`` keeps it
-  (``store.collector.FrozenHeap``, ticked every 0.1 s; a tick counts as a pause, since the
+  (``store.master.collector.FrozenHeap``, ticked every 0.1 s; a tick counts as a pause, since the
   master's loop serves no request meanwhile): the longest put (or tick), its 99.9th percentile,
   and the longest full (generation 2) collection, timed with ``gc.callbacks``. A long put that
   is not a collection was the object table's dict rebuilding every entry as it grew, before the
-  table was split into shards (``store.shards``);
+  table was split into shards (``store.master.shards``);
 - pauses over N single-key gets of random stored keys (each moves its key to the LRU end), index
   frozen, measured first, on the table as the fill left it;
 - a standby's side at N objects: the master's snapshot, encoded and decoded as on the wire,
@@ -44,12 +44,12 @@ import tempfile
 import time
 from typing import Any
 
-from tidekv.report import Column, format_table
 from tidekv.config import MasterConfig
-from tidekv.store import protocol as p
-from tidekv.store.collector import FrozenHeap
-from tidekv.store.journal import EndOp, JournalFile, Mirror, StartOp, decode_ops, encode_ops
-from tidekv.store.master import MasterService
+from tidekv.report import Column, format_table
+from tidekv.store.master.collector import FrozenHeap
+from tidekv.store.master.journal import EndOp, JournalFile, Mirror, StartOp, decode_ops, encode_ops
+from tidekv.store.master.service import MasterService
+from tidekv.store.wire import protocol as p
 
 _OBJECT_BYTES = 4096
 _BATCH = 1000

@@ -14,7 +14,7 @@ sampled.
 Accounting. A client remembers, for each key, the version its last acknowledged write left
 and when that write ran (start, ack). A read that finds an acknowledged object gone is a loss
 (during the load as well as in the final read-back of every key). The store re-replicates
-(``store.repairs``: a new holder copies what a killed one held), so with ``replicas`` >= 2 and a
+(``store.master.repairs``: a new holder copies what a killed one held), so with ``replicas`` >= 2 and a
 kill interval longer than the copying, no loss is expected. A loss is still told apart: it is
 *every holder died* when every holder process alive at some point during the write that stored
 it was killed before the loss was seen (a copy had no time to be made), *after a failed write* when a

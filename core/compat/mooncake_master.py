@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs a tidekv master in the foreground from Mooncake's flags; 2 for refused flags."""
     from tidekv.logs import configure_logging
     from tidekv.store.cli import exposure_warning
-    from tidekv.store.server import MasterServer
+    from tidekv.store.master.server import MasterServer
 
     args = sys.argv[1:] if argv is None else list(argv)
     if any(a.lstrip("-") in ("help", "helpfull", "h") for a in args):

@@ -34,7 +34,7 @@ How Mooncake's semantics map onto tidekv's, where they differ (README, "Mooncake
   are honoured; ``group_ids``, ``session_ids``, ``soft_pin_ttl_ms`` and the NoF/DFS replica
   counts are accepted and have no effect.
 
-Neighbours: ``tidekv.store.client`` (the Store underneath), ``tidekv.compat.mooncake`` (the
+Neighbours: ``tidekv.store.client.store`` (the Store underneath), ``tidekv.compat.mooncake`` (the
 transfer engine, whose ``get_engine()`` ``setup`` can share), ``tidekv.config.parse_size``.
 Thread-safety: as ``tidekv.Store``, every method may be called from any thread.
 """
@@ -62,9 +62,9 @@ from tidekv.compat.mooncake_types import (
 from tidekv.config import ETCD_SCHEME, StoreConfig, TransferConfig, TransportKind, parse_size
 from tidekv.errors import ConfigError, ObjectLeasedError, ObjectNotFoundError, TidekvError
 from tidekv.logs import WarnEvery
-from tidekv.store.client import ObjectInfo, Store
-from tidekv.store.keys import key_bytes
-from tidekv.store.protocol import Pin, Status
+from tidekv.store.client.store import ObjectInfo, Store
+from tidekv.store.wire.keys import key_bytes
+from tidekv.store.wire.protocol import Pin, Status
 from tidekv.transfer.engine import TransferEngine as _TidekvEngine
 
 logger = logging.getLogger(__name__)

@@ -192,7 +192,7 @@ def lookup_client(master: str, client_id: str, timeout_s: float, secret: str | N
         whatever ``MasterClient.connect`` raises (the link logs it and retries).
     """
     from tidekv.config import TlsConfig
-    from tidekv.store.master_client import MasterClient
+    from tidekv.store.client.master_client import MasterClient
 
     client = MasterClient(master, client_id, timeout_s=timeout_s, secret=secret, tls=TlsConfig.from_env())
     try:

@@ -144,7 +144,7 @@ class StoreLocator:
 
     def __init__(self, master: str, secret: str | None = None) -> None:
         from tidekv.config import TlsConfig
-        from tidekv.store.master_client import MasterClient
+        from tidekv.store.client.master_client import MasterClient
 
         self._client = MasterClient(master, f"tidekv-proxy-{uuid.uuid4().hex[:8]}", timeout_s=STORE_TIMEOUT_S,
                                     secret=secret, tls=TlsConfig.from_env())

@@ -168,7 +168,7 @@ def _warn_if_exposed(host: str, what: str) -> None:
 
 
 def _run_master(args: argparse.Namespace) -> int:
-    from tidekv.store.server import MasterServer
+    from tidekv.store.master.server import MasterServer
 
     config = master_config_from_args(args)
     _warn_if_exposed(config.host, "tidekv master")
@@ -178,8 +178,8 @@ def _run_master(args: argparse.Namespace) -> int:
 
 
 def _run_up(args: argparse.Namespace) -> int:
-    from tidekv.store.client import Store
-    from tidekv.store.server import MasterServer
+    from tidekv.store.client.store import Store
+    from tidekv.store.master.server import MasterServer
 
     config = master_config_from_args(args)
     _warn_if_exposed(config.host, "tidekv up's master")

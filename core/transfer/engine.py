@@ -186,7 +186,7 @@ class TransferEngine:
         The proof is an HMAC under a key that never leaves this engine's process. A third party
         asks this engine's listener whether it vouches for it (``_native.check_region_proof``),
         so a process that names another engine's memory cannot prove it. The store's mounts use
-        it (``tidekv.store.mount_proof``).
+        it (``tidekv.store.wire.mount_proof``).
 
         Raises:
             SegmentNotRegisteredError: the region is not registered on this engine.

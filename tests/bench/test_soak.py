@@ -2,7 +2,7 @@
 
 Real processes (a master, two holders, three clients); two holder kills six seconds apart, so
 both original holders die: the cold keys, written once at the start with a replica on each of
-them, survive only because the first killed holder's replacement copied them (``store.repairs``)
+them, survive only because the first killed holder's replacement copied them (``store.master.repairs``)
 before the second kill; nothing may be lost, stale or corrupt.
 """
 

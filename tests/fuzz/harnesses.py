@@ -85,7 +85,7 @@ class _FakeTransport(asyncio.Transport):
 
 
 def _frames(data: bytes) -> list[bytes]:
-    from tidekv.store import protocol as p
+    from tidekv.store.wire import protocol as p
 
     out, at = [], 0
     while at < len(data):
@@ -97,7 +97,7 @@ def _frames(data: bytes) -> list[bytes]:
 
 
 class MasterFrames(Harness):
-    """Bytes into a master connection (``store.connection.MasterConnection``), as the event loop delivers
+    """Bytes into a master connection (``store.master.connection.MasterConnection``), as the event loop delivers
     them, in chunks: raw; after the magic; after a real greeting; after a whole (right-secret)
     handshake. Every byte the master writes back must be whole frames: the Challenge, then
     replies a client decodes; on a secured master nothing but ``auth`` errors unless the
@@ -113,7 +113,7 @@ class MasterFrames(Harness):
 
     def _build(self) -> None:
         from tidekv.config import MasterConfig
-        from tidekv.store.server import MasterServer
+        from tidekv.store.master.server import MasterServer
 
         self._servers = {s: MasterServer(MasterConfig(port=0, metrics_port=-1, busy_poll_us=0, max_batch_keys=1000,
                                                       secret=s)) for s in (None, SECRET)}
@@ -125,8 +125,8 @@ class MasterFrames(Harness):
         self._loop.run_until_complete(self._one(data))
 
     async def _one(self, data: bytes) -> None:
-        from tidekv.store import protocol as p
-        from tidekv.store.connection import MasterConnection
+        from tidekv.store.master.connection import MasterConnection
+        from tidekv.store.wire import protocol as p
 
         src = Source(data)
         flags = src.byte()
@@ -170,7 +170,7 @@ class MasterFrames(Harness):
         conn.buffer_updated(len(chunk))
 
     def seeds(self) -> list[bytes]:
-        from tidekv.store import protocol as p
+        from tidekv.store.wire import protocol as p
 
         hello = p.frame(p.encode(p.Envelope(p.PROTOCOL_VERSION, 1, p.Hello("c", 1))))
         get = p.frame(p.encode(p.Envelope(p.PROTOCOL_VERSION, 2, p.Get([b"k"]))))

@@ -20,12 +20,11 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from tidekv import _native
 from tidekv.config import MasterConfig, TransferConfig
 from tidekv.errors import ConfigError, ProtocolVersionError
-from tidekv.store import protocol as p
-from tidekv.store.master import MasterService, Session
+from tidekv.store.master.service import MasterService, Session
+from tidekv.store.wire import protocol as p
 from tidekv.transfer.engine import _native_options
 
 EXAMPLES = int(os.environ.get("TIDEKV_FUZZ_EXAMPLES", "300"))

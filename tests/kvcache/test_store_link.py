@@ -8,15 +8,17 @@ import time
 from collections.abc import Callable
 
 import pytest
-
-from tests.store.conftest import spawn_master  # noqa: F401 (fixture)
-from tests.store.conftest import SpawnMaster
 from tidekv.bench.ports import free_port
+from tidekv.channel import Backoff
 from tidekv.config import StoreConfig
 from tidekv.errors import ConfigError, MasterUnavailableError, ObjectNotFoundError
-from tidekv.channel import Backoff
 from tidekv.kvcache.store_link import LinkState, StoreLink
 from tidekv.store import Store
+
+from tests.store.conftest import (
+    SpawnMaster,
+    spawn_master,  # noqa: F401 (fixture)
+)
 
 FAST = Backoff(initial_s=0.05, factor=2.0, max_s=0.2)
 
@@ -139,7 +141,7 @@ def test_try_now_does_not_wait_for_the_backoff() -> None:
 def test_a_lookup_only_master_client_is_a_link_client(spawn_master: SpawnMaster) -> None:  # noqa: F811
     """What the vLLM scheduler links to: a MasterClient (no transfer engine, no staging) that
     fails at once while the master is down and answers again once it is back."""
-    from tidekv.store.master_client import MasterClient
+    from tidekv.store.client.master_client import MasterClient
 
     master = spawn_master()
     address, port = master.address, master.port

@@ -13,7 +13,7 @@
                                     machine shares with the test process
 
 Stdlib only (it runs under ``python -I``). Neighbours: ``test_ha_hosts.py``,
-``tidekv.store.server`` (what ``/health`` answers).
+``tidekv.store.master.server`` (what ``/health`` answers).
 """
 
 from __future__ import annotations

@@ -18,14 +18,15 @@ import traceback
 from typing import Any
 
 import msgspec
-from tests.store.payload import digest, is_whole_version, payload
 from tidekv.bench import churn
 from tidekv.config import StoreConfig
 from tidekv.logs import configure_logging
 from tidekv.store import Pin, Store
-from tidekv.store import protocol as p
-from tidekv.store.rpc import MasterChannel
+from tidekv.store.client.rpc import MasterChannel
+from tidekv.store.wire import protocol as p
 from tidekv.transfer import TransferOp, TransferRequest
+
+from tests.store.payload import digest, is_whole_version, payload
 
 
 class Agent:

@@ -11,12 +11,11 @@ import itertools
 from typing import Any
 
 import msgspec
-
 from tidekv.config import MasterConfig
-from tidekv.store import protocol as p
-from tidekv.store.master import MasterService, Session
-from tidekv.store.mount_proof import PendingMount
-from tidekv.store.protocol import Pin, Status
+from tidekv.store.master.mount_check import PendingMount
+from tidekv.store.master.service import MasterService, Session
+from tidekv.store.wire import protocol as p
+from tidekv.store.wire.protocol import Pin, Status
 
 SEGMENT_BASE = 0x10_0000_0000
 

@@ -15,10 +15,10 @@ from tidekv import auth
 from tidekv.auth import ClientHandshake
 from tidekv.config import MasterConfig, StoreConfig, TransferConfig
 from tidekv.errors import AuthenticationError
-from tidekv.store import protocol as p
-from tidekv.store.client import Store
-from tidekv.store.replication import REPLICA_MAGIC, FollowSession
-from tidekv.store.server import MasterServer
+from tidekv.store.client.store import Store
+from tidekv.store.ha.replication import REPLICA_MAGIC, FollowSession
+from tidekv.store.master.server import MasterServer
+from tidekv.store.wire import protocol as p
 
 from tests.store import wire
 from tests.store.conftest import SpawnMaster
@@ -150,7 +150,7 @@ def test_a_standby_must_prove_the_secret_and_the_leader_too(spawn_master: SpawnM
         _refused(sock)
     # A standby with another secret refuses the leader (its proof does not verify) and gets no snapshot.
     session = FollowSession(master.address, "standby-x", 5.0, time.monotonic, secret="another")
-    with caplog.at_level("WARNING", logger="tidekv.store.replication"):
+    with caplog.at_level("WARNING", logger="tidekv.store.ha.replication"):
         session.run()
     assert session.mirror is None
     assert any("failed to prove the shared secret" in r.getMessage() for r in caplog.records)

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.store.conftest import Connect
-from tests.childproc import REPO_ROOT
 from tidekv.config import ETCD_MASTER_FLAGS, MasterConfig
-from tidekv.store import protocol as p
-from tidekv.store.rpc import MasterChannel
+from tidekv.store.client.rpc import MasterChannel
+from tidekv.store.wire import protocol as p
+
+from tests.childproc import REPO_ROOT
+from tests.store.conftest import Connect
 
 TIMEOUT_S = 60
 
@@ -199,7 +199,7 @@ def _health_once_frozen(url: str, timeout_s: float = 10.0) -> dict[str, Any]:
 
 
 def test_the_master_command_keeps_the_cycle_collector_off_its_index(connect: Connect) -> None:
-    """``tidekv master`` owns its process: its timer freezes the survivors (store.collector), which
+    """``tidekv master`` owns its process: its timer freezes the survivors (store.master.collector), which
     /health reports; a master started inside another program (tests) does not."""
     master = CliMaster("--port", "0", "--metrics-port", "0")
     try:

@@ -6,8 +6,7 @@ import gc
 from typing import Any
 
 import pytest
-
-from tidekv.store.collector import FrozenHeap
+from tidekv.store.master.collector import FrozenHeap
 
 
 class Clock:

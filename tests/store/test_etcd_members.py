@@ -17,12 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+from tidekv.bench.etcd_server import EtcdServer
+from tidekv.store.ha.etcd import EtcdClient, EtcdUnavailableError
 
 from tests.store.cluster_rig import CLIENT, HOLDER_BYTES, MASTER, TcpRelay, churn, in_sync, leader_of, verify
 from tests.store.conftest import SpawnAgent, SpawnMaster
 from tests.store.procs import wait_until
-from tidekv.store.etcd import EtcdClient, EtcdUnavailableError
-from tidekv.bench.etcd_server import EtcdServer
 
 FAILURES = ["sigkill", "cut"]
 

@@ -26,16 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.childproc import REPO_ROOT
-from tests.store.conftest import _ETCDS, Connect
-from tests.store.procs import wait_until
-from tests.store.test_cli import CliMaster
-from tests.store.tls_certs import Certs, issue_client_cert, make_certs
+from tidekv.bench.etcd_server import MISSING, EtcdServer, EtcdServerAuth, EtcdServerTls, etcd_binary
 from tidekv.cli import build_parser
 from tidekv.config import ConfigError, EtcdSecurity, MasterAddress
 from tidekv.store.cli import master_config_from_args
-from tidekv.store.etcd import (
+from tidekv.store.ha.etcd import (
     EtcdAccessError,
     EtcdAuthError,
     EtcdClient,
@@ -43,7 +38,12 @@ from tidekv.store.etcd import (
     EtcdUnavailableError,
     KeyValue,
 )
-from tidekv.bench.etcd_server import MISSING, EtcdServer, EtcdServerAuth, EtcdServerTls, etcd_binary
+
+from tests.childproc import REPO_ROOT
+from tests.store.conftest import _ETCDS, Connect
+from tests.store.procs import wait_until
+from tests.store.test_cli import CliMaster
+from tests.store.tls_certs import Certs, issue_client_cert, make_certs
 
 pytestmark = pytest.mark.skipif(etcd_binary() is None, reason=MISSING)
 

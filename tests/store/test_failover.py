@@ -18,6 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from tidekv.bench.etcd_server import EtcdServer
+from tidekv.errors import MasterNotReadyError, MasterUnavailableError
+from tidekv.store.client.master_client import MasterClient
+from tidekv.store.wire import protocol as p
 
 from tests.store.cluster_rig import (
     CLIENT,
@@ -34,10 +38,6 @@ from tests.store.cluster_rig import (
 )
 from tests.store.conftest import Connect, SpawnAgent, SpawnMaster
 from tests.store.procs import MasterProcess, wait_until
-from tidekv.errors import MasterNotReadyError, MasterUnavailableError
-from tidekv.store import protocol as p
-from tidekv.bench.etcd_server import EtcdServer
-from tidekv.store.master_client import MasterClient
 
 MIB = 1 << 20
 TYPED = {"MasterUnavailableError", "MasterNotReadyError"}

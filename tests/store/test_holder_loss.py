@@ -11,12 +11,12 @@ import time
 import msgspec
 import pytest
 from tidekv.errors import PeerUnavailableError
+from tidekv.store.wire import protocol as p
+from tidekv.store.wire.protocol import Status
 
 from tests.store.conftest import Connect, SpawnAgent, SpawnMaster
 from tests.store.payload import payload
 from tests.store.rig import ServiceRig
-from tidekv.store import protocol as p
-from tidekv.store.protocol import Status
 
 MIB = 1 << 20
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tidekv.store.master.journal import JournalFile, Mirror
+from tidekv.store.wire import protocol as p
+
 from tests.store.rig import ServiceRig
-from tidekv.store import protocol as p
-from tidekv.store.journal import JournalFile, Mirror
 
 PAGE = 4096
 

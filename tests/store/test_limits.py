@@ -7,9 +7,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 from tidekv.errors import LimitExceededError
-from tidekv.store import protocol as p
-from tidekv.store.protocol import Status
-from tidekv.store.rpc import MasterChannel
+from tidekv.store.client.rpc import MasterChannel
+from tidekv.store.wire import protocol as p
+from tidekv.store.wire.protocol import Status
 
 from tests.store.conftest import SpawnMaster
 from tests.store.rig import RpcFailed, ServiceRig

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from tidekv.store.master import listing
+from tidekv.store.master.service import Session
+from tidekv.store.wire import protocol as p
 
 from tests.store.rig import ServiceRig
-from tidekv.store import listing
-from tidekv.store import protocol as p
-from tidekv.store.master import Session
 
 
 def _page(rig: ServiceRig, session: Session, start: bool, limit: int = 1024) -> tuple[list[bytes], bool]:

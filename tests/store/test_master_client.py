@@ -13,14 +13,14 @@ import time
 from collections.abc import Iterator
 
 import pytest
-
-from tests.store import wire
-from tests.store.conftest import Connect, SpawnMaster
 from tidekv.auth import ServerHandshake
 from tidekv.config import MasterAddress
 from tidekv.errors import ConfigError, MasterUnavailableError, ObjectLeasedError
-from tidekv.store import protocol as p
-from tidekv.store.master_client import MasterClient
+from tidekv.store.client.master_client import MasterClient
+from tidekv.store.wire import protocol as p
+
+from tests.store import wire
+from tests.store.conftest import Connect, SpawnMaster
 
 
 @pytest.fixture

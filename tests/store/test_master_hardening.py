@@ -5,10 +5,10 @@ space broke every later stats and put; deep msgpack escaped the handler)."""
 from __future__ import annotations
 
 import pytest
+from tidekv.store.master.service import Session
+from tidekv.store.wire import protocol as p
 
 from tests.store.rig import RpcFailed, ServiceRig
-from tidekv.store import protocol as p
-from tidekv.store.master import Session
 
 
 def test_a_segment_past_the_address_space_is_refused_and_nothing_breaks() -> None:

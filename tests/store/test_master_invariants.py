@@ -19,15 +19,15 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from tidekv.store.allocator import align
+from tidekv.store.master.journal import Mirror, decode_ops, encode_ops
+from tidekv.store.master.objects import is_spare
+from tidekv.store.master.service import MasterService
+from tidekv.store.wire import names
+from tidekv.store.wire import protocol as p
+from tidekv.store.wire.protocol import Pin, Status
 
 from tests.store.rig import RpcFailed, ServiceRig
-from tidekv.store import protocol as p
-from tidekv.store import tenants
-from tidekv.store.journal import Mirror, decode_ops, encode_ops
-from tidekv.store.master import MasterService
-from tidekv.store.objects import is_spare
-from tidekv.store.allocator import align
-from tidekv.store.protocol import Pin, Status
 
 CLIENTS = ["c0", "c1", "c2"]
 KEYS = [f"k{i}".encode() for i in range(30)]
@@ -179,7 +179,7 @@ def _check_tenants(rig: ServiceRig) -> None:
     assert tenancy is not None
     everything = (*table.objects.items(), *table.upserts.items(), *table.suspended.items())
     for key, meta in everything:
-        pool = tenancy.pool(tenants.tenant_of(key))
+        pool = tenancy.pool(names.tenant_of(key))
         for name in meta.all_replicas[::2]:
             seg = segments.segments.get(name) or segments.suspended[name].segment  # type: ignore[index]
             assert seg.tenant in pool, f"{key!r} has a replica on {name} (tenant {seg.tenant!r})"

@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
+from tidekv.errors import MasterUnavailableError, ObjectNotFoundError
+from tidekv.store.wire import protocol as p
 
 from tests.store.conftest import Connect, SpawnAgent, SpawnMaster
 from tests.store.payload import digest, payload
 from tests.store.procs import wait_until
-from tidekv.errors import MasterUnavailableError, ObjectNotFoundError
-from tidekv.store import protocol as p
 
 MIB = 1 << 20
 

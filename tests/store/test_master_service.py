@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from tidekv.store.wire import protocol as p
+from tidekv.store.wire.protocol import Pin, Status
 
 from tests.store.rig import RpcFailed, ServiceRig
-from tidekv.store import protocol as p
-from tidekv.store.protocol import Pin, Status
 
 PAGE = 4096
 
@@ -352,9 +352,10 @@ def test_a_master_not_serving_refuses_everything_as_not_ready() -> None:
 
 
 def test_a_fresh_master_without_segments_is_not_ready_for_puts_until_its_grace_ends() -> None:
-    from tests.store.rig import FakeClock
     from tidekv.config import MasterConfig
-    from tidekv.store.master import MasterService
+    from tidekv.store.master.service import MasterService
+
+    from tests.store.rig import FakeClock
 
     clock = FakeClock()
     service = MasterService(MasterConfig(client_ttl_s=3.0, metrics_port=-1), clock=clock)
@@ -371,7 +372,7 @@ def test_a_fresh_master_without_segments_is_not_ready_for_puts_until_its_grace_e
 def test_a_restored_master_frees_nothing_it_removes_or_evicts_before_a_lease_ttl() -> None:
     """Readers may hold leases the old master granted: after a restore (failover or restart) the
     bytes of a removed object stay untouched for lease_ttl_s, and nothing is evicted meanwhile."""
-    from tidekv.store.journal import Mirror
+    from tidekv.store.master.journal import Mirror
 
     old = _rig(pages=4, lease_ttl_s=2.0)
     old.service.enable_journal()
@@ -410,10 +411,10 @@ def test_a_writers_own_unanswered_put_is_replaced_or_revoked_not_a_no_op() -> No
 
 
 def test_a_restored_master_keeps_each_shards_lru_order_and_evicts_the_old_first() -> None:
-    """The index is in hash shards (``store.shards``): a snapshot sends each shard oldest first,
+    """The index is in hash shards (``store.master.shards``): a snapshot sends each shard oldest first,
     wire-encoded as a standby gets it, and the restored table keeps every shard's order, so what
     the old master read last is evicted last by the new one."""
-    from tidekv.store.journal import Mirror, decode_ops, encode_ops
+    from tidekv.store.master.journal import Mirror, decode_ops, encode_ops
 
     old = _rig(pages=64)
     keys = _keys("k", 64)
@@ -439,7 +440,7 @@ def test_a_restored_master_keeps_each_shards_lru_order_and_evicts_the_old_first(
 def _snapshot_after_reads(path: str) -> None:
     """The old master of the test below: 64 puts, the 8 oldest read again, its snapshot written
     to ``path`` as a standby or a journal gets it."""
-    from tidekv.store.journal import encode_ops
+    from tidekv.store.master.journal import encode_ops
 
     old = _rig(pages=64)
     keys = _keys("k", 64)
@@ -454,7 +455,7 @@ def _snapshot_after_reads(path: str) -> None:
 def _restore_and_evict(path: str) -> None:
     """The new master: restores the snapshot, puts 8 new objects into its full segment (each
     evicts one) and prints the old keys still there."""
-    from tidekv.store.journal import Mirror, decode_ops
+    from tidekv.store.master.journal import Mirror, decode_ops
 
     new = ServiceRig(high_watermark=1.0)
     mirror = Mirror(new.config.lease_ttl_s)

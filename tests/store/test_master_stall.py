@@ -10,12 +10,12 @@ import threading
 import time
 
 import pytest
+from tidekv.config import DEFAULT_MAX_BATCH_KEYS, MasterConfig
+from tidekv.store.client.master_client import MasterClient
+from tidekv.store.wire import protocol as p
 
 from tests.store import wire
 from tests.store.conftest import SpawnMaster
-from tidekv.config import DEFAULT_MAX_BATCH_KEYS, MasterConfig
-from tidekv.store import protocol as p
-from tidekv.store.master_client import MasterClient
 
 pytestmark = pytest.mark.timeout(300)
 

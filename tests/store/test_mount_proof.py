@@ -18,10 +18,11 @@ import pytest
 from tidekv import _native
 from tidekv.config import StoreConfig, TransferConfig
 from tidekv.errors import AuthenticationError, ConfigError, PeerUnavailableError, SegmentNotRegisteredError
-from tidekv.store import mount_proof
-from tidekv.store import protocol as p
-from tidekv.store.client import Store
-from tidekv.store.master_client import MasterClient
+from tidekv.store.client.master_client import MasterClient
+from tidekv.store.client.store import Store
+from tidekv.store.master import mount_check
+from tidekv.store.wire import mount_proof
+from tidekv.store.wire import protocol as p
 from tidekv.transfer import TransferEngine
 
 from tests.store.conftest import SpawnMaster
@@ -189,7 +190,7 @@ def test_a_check_that_hangs_delays_no_one_else(spawn_master: SpawnMaster) -> Non
         took = time.perf_counter() - started
         assert outcome and isinstance(outcome[0], AuthenticationError), outcome
         assert "could not ask engine" in str(outcome[0]), outcome[0]
-        assert mount_proof.CHECK_TIMEOUT_S - 0.5 < took < mount_proof.CHECK_TIMEOUT_S + 5, took
+        assert mount_check.CHECK_TIMEOUT_S - 0.5 < took < mount_check.CHECK_TIMEOUT_S + 5, took
         # A check on the loop would hold every get for the check's whole timeout (5 s).
         assert worst < 1.0, f"a get waited {worst * 1000:.1f} ms while a mount was being checked"
     finally:

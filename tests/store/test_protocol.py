@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-
-from tidekv.store import protocol as p
+from tidekv.store.wire import protocol as p
 
 REQUESTS = [
     p.Hello("c1", p.PROTOCOL_VERSION),

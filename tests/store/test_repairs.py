@@ -1,4 +1,4 @@
-"""Re-replication (``store.repairs``): objects that lost replicas get them back from a holder.
+"""Re-replication (``store.master.repairs``): objects that lost replicas get them back from a holder.
 
 Service level (``ServiceRig``): a lapsed holder's objects are handed to another holder to copy;
 a good report adds the replica, a report for a version removed meanwhile frees the copy, a
@@ -14,14 +14,14 @@ import random
 
 import msgspec
 import pytest
+from tidekv.store.master.journal import Mirror, decode_ops, encode_ops
+from tidekv.store.wire import protocol as p
+from tidekv.store.wire.protocol import Status
 
 from tests.store.conftest import Connect, SpawnAgent, SpawnMaster
 from tests.store.payload import payload
 from tests.store.procs import wait_until
 from tests.store.rig import ServiceRig
-from tidekv.store import protocol as p
-from tidekv.store.journal import Mirror, decode_ops, encode_ops
-from tidekv.store.protocol import Status
 
 SEG = 1 << 20
 

@@ -6,13 +6,13 @@ import random
 
 import msgspec
 import pytest
+from tidekv.errors import ObjectNotFoundError
+from tidekv.store.client.rpc import MasterChannel
+from tidekv.store.wire import protocol as p
 
 from tests.store.conftest import Connect, SpawnAgent, SpawnMaster
 from tests.store.payload import digest, payload
 from tests.store.procs import wait_until
-from tidekv.errors import ObjectNotFoundError
-from tidekv.store import protocol as p
-from tidekv.store.rpc import MasterChannel
 
 MIB = 1 << 20
 

@@ -9,10 +9,9 @@ import asyncio
 from typing import Any
 
 import msgspec
-
-from tidekv.store import protocol as p
-from tidekv.store.journal import DropOp
-from tidekv.store.replication import Ack, Follow, Replicator
+from tidekv.store.ha.replication import Ack, Follow, Replicator
+from tidekv.store.master.journal import DropOp
+from tidekv.store.wire import protocol as p
 
 
 class _Transport:

@@ -8,13 +8,13 @@ import random
 import time
 
 import pytest
+from tidekv.store.allocator import align
+from tidekv.store.master import eviction
+from tidekv.store.master.journal import Mirror, RetireOp, StartOp
+from tidekv.store.master.retired import KeptBytes, RetiredBytes, _Offsets
+from tidekv.store.wire.protocol import Status
 
 from tests.store.rig import ServiceRig
-from tidekv.store import eviction
-from tidekv.store.protocol import Status
-from tidekv.store.allocator import align
-from tidekv.store.journal import Mirror, RetireOp, StartOp
-from tidekv.store.retired import KeptBytes, RetiredBytes, _Offsets
 
 PAGE = 4096
 

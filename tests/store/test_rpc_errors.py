@@ -14,14 +14,14 @@ from collections.abc import Iterator
 
 import msgspec
 import pytest
+from tidekv.config import StoreConfig
+from tidekv.errors import ConfigError, MasterUnavailableError, ProtocolVersionError, RpcError
+from tidekv.store import Store
+from tidekv.store.wire import protocol as p
 
 from tests.store import wire
 from tests.store.conftest import Connect, SpawnMaster
 from tests.store.procs import MasterProcess
-from tidekv.config import StoreConfig
-from tidekv.errors import ConfigError, MasterUnavailableError, ProtocolVersionError, RpcError
-from tidekv.store import Store
-from tidekv.store import protocol as p
 
 MAX_MESSAGE = 4096
 REPLY_TIMEOUT_S = 5.0

@@ -1,4 +1,4 @@
-"""``store.shards.LruTable`` against an OrderedDict doing the same operations: the shards merge into
+"""``store.master.shards.LruTable`` against an OrderedDict doing the same operations: the shards merge into
 the exact least-recently-used order the object table's single dict had."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import random
 from collections import OrderedDict
 
 import pytest
-
-from tidekv.store.shards import LruTable
+from tidekv.store.master.shards import LruTable
 
 
 class Meta:

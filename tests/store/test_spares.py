@@ -17,13 +17,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+from tidekv.errors import ConfigError, MasterUnavailableError
+from tidekv.store import Store
+from tidekv.store.wire import protocol as p
 
 from tests.store.conftest import Connect, SpawnAgent, SpawnMaster
 from tests.store.payload import payload
 from tests.store.procs import wait_until
-from tidekv.errors import ConfigError, MasterUnavailableError
-from tidekv.store import Store
-from tidekv.store import protocol as p
 
 MIB = 1 << 20
 

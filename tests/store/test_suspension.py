@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tidekv.store.allocator import align
+from tidekv.store.master.journal import JournalFile, Mirror, decode_ops, encode_ops
+from tidekv.store.master.service import MasterService
+from tidekv.store.wire import protocol as p
+from tidekv.store.wire.protocol import MountOutcome, Status
 
 from tests.store.rig import RpcFailed, ServiceRig
-from tidekv.store import protocol as p
-from tidekv.store.allocator import align
-from tidekv.store.journal import JournalFile, Mirror, decode_ops, encode_ops
-from tidekv.store.master import MasterService
-from tidekv.store.protocol import MountOutcome, Status
 
 PAGE = 4096
 TTL_S = 2.0

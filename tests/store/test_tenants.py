@@ -19,10 +19,11 @@ import msgspec
 import pytest
 from tidekv.config import StoreConfig, TransferConfig
 from tidekv.errors import AuthenticationError, ConfigError, ObjectNotFoundError, OutOfSpaceError, TransferError
-from tidekv.store import protocol as p
-from tidekv.store import tenants
-from tidekv.store.client import Store
-from tidekv.store.protocol import Status
+from tidekv.store.client.store import Store
+from tidekv.store.master import tenants
+from tidekv.store.wire import names
+from tidekv.store.wire import protocol as p
+from tidekv.store.wire.protocol import Status
 from tidekv.transfer import TransferEngine, TransferOp, TransferRequest
 
 from tests.store.conftest import SpawnMaster
@@ -151,7 +152,7 @@ def test_a_tenant_cannot_touch_another_tenants_objects(rig: ServiceRig, kind: ty
 
 def test_the_default_tenant_cannot_name_into_a_namespace(rig: ServiceRig) -> None:
     rig.put("a1", b"k", 4096)
-    internal = tenants.prefix("alice").encode() + b"k"
+    internal = names.prefix("alice").encode() + b"k"
     for body in (p.Get([internal]), p.Exists([internal]), p.Remove([internal], force=True),
                  p.PutStart("op", [internal], [1]), p.Hello("\0alice\0a1", p.PROTOCOL_VERSION),
                  p.MountSegment("op", "\0alice\0x", "e", 1 << 40, SEG), p.Heartbeat("op", segments=["\0alice\0a-seg"])):

@@ -7,14 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tidekv.bench.etcd_server import EtcdServer
+from tidekv.config import MasterConfig, StoreConfig, TlsConfig, TransferConfig
+from tidekv.errors import AuthenticationError, ConfigError, MasterUnavailableError
+from tidekv.store.client.store import Store
 
 from tests.store.cluster_rig import MASTER, in_sync, leader_of
 from tests.store.conftest import SpawnMaster
 from tests.store.tls_certs import Certs, make_certs
-from tidekv.config import MasterConfig, StoreConfig, TlsConfig, TransferConfig
-from tidekv.errors import AuthenticationError, ConfigError, MasterUnavailableError
-from tidekv.bench.etcd_server import EtcdServer
-from tidekv.store.client import Store
 
 CONFIG = StoreConfig(staging_size_bytes=1 << 20, rpc_timeout_s=3.0, failover_timeout_s=0.0)
 

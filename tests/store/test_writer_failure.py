@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from tidekv.errors import ObjectNotFoundError
+from tidekv.store import Status
+from tidekv.store.client.rpc import MasterChannel
+from tidekv.store.wire import protocol as p
 
 from tests.store.conftest import Connect, SpawnAgent, SpawnMaster
 from tests.store.payload import payload
 from tests.store.procs import wait_until
-from tidekv.errors import ObjectNotFoundError
-from tidekv.store import Status
-from tidekv.store import protocol as p
-from tidekv.store.rpc import MasterChannel
 
 MIB = 1 << 20
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 
 from tidekv.auth import ClientHandshake
-from tidekv.store import protocol as p
+from tidekv.store.wire import protocol as p
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:

@@ -28,15 +28,15 @@ import logging
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 
-from tidekv.store import eviction
-from tidekv.store import journal as j
-from tidekv.store import tenants
 from tidekv.store.allocator import align
-from tidekv.store.repairs import RepairBook
-from tidekv.store.retired import RetiredBytes
-from tidekv.store.protocol import SPARE_MARK, GetResult, Location, PutSlot, Status
-from tidekv.store.segments import SegmentTable
-from tidekv.store.shards import LruTable
+from tidekv.store.master import eviction
+from tidekv.store.master import journal as j
+from tidekv.store.master.repairs import RepairBook
+from tidekv.store.master.retired import RetiredBytes
+from tidekv.store.master.segments import SegmentTable
+from tidekv.store.master.shards import LruTable
+from tidekv.store.wire import names
+from tidekv.store.wire.protocol import SPARE_MARK, GetResult, Location, PutSlot, Status
 
 logger = logging.getLogger(__name__)
 
@@ -45,14 +45,14 @@ _NO_LEASE = 0.0
 
 def spare_key(key: bytes, token: int) -> bytes:
     """The reserved key of spare ``token``, in the tenant namespace of the (internal) ``key``."""
-    return tenants.prefix(tenants.tenant_of(key)).encode() + SPARE_MARK + b"%d" % token
+    return names.prefix(names.tenant_of(key)).encode() + SPARE_MARK + b"%d" % token
 
 
 def is_spare(key: bytes) -> bool:
     """Whether the internal ``key`` is a spare's (``spare_key``)."""
     if key[:1] != b"\0":
         return False
-    return key.startswith(SPARE_MARK) or key.startswith(SPARE_MARK, len(tenants.prefix(tenants.tenant_of(key))))
+    return key.startswith(SPARE_MARK) or key.startswith(SPARE_MARK, len(names.prefix(names.tenant_of(key))))
 
 
 @dataclass(slots=True)
@@ -178,7 +178,7 @@ class ObjectTable:
                 if not self.fits_quota(key, align(size) * replicas):
                     return PutSlot(Status.QUOTA)
             elif self.quotas is not None:
-                only = tenants.owns(tenants.tenant_of(key))  # a tenant's put evicts its own objects only
+                only = names.owns(names.tenant_of(key))  # a tenant's put evicts its own objects only
                 refusal = self._fit_quota(key, align(size) * replicas, now, keep, only)
                 if refusal:
                     return PutSlot(Status.QUOTA, detail=refusal)
@@ -234,7 +234,7 @@ class ObjectTable:
         meta = self.objects.get(spare) if spare is not None and is_spare(spare) else None
         if meta is None or meta.put is None or meta.put.token != token or meta.put.writer != writer:
             return Status.STALE
-        if meta.size != size or tenants.tenant_of(spare) != tenants.tenant_of(key):  # type: ignore[arg-type]
+        if meta.size != size or names.tenant_of(spare) != names.tenant_of(key):  # type: ignore[arg-type]
             return Status.INVALID
         if is_spare(key) or not key or len(key) > self.max_key_bytes or pin not in (0, 1, 2):
             return Status.INVALID
@@ -564,13 +564,13 @@ class ObjectTable:
         usage: dict[str, int] = {}
         for table in (self.objects, self.upserts, self.suspended):
             for key, meta in table.items():
-                t = tenants.tenant_of(key)
+                t = names.tenant_of(key)
                 usage[t] = usage.get(t, 0) + align(meta.size) * (len(meta.all_replicas) // 2)
         for _, size, replicas, t in self.retired:
             if t is not None:
                 usage[t] = usage.get(t, 0) + align(size) * (len(replicas) // 2)
         for key, repair in self.repairs.under_way.items():
-            t = tenants.tenant_of(key)
+            t = names.tenant_of(key)
             usage[t] = usage.get(t, 0) + align(repair.size)
         return usage
 
@@ -581,7 +581,7 @@ class ObjectTable:
         """Makes room for ``need`` more bytes in the quota of ``key``'s tenant by evicting its own
         objects; returns why not ("" when they fit)."""
         assert self.quotas is not None
-        tenant = tenants.tenant_of(key)
+        tenant = names.tenant_of(key)
         quota = self.quotas.get(tenant)
         if quota is None or self.usage.get(tenant, 0) + need <= quota:
             return ""
@@ -602,13 +602,13 @@ class ObjectTable:
     def fits_quota(self, key: bytes, nbytes: int) -> bool:
         """Whether ``nbytes`` more fit in the quota of ``key``'s tenant as it stands (with quotas)."""
         assert self.quotas is not None
-        tenant = tenants.tenant_of(key)
+        tenant = names.tenant_of(key)
         quota = self.quotas.get(tenant)
         return quota is None or self.usage.get(tenant, 0) + nbytes <= quota
 
     def charge(self, key: bytes, nbytes: int) -> None:
         """Adds ``nbytes`` (negative: frees) to the usage of ``key``'s tenant (with quotas)."""
-        tenant = tenants.tenant_of(key)
+        tenant = names.tenant_of(key)
         self.usage[tenant] = self.usage.get(tenant, 0) + nbytes
 
     def _allocate(self, size: int, replicas: int, preferred: str, now: float, keep: bytes | None = None,
@@ -677,7 +677,7 @@ class ObjectTable:
         replicas = meta.all_replicas
         free_at = max(meta.lease_until, self.quarantine_until)
         if free_at > now:
-            self.retired.add(free_at, meta.size, replicas, tenants.tenant_of(key))
+            self.retired.add(free_at, meta.size, replicas, names.tenant_of(key))
         else:
             self._release(meta.size, replicas)
             if self.quotas is not None:

@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING, Any
 from tidekv.config import MasterConfig
 from tidekv.errors import ConfigError
 from tidekv.metrics import Counter
-from tidekv.store.journal import JournalFile, Mirror
-from tidekv.store.collector import FrozenHeap
-from tidekv.store.connection import MasterConnection
-from tidekv.store.master import MasterService
-from tidekv.store.replication import Replicator
+from tidekv.store.ha.replication import Replicator
+from tidekv.store.master.collector import FrozenHeap
+from tidekv.store.master.connection import MasterConnection
+from tidekv.store.master.journal import JournalFile, Mirror
+from tidekv.store.master.service import MasterService
 from tidekv.values import format_host_port
 
 if TYPE_CHECKING:
-    from tidekv.store.cluster import ClusterRole
+    from tidekv.store.ha.cluster import ClusterRole
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class MasterServer:
         self._waiting: set[MasterConnection] = set()  # connections with replies waiting for replication
         self.role: ClusterRole | None = None
         if config.etcd:
-            from tidekv.store.cluster import ClusterRole
+            from tidekv.store.ha.cluster import ClusterRole
 
             self.role = ClusterRole(self)
 

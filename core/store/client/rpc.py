@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 from tidekv.channel import Client
 from tidekv.config import DEFAULT_MAX_BATCH_KEYS
-from tidekv.store import protocol as p
+from tidekv.store.wire import protocol as p
 
 
 class MasterChannel(Client):

@@ -27,19 +27,26 @@ from collections.abc import Callable, Container
 from typing import Any
 
 from tidekv.config import MasterConfig
-from tidekv.errors import (AuthenticationError, ConfigError, MasterNotReadyError, ProtocolVersionError,
-                           SegmentNotRegisteredError, TidekvError)
+from tidekv.errors import (
+    AuthenticationError,
+    ConfigError,
+    MasterNotReadyError,
+    ProtocolVersionError,
+    SegmentNotRegisteredError,
+    TidekvError,
+)
 from tidekv.hostaddr import HOST_VARIABLE, is_loopback
 from tidekv.metrics import Registry
-from tidekv.store import journal as j
-from tidekv.store import mount_proof
-from tidekv.store import protocol as p
-from tidekv.store import tenants as t
 from tidekv.store.allocator import align
-from tidekv.store.listing import KeyListings
-from tidekv.store.master_metrics import index_gauges
-from tidekv.store.objects import ObjectTable
-from tidekv.store.segments import SegmentTable, SuspendedSegment
+from tidekv.store.master import journal as j
+from tidekv.store.master import mount_check
+from tidekv.store.master import tenants as t
+from tidekv.store.master.listing import KeyListings
+from tidekv.store.master.metrics import index_gauges
+from tidekv.store.master.objects import ObjectTable
+from tidekv.store.master.segments import SegmentTable, SuspendedSegment
+from tidekv.store.wire import names
+from tidekv.store.wire import protocol as p
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +61,7 @@ class Session:
 
     __slots__ = ("__weakref__", "client_id", "listing", "listed", "namespace", "peer_host")
 
-    def __init__(self, tenant: str = t.DEFAULT, peer_host: str | None = None) -> None:
+    def __init__(self, tenant: str = names.DEFAULT, peer_host: str | None = None) -> None:
         self.client_id: str | None = None  # as the master names it (in the tenant's namespace)
         self.listing: list[bytes] | None = None  # the keys present when the listing started
         self.listed = 0  # how many of them earlier pages covered
@@ -150,7 +157,7 @@ class MasterService:
 
     # ---- entry points -------------------------------------------------------------------
 
-    def handle(self, data: bytes, session: Session | None = None) -> bytes | mount_proof.PendingMount:
+    def handle(self, data: bytes, session: Session | None = None) -> bytes | mount_check.PendingMount:
         """Decodes one request, applies it, and returns the encoded reply (never raises).
 
         ``session``: the connection it came on. A request naming a client must come on the
@@ -234,8 +241,8 @@ class MasterService:
         except MasterNotReadyError as exc:
             self._failures.inc(reason="not_ready")
             return self._error(envelope.request_id, p.ErrorKind.NOT_READY, str(exc))
-        except mount_proof.Unproven as exc:
-            return mount_proof.PendingMount(data, envelope.request_id, session, exc)
+        except mount_check.Unproven as exc:
+            return mount_check.PendingMount(data, envelope.request_id, session, exc)
         except Exception as exc:  # noqa: BLE001 - one request's failure must not take the master down
             return self._internal(envelope.request_id, kind, exc)
         if session is not None and isinstance(body, p.Hello):
@@ -251,7 +258,7 @@ class MasterService:
         except Exception as exc:  # noqa: BLE001 - e.g. a number beyond u64 in the reply
             return self._internal(envelope.request_id, kind, exc)
 
-    def checked(self, pending: mount_proof.PendingMount, error: BaseException | None) -> bytes:
+    def checked(self, pending: mount_check.PendingMount, error: BaseException | None) -> bytes:
         """The reply to a mount once its check ran (``error``: what the check raised, None when
         the engine vouched for it): the mount applied, or refused with ``ErrorKind.UNPROVEN``."""
         u = pending.unproven
@@ -265,7 +272,7 @@ class MasterService:
             if isinstance(reply, bytes):
                 return reply
             return self._internal(pending.request_id, "MountSegment", RuntimeError("the check did not stick"))
-        segment, engine = t.plain(u.segment), u.engine
+        segment, engine = names.plain(u.segment), u.engine
         if isinstance(error, (AuthenticationError, SegmentNotRegisteredError)):
             self._mount_checks.inc(outcome="refused")
             why = f"engine {engine} does not vouch that [{u.base:#x}, +{u.capacity}) is the mounting process's own: {error}"
@@ -276,7 +283,7 @@ class MasterService:
         else:
             return self._internal(pending.request_id, "MountSegment", error)  # type: ignore[arg-type]
         self._failures.inc(reason="unproven")
-        logger.warning("refused the mount of segment %r by client %s: %s", segment, t.plain(u.client_id), why)
+        logger.warning("refused the mount of segment %r by client %s: %s", segment, names.plain(u.client_id), why)
         return self._error(pending.request_id, p.ErrorKind.UNPROVEN, f"mount of segment {segment!r} refused: {why}")
 
     def _internal(self, request_id: int, kind: str, exc: Exception) -> bytes:
@@ -324,7 +331,7 @@ class MasterService:
         self.segments.check_mount(m.client_id, m.name, m.base, m.capacity)
         self.segments.check_memory(m.client_id, m.name, m.engine, m.base, m.capacity)
         if self.verify_mounts:
-            unproven = mount_proof.Unproven(m.engine, self._engine_secret(), m.client_id, m.name, m.base, m.capacity,
+            unproven = mount_check.Unproven(m.engine, self._engine_secret(), m.client_id, m.name, m.base, m.capacity,
                                             m.proof)
             if self._proven != unproven.key:
                 raise unproven
@@ -397,7 +404,7 @@ class MasterService:
                      for key, size in zip(m.keys, m.sizes)]
             pool = None
         else:
-            tenant = t.tenant_of(m.client_id)
+            tenant = names.tenant_of(m.client_id)
             pool = self.tenancy.pool(tenant)
             slots = [put(m.client_id, key, size, m.replicas, m.preferred_segment, m.pin, m.upsert, now, pool, avoid)
                      for key, size in zip(m.keys, m.sizes)]
@@ -420,7 +427,7 @@ class MasterService:
             slot.spare = self._spare_slot(m.token)
         elif status == p.Status.OK and m.spare:
             want = self.objects.objects[key].want if key in self.objects.objects else 1
-            pool = self.tenancy.pool(t.tenant_of(m.client_id)) if self.tenancy is not None else None
+            pool = self.tenancy.pool(names.tenant_of(m.client_id)) if self.tenancy is not None else None
             slot.spare = self._spare(m.client_id, key, m.size, want, m.preferred_segment, now, pool)
         return slot
 

@@ -20,8 +20,8 @@ from collections.abc import Container
 from dataclasses import dataclass, field
 
 from tidekv.errors import ConfigError
-from tidekv.store import tenants
 from tidekv.store.allocator import OffsetAllocator, align
+from tidekv.store.wire import names
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class Segment:
     tenant: str = ""  # of its client (``tenants``): whose objects it may hold
 
     def __post_init__(self) -> None:
-        self.tenant = tenants.tenant_of(self.client_id)
+        self.tenant = names.tenant_of(self.client_id)
 
     @property
     def used(self) -> int:
@@ -188,7 +188,7 @@ class SegmentTable:
         has mounted: one engine's range is one holder's (writers would overwrite its objects)."""
         for seg in self.segments.values():
             if seg.name != name and seg.client_id != client_id and seg.overlaps(engine, base, capacity):
-                raise ConfigError(f"segment {tenants.plain(name)!r}: "
+                raise ConfigError(f"segment {names.plain(name)!r}: "
                                   f"[{base:#x}, +{capacity}) of engine {engine} overlaps a segment another client "
                                   "has mounted; a range of memory belongs to one holder")
 

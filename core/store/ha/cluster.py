@@ -20,14 +20,14 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from tidekv.store.election import POLL_S, REFUSED_RETRY_S, Campaign, Leader
-from tidekv.store.etcd import EtcdAccessError, EtcdClient, EtcdError, EtcdUnavailableError
-from tidekv.store.journal import Mirror
-from tidekv.store.master import MasterService
-from tidekv.store.replication import FollowSession, Replicator
+from tidekv.store.ha.election import POLL_S, REFUSED_RETRY_S, Campaign, Leader
+from tidekv.store.ha.etcd import EtcdAccessError, EtcdClient, EtcdError, EtcdUnavailableError
+from tidekv.store.ha.replication import FollowSession, Replicator
+from tidekv.store.master.journal import Mirror
+from tidekv.store.master.service import MasterService
 
 if TYPE_CHECKING:
-    from tidekv.store.server import MasterServer
+    from tidekv.store.master.server import MasterServer
 
 logger = logging.getLogger(__name__)
 

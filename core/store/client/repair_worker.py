@@ -16,8 +16,8 @@ import threading
 from collections import defaultdict
 
 from tidekv.errors import TidekvError
-from tidekv.store import protocol as p
-from tidekv.store.master_client import MasterClient
+from tidekv.store.client.master_client import MasterClient
+from tidekv.store.wire import protocol as p
 from tidekv.transfer import TransferEngine, TransferOp, TransferRequest, TransferState
 
 logger = logging.getLogger(__name__)

@@ -14,10 +14,10 @@ docs/store-design.md, "The object table's shards".
 from __future__ import annotations
 
 import heapq
-from itertools import chain
-from zlib import crc32
 from collections.abc import Iterator, MutableMapping
+from itertools import chain
 from typing import Generic, Protocol, TypeVar
+from zlib import crc32
 
 
 class Stamped(Protocol):

@@ -32,8 +32,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tidekv.store.etcd import EtcdAccessError, EtcdClient, EtcdError, EtcdUnavailableError
-from tidekv.store.master_client import leader_key
+from tidekv.store.client.master_client import leader_key
+from tidekv.store.ha.etcd import EtcdAccessError, EtcdClient, EtcdError, EtcdUnavailableError
 
 logger = logging.getLogger(__name__)
 

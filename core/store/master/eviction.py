@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from tidekv.store.protocol import Pin
+from tidekv.store.wire.protocol import Pin
 
 
 class Evictable(Protocol):

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING
 
 from tidekv.auth import ServerHandshake
 from tidekv.errors import AuthenticationError
-from tidekv.store import protocol as p
-from tidekv.store.master import MasterService, Session
-from tidekv.store.mount_proof import PendingMount
-from tidekv.store.replication import REPLICA_MAGIC, decode_follow
+from tidekv.store.ha.replication import REPLICA_MAGIC, decode_follow
+from tidekv.store.master.mount_check import PendingMount
+from tidekv.store.master.service import MasterService, Session
+from tidekv.store.wire import protocol as p
 
 if TYPE_CHECKING:
-    from tidekv.store.server import MasterServer
+    from tidekv.store.master.server import MasterServer
 
 logger = logging.getLogger(__name__)
 

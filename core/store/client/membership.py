@@ -22,13 +22,13 @@ import time
 
 from tidekv.config import StoreConfig
 from tidekv.errors import TidekvError
-from tidekv.store import mount_proof
-from tidekv.store import protocol as p
-from tidekv.store.master_client import MasterClient
-from tidekv.store.repair_worker import RepairWorker
+from tidekv.store.client.master_client import MasterClient
+from tidekv.store.client.repair_worker import RepairWorker
+from tidekv.store.wire import mount_proof
+from tidekv.store.wire import protocol as p
 from tidekv.transfer.engine import TransferEngine
-from tidekv.transfer.region import Region
 from tidekv.transfer.memory import huge_pages_shareable
+from tidekv.transfer.region import Region
 
 logger = logging.getLogger(__name__)
 

@@ -34,10 +34,10 @@ from tidekv.errors import (
     TransferTimeoutError,
 )
 from tidekv.hostaddr import HOST_VARIABLE, is_loopback
-from tidekv.store import protocol as p
-from tidekv.store.keys import Buffer, buffer_span, show_key
-from tidekv.store.master_client import MasterClient
-from tidekv.store.protocol import Pin, Status
+from tidekv.store.client.master_client import MasterClient
+from tidekv.store.wire import protocol as p
+from tidekv.store.wire.keys import Buffer, buffer_span, show_key
+from tidekv.store.wire.protocol import Pin, Status
 from tidekv.transfer.batch import TransferOp, TransferRequest, TransferState
 from tidekv.transfer.engine import TransferEngine
 from tidekv.values import parse_host_port

@@ -35,11 +35,10 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 import msgspec
-
 from tidekv.auth import ClientHandshake
 from tidekv.errors import AuthenticationError, ProtocolVersionError
-from tidekv.store import protocol as p
-from tidekv.store.journal import Mirror, Op
+from tidekv.store.master.journal import Mirror, Op
+from tidekv.store.wire import protocol as p
 
 logger = logging.getLogger(__name__)
 

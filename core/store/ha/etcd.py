@@ -36,8 +36,8 @@ from typing import Any
 
 from tidekv.config import EtcdSecurity
 from tidekv.errors import ConfigError
-from tidekv.store import etcd_errors
-from tidekv.store.etcd_errors import (
+from tidekv.store.ha import etcd_errors
+from tidekv.store.ha.etcd_errors import (
     EtcdAccessError,
     EtcdAuthError,
     EtcdError,

@@ -24,14 +24,14 @@ from typing import Any
 from tidekv.config import MasterAddress, StoreConfig, TlsConfig, TransferConfig
 from tidekv.errors import ConfigError, ObjectLeasedError, ObjectNotFoundError, StoreError, TransferError
 from tidekv.hostaddr import advertised_host
-from tidekv.store import protocol as p
-from tidekv.store import tenants
-from tidekv.store.keys import Buffer, Key, buffer_span, key_bytes, show_key
-from tidekv.store.master_client import MasterClient
-from tidekv.store.membership import Member
-from tidekv.store.object_io import ObjectIO, Parts, Pieces, Span, batch_error, in_order, span_of, trim
-from tidekv.store.protocol import Pin, Status
-from tidekv.store.staging import StagingArea
+from tidekv.store.client.master_client import MasterClient
+from tidekv.store.client.membership import Member
+from tidekv.store.client.object_io import ObjectIO, Parts, Pieces, Span, batch_error, in_order, span_of, trim
+from tidekv.store.client.staging import StagingArea
+from tidekv.store.wire import names
+from tidekv.store.wire import protocol as p
+from tidekv.store.wire.keys import Buffer, Key, buffer_span, key_bytes, show_key
+from tidekv.store.wire.protocol import Pin, Status
 from tidekv.transfer.engine import TransferEngine
 from tidekv.transfer.region import Region
 
@@ -125,7 +125,7 @@ class Store:
             port: port the new engine listens on (0: any free one).
             tls: how to reach the master over TLS (default ``TlsConfig.from_env()``: plain TCP
                 unless ``TIDEKV_TLS_ENABLE`` is set).
-            tenant: the tenant to act for on a master with tenants (``tidekv.store.tenants``;
+            tenant: the tenant to act for on a master with tenants (``tidekv.store.master.tenants``;
                 its secret is the engine's, ``TIDEKV_SECRET``); default ``TIDEKV_TENANT``,
                 "" for none.
 
@@ -139,7 +139,7 @@ class Store:
             cfg = dataclasses.replace(cfg, segment_size_bytes=segment_size)
         owns = engine is None
         tls_config = tls if tls is not None else TlsConfig.from_env()
-        tenant = tenants.tenant_from_env() if tenant is None else tenant and tenants.check_name(tenant)
+        tenant = names.tenant_from_env() if tenant is None else tenant and names.check_name(tenant)
         if engine is None:
             address = master if isinstance(master, MasterAddress) else MasterAddress.parse(master)
             engine = TransferEngine(host=advertised_host(host, address.hosts), port=port, config=transfer_config)

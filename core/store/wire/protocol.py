@@ -29,9 +29,9 @@ replication stream between masters (``journal``). v3: ``MountSegment`` carries t
 incarnation and is answered with a ``MountResult``: a holder declared dead has its segment
 suspended, not dropped, and gets its objects back by re-mounting (the journal's suspend/resume
 ops). v4: every connection opens with the ``tidekv.auth`` handshake (and the ``auth`` error kind).
-v5: ``ListKeys``. v6: tenants (``store.tenants``: the Greeting names one; ``Status.QUOTA`` and
+v5: ``ListKeys``. v6: tenants (``store.master.tenants``: the Greeting names one; ``Status.QUOTA`` and
 ``PutSlot.detail``), and re-replication (``Repairs``). v7: ``MountSegment.proof``
-(``store.mount_proof``) and the ``unproven`` error kind; ``PutStart.avoid``. v8: spare slots
+(``store.wire.mount_proof``) and the ``unproven`` error kind; ``PutStart.avoid``. v8: spare slots
 (``PutStart.spare``, ``PutBind``, ``PutSlot.spare``): a small put in two round trips."""
 
 MAGIC = b"tkv\x07"
@@ -86,7 +86,7 @@ class MountSegment(msgspec.Struct, tag="mount", array_like=True):
     capacity: int
     incarnation: str = ""  # the holder's secret for its process's life (<= 128 chars): a segment
     # suspended after missed heartbeats comes back only to a mount quoting it; "" = never suspended
-    proof: bytes = b""  # the engine's region proof of [base, +capacity) (``store.mount_proof``)
+    proof: bytes = b""  # the engine's region proof of [base, +capacity) (``store.wire.mount_proof``)
 
 
 class UnmountSegment(msgspec.Struct, tag="unmount", array_like=True):

@@ -1,53 +1,27 @@
-"""Mount proofs: the memory a segment names must be the mounting process's own.
-
-A mount names a transfer engine and a range of its memory, and other clients' puts then write
-into that range. Without a proof, a client holding the secret could mount a range of *another*
-engine's memory that nobody has mounted yet (a vLLM worker's KV cache, say) and have innocent
-clients' puts overwrite it. So:
-
-- the mounting client has its own engine make a region proof for the segment
-  (``TransferEngine.region_proof``: an HMAC under a key that never leaves the engine's process),
-  bound by ``context`` to the client and the segment it mounts as;
-- before the master accepts the mount, it asks the named engine itself, over that engine's
-  listener and with the secret that engine's tenant proves, whether it vouches for the proof
-  (``check``). An engine vouches only for a live region of its own and a proof its own process
-  made; a process that names someone else's engine and memory cannot make one.
+"""The master's side of mount proofs (``tidekv.store.wire.mount_proof``): before it accepts a
+mount, the master asks the named engine itself, over that engine's listener and with the secret
+that engine's tenant proves, whether it vouches for the proof (``check``). An engine vouches only
+for a live region of its own and a proof its own process made; a process that names someone
+else's engine and memory cannot make one.
 
 The check runs off the master's event loop (``server``), so an engine that is slow to answer
 delays no one else's requests. ``MasterConfig.verify_mounts`` turns it on ("auto": when the
-master has a secret). Neighbours: ``client`` (proves), ``master`` (asks for the check),
-``server`` (runs it), ``native/common/region_proof.h`` (the proof and the engine's answer).
+master has a secret). Neighbours: ``service`` (asks for the check), ``connection`` (runs it).
 """
 
 from __future__ import annotations
 
-import hashlib
 from typing import TYPE_CHECKING
-
-import msgspec
 
 from tidekv import _native
 from tidekv.errors import AuthenticationError
-from tidekv.store import tenants
+from tidekv.store.wire.mount_proof import context
 
 if TYPE_CHECKING:
-    from tidekv.store.master import Session
-    from tidekv.transfer import Region, TransferEngine
+    from tidekv.store.master.service import Session
 
 CHECK_TIMEOUT_S = 5.0
 """How long the master waits for an engine to answer a check (connect, handshake, verdict)."""
-
-
-def context(client_id: str, segment: str) -> bytes:
-    """What a mount's proof is bound to: the client and the segment as the master names them
-    (inside the tenant's namespace), so a proof cannot be replayed for another mount."""
-    return hashlib.sha256(msgspec.msgpack.encode(["tidekv-mount/1", client_id, segment])).digest()
-
-
-def prove(engine: TransferEngine, region: Region, tenant: str, client_id: str, segment: str) -> bytes:
-    """The proof a client of ``tenant`` sends with its mount of ``region`` as ``segment``."""
-    pre = tenants.prefix(tenant)
-    return engine.region_proof(region, context(pre + client_id, pre + segment))
 
 
 def check(engine: str, secret: str | None, client_id: str, segment: str, base: int, capacity: int, proof: bytes,

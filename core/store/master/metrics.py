@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tidekv.metrics import Registry
-from tidekv.store.objects import ObjectTable
-from tidekv.store.segments import SegmentTable
+from tidekv.store.master.objects import ObjectTable
+from tidekv.store.master.segments import SegmentTable
 
 
 def index_gauges(metrics: Registry, segments: SegmentTable, objects: ObjectTable,
@@ -18,7 +18,7 @@ def index_gauges(metrics: Registry, segments: SegmentTable, objects: ObjectTable
     metrics.gauge("tidekv_keys", "complete objects", lambda: {(): complete_keys()})
     metrics.gauge("tidekv_pending_puts", "puts started but not ended",
                   lambda: {(): len(objects.pending) - len(objects.live_spares())})
-    metrics.gauge("tidekv_spares", "slots reserved for clients' next small puts (store.protocol.Spare)",
+    metrics.gauge("tidekv_spares", "slots reserved for clients' next small puts (store.wire.protocol.Spare)",
                   lambda: {(): len(objects.live_spares())})
     metrics.gauge("tidekv_clients", "live clients", lambda: {(): len(segments.clients)})
     metrics.gauge(

@@ -28,14 +28,14 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tidekv.store import journal as j
-from tidekv.store import tenants
 from tidekv.store.allocator import align
-from tidekv.store.protocol import RepairTask
-from tidekv.store.segments import Segment
+from tidekv.store.master import journal as j
+from tidekv.store.master.segments import Segment
+from tidekv.store.wire import names
+from tidekv.store.wire.protocol import RepairTask
 
 if TYPE_CHECKING:
-    from tidekv.store.objects import ObjectMeta, ObjectTable
+    from tidekv.store.master.objects import ObjectMeta, ObjectTable
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class RepairBook:
         """Gives up on repairs past their deadline."""
         late = [(k, r) for k, r in self.under_way.items() if r.deadline <= now]
         for key, repair in late:
-            logger.warning("repair of key %r on segment %s missed its deadline", key[:64], tenants.plain(repair.segment))
+            logger.warning("repair of key %r on segment %s missed its deadline", key[:64], names.plain(repair.segment))
             self.finish(key, repair.token, False, repair.client_id, now)
 
     def cancel_on(self, names: Container[str], now: float) -> None:
@@ -179,7 +179,7 @@ class RepairBook:
     def _abandon(self, key: bytes, repair: Repair, now: float) -> None:
         table = self.table
         table.retired.add(max(repair.deadline, now), repair.size, (repair.segment, repair.offset),
-                          tenants.tenant_of(key))
+                          names.tenant_of(key))
         self.counters.failed += 1
         meta = table.objects.get(key)
         if meta is not None:

@@ -35,9 +35,8 @@ from pathlib import Path
 from typing import Union
 
 import msgspec
-
-from tidekv.store import protocol as p
-from tidekv.store.retired import KeptBytes
+from tidekv.store.master.retired import KeptBytes
+from tidekv.store.wire import protocol as p
 
 logger = logging.getLogger(__name__)
 

@@ -41,14 +41,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
-
 from tidekv.config import EtcdSecurity, MasterAddress, TlsConfig
 from tidekv.errors import MasterUnavailableError
-from tidekv.store import protocol as p
-from tidekv.store import tenants
-from tidekv.store.etcd import EtcdClient, EtcdUnavailableError
-from tidekv.store.keys import Key, key_bytes
-from tidekv.store.rpc import MasterChannel
+from tidekv.store.client.rpc import MasterChannel
+from tidekv.store.ha.etcd import EtcdClient, EtcdUnavailableError
+from tidekv.store.wire import names
+from tidekv.store.wire import protocol as p
+from tidekv.store.wire.keys import Key, key_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +95,7 @@ class MasterClient:
         self._busy_poll_us = busy_poll_us
         self._register = register
         self._secret = secret
-        self.tenant = tenants.tenant_from_env() if tenant is None else tenant and tenants.check_name(tenant)
+        self.tenant = names.tenant_from_env() if tenant is None else tenant and names.check_name(tenant)
         self._tls = (tls if tls is not None else TlsConfig()).client_context()
         self._etcd: EtcdClient | None = None
         if self.master.is_cluster:
