@@ -1,30 +1,17 @@
 """Shared-secret authentication of tidekv's control planes: one challenge–response, both ways.
 
-Every control plane (the store master's RPC and its standbys' replication stream, the weights
-publisher, the PD release channel) authenticates its peers with this module, the same way the
-transfer engine's handshake does (``native/common/handshake.cpp``): each side sends a fresh
-32-byte nonce and proves the secret with an HMAC-SHA-256 over both; the secret itself never
-travels. Here the MACs also name the channel and the role, so a proof made for one channel or
-direction is worthless on another (and cannot collide with the engine's, whose messages are
-shorter).
-
-The exchange, for a secret ``S`` and a channel label ``L`` ("master", "weights", ...):
-
-1. client → ``Greeting(version, Nc, tenant)``
-2. server → ``Challenge(Ns, HMAC(S, "tidekv/L/server" || Nc || Ns))`` — the MAC is empty when
-   the server has no secret. The client checks it before it sends anything that matters: a
-   client with a secret refuses a server without one (or with another one), and a client
-   without one refuses a server that asks for one, each with an ``AuthenticationError``.
-3. client → ``Proof(HMAC(S, "tidekv/L/client" || Ns || Nc))``: one proof, then the connection
-   is the client's (every channel is a TCP or TLS stream: ``tidekv.channel``).
-
-A client may name a *tenant* in its Greeting (the store master's ``store.master.tenants``): the server
-then uses that tenant's secret for ``S`` and ``L/tenant`` for the label, so a proof names the
-tenant it was made for.
+Each side sends a fresh 32-byte nonce and proves the secret with an HMAC-SHA-256 over both (the
+secret never travels); the MACs name the channel label and the role, so a proof is worthless on
+another channel or direction. Messages: ``Greeting`` (client nonce, tenant), ``Challenge`` (server
+nonce and MAC, empty without a secret), ``Proof``. The client checks the server's MAC before it
+sends anything that matters: a side with a secret refuses one without (``AuthenticationError``),
+and vice versa. A tenant named in the Greeting selects that tenant's secret and the label
+``L/tenant``.
 
 The handshake classes do no I/O: ``tidekv.channel`` (and the master's own connection,
 ``store.master.connection``) send and receive the bytes. Neighbours: ``config`` (where the secret is
 read: ``TIDEKV_SECRET`` or ``TIDEKV_SECRET_FILE``).
+Design notes: docs/channels.md#tidekvauth
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """The control channel every Python control plane speaks: framed msgspec messages over TCP.
 
-One convention for the store (clients and standbys to the master), weight broadcast
-(subscribers to the publisher) and PD hold releases (decode workers and the proxy to a prefill's
-hold table). A client connects (TLS where configured), sends the channel's 4-byte ``magic``, then
-the ``tidekv.auth`` handshake (Greeting, Challenge, Proof; each a frame); from then on every
-message is a frame -- a 4-byte little-endian length, then msgpack. A request travels in an
-``Envelope`` (the channel's protocol version, a request id, the body); its ``Reply`` (request id,
-an ``ErrorKind`` and message, or the result) comes back on the same connection, in order. A
-request with id 0 is one-way: no reply. A server that refuses a connection (bad magic, failed
-proof) answers a ``Reply`` with id 0 saying why, and closes.
+A client connects (TLS where configured), sends the channel's 4-byte ``magic``, runs the
+``tidekv.auth`` handshake, then every message is a frame (4-byte little-endian length, msgpack):
+an ``Envelope`` (protocol version, request id, body) answered by a ``Reply`` (request id, an
+``ErrorKind`` and message, or the result) on the same connection, in order. Request id 0 is
+one-way. A server that refuses a connection answers a ``Reply`` with id 0 saying why, and closes.
+Each channel is a ``Spec``; ``Client``, ``Server`` and ``Backoff`` do the rest.
 
-What each channel adds is a ``Spec``: its magic, auth label, protocol version, request bodies,
-result types and how a refusal becomes an exception. ``Client`` (blocking, one call at a time,
-reconnecting on the next call after a failure) and ``Server`` (a thread running an asyncio loop)
-do the rest; ``Backoff`` is the one retry policy. The master keeps its own asyncio protocol for
-speed (``store.master.connection``) but speaks exactly this. Neighbours: ``auth`` (the handshake),
-``store.wire.protocol``, ``weights.protocol``, ``kvcache.handoff`` (the three specs).
+Neighbours: ``auth`` (the handshake), ``store.wire.protocol``, ``weights.protocol``,
+``kvcache.handoff`` (the three specs); ``store.master.connection`` speaks the same wire.
+Design notes: docs/channels.md#tidekvchannel
 """
 
 from __future__ import annotations

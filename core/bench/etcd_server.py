@@ -1,25 +1,16 @@
 """EtcdServer: a local etcd of one or more members, started for tests and benches.
 
-Runs Debian's ``etcd`` (package ``etcd-server``) on free 127.0.0.1 ports: each member has its
-own client port, peer port and data directory, and the members form one cluster through
-``--initial-cluster``. Given ``hosts`` (one ``EtcdHost`` per member: an address, and the argv
-prefix that runs a command there, as a network namespace of ``tests/multihost`` does), each
-member listens on its host's address instead, and everything this server asks a member (its
-health, who leads, the auth set-up) runs there too, as a short child process through the prefix:
-this process may have no route to the hosts. Short raft timings (heartbeat 50 ms, election
-500 ms) keep the loss of a member's leadership brief. A member can be SIGKILLed and started again on the same ports and
-data (it rejoins the cluster). This is not how etcd is run in production: that is the
-operator's own etcd, reached with ``--etcd``. Neighbours: ``tidekv.store.ha.etcd`` (the client),
-the ``tidekv bench failover`` run and the store's failover tests, which both use this.
-
-Secured, as an operator's etcd may be: ``EtcdServerTls`` serves the client URLs over https
-(and with a client certificate given, requires one: ``--client-cert-auth``); ``EtcdServerAuth``
-turns authentication on with a root user and one user whose role may read and write one key
-prefix, set up through the JSON gateway's auth calls (Debian's etcd-server ships no etcdctl).
-``client_settings()`` is what a tidekv client then needs; ``admin()`` calls etcd as root.
+Runs Debian's ``etcd`` on free ports, one client port, peer port and data directory per member,
+on 127.0.0.1 or on given ``hosts`` (commands to a member then run through its host's argv prefix).
+A member can be SIGKILLed and started again on the same ports and data (it rejoins the cluster).
+``EtcdServerTls`` and ``EtcdServerAuth`` secure it as an operator's etcd may be;
+``client_settings()`` is what a tidekv client then needs, ``admin()`` calls etcd as root. Not for
+production (that is the operator's etcd, reached with ``--etcd``). Neighbours:
+``tidekv.store.ha.etcd`` (the client), ``tidekv bench failover`` and the store's failover tests.
 
 Ownership: an ``EtcdServer`` owns its member processes; ``stop()`` ends them all. Not
 thread-safe.
+Design notes: docs/design-bench.md#tidekvbenchetcd_server
 """
 
 from __future__ import annotations

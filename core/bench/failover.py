@@ -1,21 +1,13 @@
 """``tidekv bench failover``: leader kills under load, with every acknowledged object checked.
 
-One run, all on 127.0.0.1, each party its own process:
-
-1. *single*: a lone master, a holder, ``--clients`` load clients running ``churn`` (put, get,
-   upsert, remove) for ``--baseline-s`` before each kill round: put and get p50 of one master.
-2. *HA*: a real etcd (Debian's ``etcd-server``), three masters of one cluster, a holder and
-   clients of their own through ``etcd://``, alive beside (1) so that the rounds of both alternate.
-   ``--kills`` times: the clients churn for ``--period-s``, the leader is SIGKILLed a third of the way in, every client reads all its keys back (lost, stale),
-   the killed master is started again as a standby and the bench waits until two standbys are in
-   sync. Failover time, per client and kill, is from its last success before the kill to its
-   first success after it. put/get p50 over the HA load, divided by the single master's.
-3. *restart*: a lone master with ``--state-dir``, ``--restart-objects`` objects put, SIGKILL, a
-   new master on the same port and directory; the time from its start until every object was
-   read back (byte for byte) is ``restart_recovery_s``.
-
-``--json FILE`` writes one summary object. Neighbours: ``churn`` (the load and its books),
-``tidekv.helper_process`` (helpers), ``etcd_server`` (the etcd).
+Three phases on 127.0.0.1, each party its own process: *single* (a lone master under ``churn``
+load, the p50 baseline), *HA* (etcd, three masters; ``--kills`` times the leader is SIGKILLed
+mid-period, every key is read back, the master rejoins as a standby; failover time per client
+and put/get p50 against the single master's), and *restart* (``--state-dir`` recovery time,
+``restart_recovery_s``). ``--json FILE`` writes one summary object.
+Neighbours: ``churn`` (the load and its books), ``tidekv.helper_process`` (helpers),
+``etcd_server`` (the etcd).
+Design notes: docs/design-bench.md#tidekvbenchfailover
 """
 
 from __future__ import annotations

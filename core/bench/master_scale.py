@@ -1,33 +1,11 @@
 """``tidekv bench master``: how the master's memory and speed scale with the number of objects.
 
-Measured in-process on a MasterService (no network: what is measured is what grows with the
-object count — the object table, allocator and eviction bookkeeping — not loopback noise):
-- bytes per object: the process's resident memory grown by filling the table with N objects
-  (64-byte keys, one 4 KiB replica each), divided by N;
-- ops/s: encoded single-key Get and PutStart+PutEnd requests through ``MasterService.handle``
-  at 1k objects and at N objects, and their ratio; and puts into a full pool (a master of its
-  own whose segment holds 1k, then min(N, 100k) objects, with no watermark: every put evicts the
-  least recently used object on its own path);
-- pauses at N objects, over N/2 single-key puts in a row (PutStart+PutEnd), with Python's cycle
-  collector as it comes and then kept off the index as ``tidekv master`` keeps it
-  (``store.master.collector.FrozenHeap``, ticked every 0.1 s; a tick counts as a pause, since the
-  master's loop serves no request meanwhile): the longest put (or tick), its 99.9th percentile,
-  and the longest full (generation 2) collection, timed with ``gc.callbacks``. A long put that
-  is not a collection was the object table's dict rebuilding every entry as it grew, before the
-  table was split into shards (``store.master.shards``);
-- pauses over N single-key gets of random stored keys (each moves its key to the LRU end), index
-  frozen, measured first, on the table as the fill left it;
-- a standby's side at N objects: the master's snapshot, encoded and decoded as on the wire,
-  applied to a ``journal.Mirror`` (what a standby does when it attaches; the collector off), and
-  then N/2 puts' batches (StartOp+EndOp) applied one by one, index frozen: the longest holds up
-  the standby's next ack, which every put on the leader waits for;
-- a lone master's restart from ``--state-dir`` at N objects, measured first, in a new process
-  that holds nothing else, as a restarted master's or a promoted standby's (a master of its
-  own, its journal in a temporary directory, deleted before each restart): from the log its N
-  puts wrote (no snapshot yet) and from a snapshot of them, each read into a ``journal.Mirror``
-  and restored as ``MasterServer`` recovers (the collector off); the second restart's restore
-  from its Mirror is the promotion row (what a standby does when it takes over). Checks that
-  every object came back.
+Measured in-process on a MasterService (no network): bytes per object, single-key Get and
+PutStart+PutEnd rates at 1k and N objects and into a full pool, pauses over N/2 puts and N gets
+(collector as it comes, and frozen as ``tidekv master`` keeps it), a standby's snapshot load and
+batch apply, and a lone master's restart from ``--state-dir`` (log, snapshot, promotion), checking
+that every object came back.
+Design notes: docs/design-bench.md#tidekvbenchmaster_scale
 """
 
 from __future__ import annotations

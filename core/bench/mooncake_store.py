@@ -1,24 +1,14 @@
 """Mooncake comparison of ``bench store``: the same rows through ``MooncakeDistributedStore``.
 
-Two implementations of Mooncake's store API are driven alike (``MooncakeApi``): Mooncake's own
-(``mooncake.store`` and ``mooncake_master`` from the wheel ``mooncake-transfer-engine-non-cuda``)
-and tidekv's drop-in (``tidekv.compat.mooncake_store`` and ``tidekv.compat.mooncake_master``, what
-the ``tidekv-mooncake-shim`` package installs as ``mooncake``), so a row shows what the same
-Mooncake-API code gets on each. ``MooncakePool`` starts the master on free ports of 127.0.0.1
-and, when the pool is in another process, a holder process mounting its only segment;
-``MooncakeStoreDriver`` adds the measuring client, all over Mooncake's tcp protocol with
-P2PHANDSHAKE (no metadata server). The client times ``store_ops.time_op`` rows through a thin
-adapter: put/get (bytes), batch_put_from/batch_get_into (a registered buffer),
-is_exist/batch_is_exist, batch_remove(force) for cleanup; every int return code is checked.
-``benchmarks/sglang_hicache.py`` reuses ``MooncakePool`` under SGLang's own mooncake backend.
-
-Mooncake has no shared-memory mode: with the holder in another process its bytes go over tcp,
-with the holder in the client's own process it copies with memcpy. With the holder in another
-process its helpers run with ``MC_STORE_MEMCPY=0`` (``memcpy_env``): the issue's measured
-setting, and Mooncake cannot memcpy into another process anyway. Its read leases must stay
->= 2 s (``MIN_LEASE_TTL_S``): shorter ones fail gets with -707 although the bytes arrived.
-Mooncake logs to stderr, so its processes log to files that errors quote. Neighbours: ``store`` runs it next to tidekv's
-rows; ``mooncake_te`` is the transfer-engine comparison and owns the install hint.
+Mooncake's own store and tidekv's drop-in are driven alike (``MooncakeApi``), so a row shows what
+the same Mooncake-API code gets on each. ``MooncakePool`` starts the master (and a holder process
+when the pool is in another process); ``MooncakeStoreDriver`` adds the measuring client, over tcp
+with P2PHANDSHAKE, timing ``store_ops.time_op`` rows and checking every int return code. Helpers
+of a holder in another process run with ``MC_STORE_MEMCPY=0`` (``memcpy_env``); read leases stay
+>= ``MIN_LEASE_TTL_S`` (shorter ones make Mooncake's gets fail). Mooncake logs to stderr, so its
+processes log to files that errors quote. Neighbours: ``store`` runs it next to tidekv's rows;
+``mooncake_te`` is the transfer-engine comparison and owns the install hint.
+Design notes: docs/design-bench.md#tidekvbenchmooncake_store
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """NIXL comparison of ``bench transfer`` (``--compare nixl``): the same workloads through NIXL.
 
-NIXL (vLLM's default KV-transfer library) is driven through its Python agent API with the UCX
-backend, host memory registered from numpy, two helper processes (a target that registers a
-region, an initiator that times the workloads), as ``mooncake_te`` does for Mooncake. Two UCX
-settings, one per kind of tidekv row: NIXL's default (UCX picks its transports; between two
-processes of one host that is cross-memory attach) beside tidekv's same-host rows, and
-``UCX_TLS=tcp`` on loopback beside tidekv's tcp rows. Each shape's transfer handle is made once
-and posted again for every timed iteration (NIXL's way to repeat a transfer). Every process with
-a UCX agent crashes in its library destructors at exit (NIXL 1.5.1), so the helpers end with
-``os._exit``; idle, their progress threads spin, so they are paused (SIGSTOP) except while their
-own rows are measured. Neighbours: ``transfer`` decides what to run; ``workload`` and ``timing`` keep the
-rows comparable.
+NIXL's Python agent API with the UCX backend, in two helper processes (target, initiator) as
+``mooncake_te`` does for Mooncake; UCX's default transports beside tidekv's same-host rows and
+``UCX_TLS=tcp`` beside its tcp rows, one transfer handle per shape posted again each iteration.
+The helpers end with ``os._exit`` (UCX agents crash in their destructors at exit) and are paused
+(SIGSTOP) except while their own rows are measured (idle progress threads spin). Neighbours:
+``transfer`` decides what to run; ``workload`` and ``timing`` keep the rows comparable.
+Design notes: docs/design-bench.md#tidekvbenchnixl_te
 """
 
 from __future__ import annotations

@@ -18,11 +18,10 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on right now, for a server started on ``host`` a moment later
     (a bench's peer, a test's etcd or master).
 
-    Picked at random below the kernel's ephemeral range (``ip_local_port_range``) when it can be:
-    the port of every outgoing connection comes from that range, so none can take this one in
-    the moment before the server binds it (a port the kernel picked was once taken so before
-    etcd bound it, in CI). Else (no room below the range, or every try taken) any port the
-    kernel picks.
+    Picked at random below the kernel's ephemeral range (``ip_local_port_range``) when it can be, so
+    no outgoing connection can take it before the server binds it. Else (no room below the range, or
+    every try taken) any port the kernel picks.
+    Design notes: docs/design-bench.md#tidekvbenchports
     """
     try:
         low = int(_EPHEMERAL_RANGE.read_text().split()[0])

@@ -1,28 +1,14 @@
 """Soak: a store under full load for minutes while its holders are SIGKILLed and restarted, with
-every acknowledged object accounted for (issue 17, item 5; ``benchmarks/soak.py``).
+every acknowledged object accounted for (``benchmarks/soak.py``).
 
-One master, two holders (processes contributing a segment each) and ``clients`` client
-processes (no segment of their own), all on 127.0.0.1, each its own process. Each client runs a
-put/get/upsert/remove mix on its own keys (``churn``'s values and books: every value names its
-key and version) with ``replicas`` copies per object, after putting ``cold_keys`` objects it
-never touches again until the final read-back; every ``transfer_every``-th operation is
-a transfer-engine WRITE into the next client's registered region and a READ back, compared byte
-for byte. Every ``kill_every_s`` one holder (in turn) is SIGKILLed and a new one started in its
-place. Meanwhile the RSS and open fds of every process and the master's segment books are
-sampled.
-
-Accounting. A client remembers, for each key, the version its last acknowledged write left
-and when that write ran (start, ack). A read that finds an acknowledged object gone is a loss
-(during the load as well as in the final read-back of every key). The store re-replicates
-(``store.master.repairs``: a new holder copies what a killed one held), so with ``replicas`` >= 2 and a
-kill interval longer than the copying, no loss is expected. A loss is still told apart: it is
-*every holder died* when every holder process alive at some point during the write that stored
-it was killed before the loss was seen (a copy had no time to be made), *after a failed write* when a
-later write of that key failed (that write may have removed it), and *unexplained* otherwise
-(a bug). A read that returns another version than the acknowledged one, or bytes that are no
-whole value, is stale or corrupt.
+One master, two holders and ``clients`` client processes on 127.0.0.1 run ``churn``'s mix (plus
+transfer-engine WRITE/READ checks) while one holder in turn is SIGKILLed every ``kill_every_s``
+and replaced; RSS, fds and the master's segment books are sampled. Each read is checked against
+the last acknowledged write: a loss is classed *every holder died*, *after a failed write* or
+*unexplained* (a bug); another version or a torn value is stale or corrupt.
 
 Neighbours: ``churn`` (values and books), ``tidekv.helper_process``, ``failover``.
+Design notes: docs/design-bench.md#tidekvbenchsoak
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """``tidekv bench store``: the store measured end to end, a master and clients as processes on 127.0.0.1.
 
-Each tidekv configuration is a ``TidekvStoreDriver``: its own master process, and either
-
-- holder ``same``: one client process that mounts the only segment and measures (its puts land
-  in its own segment, ``prefer_local_segment``), or
-- holder ``other``: a holder process that mounts the only segment, and a pure client process
-  (segment 0) that measures,
-
-with the measuring client's engine on ``shm`` (auto: shared memory to same-host peers) or ``tcp``
-(forced, even to itself). The client times ``store_ops.time_op`` rows: put/get of 4 KiB and
-1 MiB (bytes API), put_many_from/get_many_into of 256 x 1 MiB (registered memory), exists of
-one key and exists_many of 1000. With ``--compare mooncake`` the same rows run through
-Mooncake's store in the same layout (``mooncake_store``), and through the same Mooncake-API
-client on tidekv's drop-in (the "shim" columns: ``tidekv.compat.mooncake_store`` and its
-``mooncake_master``), interleaved with tidekv's in rounds so passing machine load hits all alike;
-each row gets tidekv's ratio to Mooncake and the shim's.
+Each tidekv configuration (``TidekvStoreDriver``) is a master plus either one client that holds
+the only segment and measures (holder ``same``) or a holder and a pure client (``other``), the
+client's engine on ``shm`` or forced ``tcp``. Rows are ``store_ops.time_op`` operations; with
+``--compare mooncake`` the same rows run through Mooncake's store and through tidekv's drop-in
+("shim" columns), interleaved in rounds, each row with its ratios.
 Neighbours: ``store_ops`` (what a row times), ``store_report`` (table, bars, plot), ``timing``.
+Design notes: docs/design-bench.md#tidekvbenchstore
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """``tidekv bench transfer``: the transfer engine measured against baselines of the same run.
 
-A target process (a helper, see ``tidekv.helper_process``) allocates a region on a TransferEngine and waits;
-this process is the initiator and times READ and WRITE, single requests and batches, over tcp
-(forced), shm and, when asked, fabric. Next to each row it times the matching baseline
-(``baselines``: a plain loopback socket for tcp, memcpy for shm, tidekv's own tcp transport for
-fabric) and, with ``--compare mooncake`` / ``nixl``, the same workload
-through Mooncake (``mooncake_te``) and NIXL (``nixl_te``: UCX's tcp beside tcp rows, its default
-cross-memory attach beside same-host rows). Each row reports GB/s, p50/p99 latency and the ratio to its
-baseline; ``tidekv.report`` prints the table, the JSON lines and the plot.
-
-Why same-run ratios: on a small VM, wake-up latency of an idle core (~80 us here) and memory
-bandwidth drift from run to run, so an absolute number from another run means little.
+A target helper process (``tidekv.helper_process``) allocates a region and waits; this process
+times READ and WRITE, single requests and batches, over tcp (forced), shm and, when asked, fabric,
+each row next to its baseline (``baselines``) and, with ``--compare mooncake`` / ``nixl``, the
+same workload through ``mooncake_te`` / ``nixl_te``. Each row reports GB/s, p50/p99 latency and
+the ratio to its baseline (same-run ratios, since absolute numbers drift between runs);
+``tidekv.report`` prints the table, the JSON lines and the plot.
+Design notes: docs/design-bench.md#tidekvbenchtransfer
 """
 
 from __future__ import annotations

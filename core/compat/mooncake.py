@@ -1,40 +1,18 @@
-"""A Mooncake-compatible transfer engine: the API of ``mooncake.engine.TransferEngine`` over tidekv.
+"""A Mooncake-compatible transfer engine: the API of ``mooncake.engine.TransferEngine`` over tidekv,
+so engines that drive Mooncake directly run unpatched (``tidekv-mooncake-shim`` makes ``import
+mooncake.engine`` resolve here).
 
-Engines that drive Mooncake directly (SGLang's ``--disaggregation-transfer-backend mooncake``,
-its weight loader, TensorRT-LLM's Python glue) can run on tidekv without a patch: the optional
-``tidekv-mooncake-shim`` distribution (``plugins/mooncake``) makes ``import
-mooncake.engine`` resolve to this module.
-
-The shape of this class is Mooncake's, not ours, on purpose: the same operation under several
-names (``transfer_sync_write``, ``batch_transfer_sync``, ...), integer status codes instead of
-exceptions (0 = success, -1 = failure; batch id 0 = failure), ``(address, length)`` memory.
-Every one of those names funnels into one private path that builds ``TransferRequest``s for
-``tidekv.TransferEngine.transfer``. A data-path method never raises where Mooncake returns a
-code: it logs the typed tidekv error (which names peer, op and byte range) and returns -1.
-
-Mapping of Mooncake's concepts:
-
-- ``initialize(local_hostname, "P2PHANDSHAKE", protocol, device_name)`` starts a
-  ``tidekv.TransferEngine`` on ``local_hostname`` (any free port unless the name carries one).
-  The session id Mooncake peers use, ``f"{host}:{get_rpc_port()}"``, is exactly the tidekv engine
-  name, and the first transfer to it does the handshake. Only ``P2PHANDSHAKE`` is supported as
-  metadata server; etcd / http metadata servers are refused (-1) with a log naming the value.
-- ``protocol``: "tcp" (or ``MC_FORCE_TCP=1``) forces tidekv's tcp transport; every other
-  protocol lets tidekv choose per request (shared memory to same-host peers, fabric where it runs,
-  tcp otherwise). "rdma" and "efa" select the fabric transport's provider (verbs, efa) unless
-  ``TIDEKV_FABRIC_PROVIDER`` names one, and where fabric cannot run the engine says so in its log
-  and uses tcp (Mooncake's wheel does that silently: "Found 0 HCAs", then tcp). ``device_name`` (NIC allow-list) has no meaning for these transports and is ignored.
-- ``location`` of registered memory: "*" asks the CUDA driver whether the address is GPU memory
-  (as Mooncake does), "cpu[:N]" is host memory, "cuda:N" GPU memory (the cuda transport, or tcp
-  staged through host memory).
-
-Not provided (no caller among the engines above, or no tidekv equivalent): notifications
-(``TransferNotify`` / ``get_notifies``), ``transfer_*_on_cuda``, ``get_first_buffer_address``,
-``get_local_topology``, ``warmup_efa_segment``, ``get_engine_ptr``.
+The shape is Mooncake's on purpose: several names per operation, integer status codes (0 =
+success, -1 = failure; batch id 0 = failure), ``(address, length)`` memory; all funnel into one
+path building ``TransferRequest``s. A data-path method never raises where Mooncake returns a
+code: it logs the typed tidekv error (peer, op, byte range) and returns -1. Only
+``P2PHANDSHAKE`` metadata is supported; the session id ``host:rpc_port`` is the tidekv engine
+name. Notifications, ``transfer_*_on_cuda`` and a few topology calls are not provided.
 
 Neighbours: ``tidekv.transfer.engine`` (the engine underneath), ``tidekv.config.TransferConfig``
 (its settings, still read from ``TIDEKV_*`` variables). Thread-safety: every method may be called
 from any thread, as with Mooncake. This module imports neither torch nor any engine.
+Design notes: docs/design-compat.md#tidekvcompatmooncake
 """
 
 from __future__ import annotations

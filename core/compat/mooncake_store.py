@@ -1,42 +1,19 @@
 """Mooncake's store API (``mooncake.store``) over ``tidekv.Store``: ``MooncakeDistributedStore``,
 ``ReplicateConfig``, ``MooncakeHostMemAllocator`` and the descriptor types, with Mooncake's
-signatures and return conventions, so code written for Mooncake's store (SGLang's mooncake HiCache
-backend, vLLM's MooncakeStoreConnector, LMCache's ``mooncakestore://``) runs on tidekv unchanged.
+signatures and return conventions, so code written for Mooncake's store runs on tidekv unchanged
+(``tidekv-mooncake-shim`` makes ``import mooncake.store`` resolve here).
 
-The ``tidekv-mooncake-shim`` distribution (``plugins/mooncake``) makes ``import mooncake.store``
-resolve to this module and ``tidekv.compat.mooncake_types`` (the value types and error codes).
-Like ``tidekv.compat.mooncake`` for the transfer engine, the shape is Mooncake's on purpose:
-integers at this boundary are Mooncake's contract (0 = success, negative = Mooncake's
+Integers at this boundary are Mooncake's contract (0 = success, negative = Mooncake's
 ``ErrorCode``; ``get`` of a missing key returns ``b""``). Every method is translation only: it
 calls one ``tidekv.Store`` method and turns the typed error it raises into Mooncake's code through
 ``mooncake_types.error_code`` (one table). A method never raises where Mooncake returns a code.
-
-How Mooncake's semantics map onto tidekv's, where they differ (README, "Mooncake drop-in"):
-
-- Leases: ``is_exist``, ``batch_is_exist``, ``get_size`` and ``batch_get_replica_desc`` take a
-  read lease, as Mooncake's ExistKey/GetReplicaList do (``Store.lookup_many``); ``remove`` of a
-  leased key is -706 unless ``force``.
-- ``put`` of an existing key is 0 and leaves the old bytes (immutable objects); ``upsert*``
-  replaces them.
-- ``remove_all`` and ``remove_by_regex`` list the keys (``Store.keys``) and remove them in
-  batches; objects a reader holds a lease on stay unless ``force`` (Mooncake's leave them
-  silently too; here the count is logged).
-- ``setup``: ``metadata_server``, ``protocol`` (except ``MC_FORCE_TCP=1``) and ``rdma_devices``
-  select nothing (tidekv handshakes directly and picks shared memory or tcp per peer);
-  ``enable_ssd_offload``, an ``ssd_offload_path``, a ``tenant_id`` other than "default" and
-  ``enable_client_http_server`` raise ``TypeError`` naming the argument, the way a Mooncake
-  without them does (SGLang then retries without the argument, or stops for ``tenant_id``).
-- ``setup_dummy(mem_pool_size, local_buffer_size, server_address)`` attaches a client without
-  memory of its own to the tidekv master at ``server_address`` (``tidekv up`` plays Mooncake's
-  real client: it holds the pool and the master in one process).
-- ``ReplicateConfig``: ``replica_num``, ``with_hard_pin``, soft pin (``with_soft_pin`` or
-  ``soft_pin_action = ENABLE``) and ``preferred_segment`` (or the first ``preferred_segments``)
-  are honoured; ``group_ids``, ``session_ids``, ``soft_pin_ttl_ms`` and the NoF/DFS replica
-  counts are accepted and have no effect.
+Where the semantics differ (leases, puts of existing keys, unsupported ``setup`` arguments raise
+``TypeError``, ``ReplicateConfig`` fields without effect): the design notes below.
 
 Neighbours: ``tidekv.store.client.store`` (the Store underneath), ``tidekv.compat.mooncake`` (the
 transfer engine, whose ``get_engine()`` ``setup`` can share), ``tidekv.config.parse_size``.
 Thread-safety: as ``tidekv.Store``, every method may be called from any thread.
+Design notes: docs/design-compat.md#tidekvcompatmooncake_store
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """The prefill -> decode hand-off of held KV blocks: which blocks move, who holds what, and
 the "release" signal.
 
-The decode side pulls the prefill blocks that hold the prompt tokens it does not have
-(``pull_end``, ``pulled_blocks``). The prefill side holds a finished request's blocks until it
-is told to release them, or until ``hold_timeout_s`` passes (the last resort: a decode that
-never comes leaks nothing for longer). Releases travel as one-way ``HoldRelease`` messages on the
-hold channel (``tidekv.channel``, label "pd", versioned with the PD contract), one connection per
-prefill rank, and say why (``ReleaseReason``): the decode pulled the blocks (its worker says so),
-its pull failed (its worker), the decode request ended before any pull was planned (its
-scheduler, e.g. aborted when its client left), or the decode leg failed before the decode took
-the request (the proxy: decode unreachable or answering an error). ``HoldTable`` serves the
-channel on the prefill worker, ``Releaser`` sends wherever a release comes from; each on a
-thread of its own, so a step never waits on a socket.
-
-A forged release would free blocks a decode is still reading (wrong tokens), so with a shared
-secret every connection proves it both ways (``tidekv.auth``) before a release is taken; a side
-with a secret refuses a side without. Neighbours: ``contract`` (the hold table's address travels in
+The decode pulls the prefill blocks holding the prompt tokens it lacks (``pull_end``,
+``pulled_blocks``). The prefill holds a finished request's blocks until released or until
+``hold_timeout_s``. Releases are one-way ``HoldRelease`` messages (with a ``ReleaseReason``) on
+the hold channel (``tidekv.channel``, label "pd", versioned with the PD contract), one connection
+per prefill rank; ``HoldTable`` serves it on the prefill worker, ``Releaser`` sends, each on its
+own thread. With a shared secret both sides authenticate (``tidekv.auth``) before a release is
+taken. Neighbours: ``contract`` (the hold table's address travels in
 ``RankEndpoint.confirm_address``; ``PROTOCOL_VERSION``).
+Design notes: docs/design-kvcache.md#tidekvkvcachehandoff
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
 """Store-backed prefix reuse, the engine-agnostic half of a KV connector's scheduler: how many
 of a prompt's tokens the store can supply, which blocks a request loads before its first
 forward, which full blocks it saves after each step, and whether its blocks must outlive it
-until those saves end.
+until those saves end. Engine plugins translate their scheduler's calls into these and ship the
+``BlockJob`` lists to their workers (``block_store``).
 
-The engine plugins translate their scheduler's calls into these (vLLM's ``TidekvScheduler``,
-TensorRT-LLM's ``TidekvTrtllmScheduler``) and ship the returned ``BlockJob`` lists to their
-workers, which move the bytes with ``block_store``. Rules, the same for every engine:
-
-- A prompt's stored prefix counts only in whole blocks and only as far as every tensor-parallel
-  rank holds every chunk of each (``RankedKeys.stored_blocks``).
-- The engine always computes the prompt's last token (it samples from that forward), so a prompt
-  whose every block is stored reports all tokens but one; its last block is still loaded whole.
-- A block is saved once: blocks that were loaded, or computed before the request reached us,
-  are never saved again; a preempted-and-resumed request starts over.
-- A store that does not answer (``MasterUnavailableError``) turns reuse off through the
-  ``StoreLink`` until it answers again; any other lookup failure only costs this prompt a
-  recompute (warned at most every 30 s).
+Rules: a stored prefix counts in whole blocks held by every TP rank; a fully stored prompt
+reports all tokens but one (its last block still loaded whole); a block is saved once; a
+``MasterUnavailableError`` turns reuse off through the ``StoreLink``, any other lookup failure
+costs only this prompt a recompute (warned at most every 30 s).
 
 Not thread-safe: one scheduler thread calls it. Neighbours: ``prefix`` and ``ranks`` (the keys),
 ``store_link`` (the master), ``block_store`` (the workers' half).
+Design notes: docs/design-kvcache.md#tidekvkvcacheprefix_reuse
 """
 
 from __future__ import annotations

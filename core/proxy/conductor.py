@@ -1,47 +1,18 @@
-"""The proxy's ``conductor`` policy (Mooncake's Conductor, FAST'25 §5): per request, estimate the
-time to first token through each prefill instance and send the request to the smallest, or shed
-it early when even the smallest misses the TTFT SLO.
+"""The proxy's ``conductor`` policy (Mooncake's Conductor): per request, estimate the time to
+first token through each prefill instance and send the request to the smallest, or shed it
+(429) when even the smallest misses the TTFT SLO.
 
-The estimate has two legs, as the TTFT a client sees does. The prefill leg: the prefill time of
-the instance's queued work (prompt tokens it has been sent and not yet answered) plus the
-tokens this prompt would make it compute (the prompt minus the longest prefix it holds),
-through a per-instance cost model ``time = fixed + per_token * tokens`` fitted online by least
-squares, with forgetting, to the instance's observed (tokens, seconds) pairs: for each answered
-prefill, the work ahead of it and its own uncached tokens at the time it was sent, and how long
-its answer took. The decode leg: the time from handing the request to the decode instance to
-its first streamed token (pulling the KV, waiting for a slot, one step), through a model of the
-same form whose work is the number of requests that decode had in flight when it got the
-request; this is where a decode sharing cores with the prefills, or queueing behind its own
-requests, shows. Without a decode observation yet (or non-streaming requests only), the decode
-leg counts zero.
+The estimate is a prefill leg (queued plus uncached tokens through a per-instance
+``fixed + per_token * tokens`` model, fitted online with forgetting and blended with the
+fleet's fit) and a decode leg (in-flight requests through a model of the same form; zero until
+observed). A request over the SLO is shed only while its estimate is fresh (work in flight or an
+answer within ``probe_after_s``); otherwise it goes as a probe that renews the models. Without a
+token count or observations, and on ties within ``TIE_S``, the store policy's choice stands.
 
-Forgetting: every observation, whichever instance or leg gave it, ages every model's past
-observations by ``FORGET``, and by half every ``HALF_LIFE_S`` of time, so that after a quiet
-spell the next answers outweigh the old ones. Each prefill instance's coefficients are blended
-with those of the fit of all instances together (same model, same kind of machine), the
-fleet's counting as ``PRIOR_WEIGHT`` observations against the weight of the instance's own: an
-instance not yet observed takes the fleet's fit, and one that looked slow once and was then
-starved of requests drifts back to the fleet's instead of staying unchosen on stale evidence.
-
-Shedding only trusts fresh evidence. A model learns only from answers, and a shed request gives
-none: an estimate once over the SLO would stay there while nothing is in flight (benchmarks/
-trace_replay.py saw 750 requests in a row shed with empty queues). So a request whose best
-estimate is over the SLO is shed only while its estimate is fresh: the prefill instance has
-work in flight or answered within ``probe_after_s`` (``PROBE_AFTER_S`` unless the proxy's
-``--probe-after-s`` says otherwise), and so has the decode. Otherwise it is
-sent as a probe, to the instance with the smallest stale estimate, and its answer renews the
-models. A probe costs little: it is a request the estimate had given up on. Probes, and whether
-they met the SLO (the proxy's TTFT: request in to first token out), are counted, as are the
-estimated and observed TTFTs of every admitted request, which says how far to trust a shed.
-
-What each instance holds comes from the store (``store_policy``: leading blocks in its
-segment, when the proxy has a master) and from the proxy's own memory of where prompts went
-(``routing.PrefixIndex``), whichever is longer. When the prompt's token count is unknown, or no
-instance has been observed yet, the choice is the store policy's (most leading blocks held;
-ties and no holder take turns); so are ties between estimates (within ``TIE_S``). No I/O here
-and no clock: the server passes the times in (``time.monotonic()``). One event loop, no lock.
-Neighbours: ``routing`` (the Router and its turn), ``server`` (calls ``choose``, ``sent``,
+No I/O and no clock: the server passes the times in (``time.monotonic()``). One event loop, no
+lock. Neighbours: ``routing`` (the Router and its turn), ``server`` (calls ``choose``, ``sent``,
 ``answered``, ``decode_sent``, ``first_token`` and ``finished`` around each request).
+Design notes: docs/design-proxy.md#tidekvproxyconductor
 """
 
 from __future__ import annotations

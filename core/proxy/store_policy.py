@@ -1,20 +1,14 @@
 """The proxy's ``store`` routing policy: send a prompt to the prefill instance whose own store
 segment holds the longest run of the prompt's leading KV blocks, as the tidekv master says.
 
-A prefill instance that saves to the store says so in the PD contract of its answers
-(``tidekv.kvcache.contract.KVHandoff``: ``prefix_namespaces``, ``block_size``, and each
-tensor-parallel rank's transfer engine, whose segment that rank's saves prefer); the proxy
-learns that card from the first answer of each instance (of each engine behind its URL, with
-data parallelism, and counts the best).
-For a new request it gets the prompt's token ids (given, or from the instance's own
-``/tokenize``, so chat templates match), derives every rank's block keys exactly as the
-connector does (``tidekv.kvcache.prefix``), and asks the master where the first chunk of each
-block lives (``Locate``: one round trip, no lease). An instance holds a block only if every rank
-of it does (a rank evicted alone costs the whole block). Instances without a card, a master
-that is down, or a prompt no instance holds fall back to round robin; routing never fails a
-request.
+Each instance's card (namespaces, block size, ranks' engines) is learnt from the PD contract of
+its first answer; the prompt's block keys are derived as the connector does and located with one
+``Locate`` (no lease). An instance holds a block only if every rank of it does. Instances without
+a card, a master that is down, or a prompt no instance holds fall back to round robin; routing
+never fails a request.
 
 Neighbours: ``routing`` (the Router that takes the turn), ``server`` (the HTTP calls).
+Design notes: docs/design-proxy.md#tidekvproxystore_policy
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """Slices of a trace that keep its prefix reuse: a window of trace time, and one conversation in
 ``k`` with every request of the kept conversations.
 
-Reuse in the conversation trace is between the turns of one conversation (each turn's prompt
-holds the previous turn's) and those turns come minutes apart, so the first N requests of the
-trace, replayed from a cold cache, hold little of it: the first 200 requests (72 s of trace)
-have an unbounded hit rate of 0.059 against the whole trace's 0.374. Keeping whole
-conversations from the whole span instead, and dropping the others, keeps what each request
-reuses and cuts the rate of requests by ``k``, so a replay fits a small deployment at a speedup
-that keeps the load the same.
-
-A conversation is the requests sharing their second hash id (the first, 0, is the system
-prompt every request of the conversation trace starts with); a request of one block is a
-conversation of its own. Which conversations are kept depends only on that id (a keyed hash,
-the same in every run and process), not on the order of the file. No I/O. Neighbours:
-``format`` (the requests), ``cli`` (``--until-s``, ``--conversations``).
+Reuse is between the turns of a conversation, minutes apart, so the first N requests hold little
+of it; keeping whole conversations cuts the request rate by ``k`` and keeps what each request
+reuses. A conversation is the requests sharing their second hash id (the first, 0, is the system
+prompt every request starts with); a request of one block is a conversation of its own. Which
+conversations are kept depends only on that id (a keyed hash, the same in every run and
+process), not on the order of the file. No I/O. Neighbours: ``format`` (the requests), ``cli``
+(``--until-s``, ``--conversations``).
+Design notes: docs/design-trace.md#tidekvtracesample
 """
 
 from __future__ import annotations

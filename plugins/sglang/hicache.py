@@ -1,24 +1,16 @@
 """TidekvHiCacheStorage: SGLang's L3 HiCache storage backend on the tidekv store.
 
-SGLang loads it through its dynamic backend factory (``--hicache-storage-backend dynamic``,
-module ``tidekv_sglang.hicache``, class ``TidekvHiCacheStorage``) as
-``TidekvHiCacheStorage(storage_config, kwargs)``, then calls ``register_mem_pool_host(host_pool)``
-once, then the data-path methods from its prefetch and backup threads.
-
-What this adapter does, and nothing more: it turns page hashes into store keys (``keys``), turns
-SGLang host-pool slots into ``(address, length)`` spans with the pool's own
-``get_page_buffer_meta``, and hands both to ``tidekv.store.Store``. The host pool's ``kv_buffer``
-is registered with the store's transfer engine, so with ``interface_v1`` (``batch_get_v1`` /
-``batch_set_v1``) pages move between the pool and the store segments without an intermediate
-copy. Failures are reported through SGLang's channel, per page ``False`` (or a shorter hit
-count), after logging the typed tidekv error; only set-up problems raise (``ConfigError``,
-``MasterUnavailableError``), which fails SGLang's start-up with that message.
-
-Call order and threads: the constructor and ``register_mem_pool_host`` run on SGLang's scheduler
-thread; ``batch_exists`` / ``batch_get_v1`` run on its prefetch threads and ``batch_set_v1`` on its
-backup thread, concurrently. Every method is thread-safe (the store client is).
+Loaded by SGLang's dynamic backend factory (``--hicache-storage-backend dynamic``, module
+``tidekv_sglang.hicache``, class ``TidekvHiCacheStorage``). It turns page hashes into store keys
+(``keys``) and host-pool slots into ``(address, length)`` spans (``get_page_buffer_meta``), and
+hands both to ``tidekv.store.Store``; the host pool is registered, so ``batch_get_v1`` /
+``batch_set_v1`` copy nothing in between. Failures are reported per page ``False`` (or a shorter
+hit count) after logging the typed error; only set-up problems raise (``ConfigError``,
+``MasterUnavailableError``). Every method is thread-safe: SGLang calls from its scheduler,
+prefetch and backup threads concurrently.
 
 Neighbours: ``settings`` (extra-config keys), ``keys`` (page keys), ``tidekv.store.Store``.
+Design notes: docs/design-kvcache.md#tidekv_sglanghicache
 """
 
 from __future__ import annotations

@@ -8,24 +8,12 @@ Loaded by TensorRT-LLM's ``kv_connector_config`` (LLM-API YAML)::
       connector_scheduler_class: TidekvConnectorScheduler
       connector_worker_class: TidekvConnectorWorker
 
-Settings come from the environment (the config above has no room for them):
-``$TIDEKV_CONNECTOR_CONFIG`` holds the keys vLLM's ``kv_connector_extra_config`` takes, as JSON
-(``{"engine_port": 7000}``; ``KVConnectorConfig.from_environment``); ``$TIDEKV_MASTER`` names
-the store master when it names none (unset: no store, the connector does nothing),
-``$TIDEKV_SECRET`` the shared secret.
-
-Translation only. What it shares with the vLLM connector lives in ``tidekv.kvcache``: the keys
-(``prefix``, ``ranks``), which blocks a request loads and saves (``prefix_reuse``), moving them
-(``block_store``). Written against TensorRT-LLM's ``kv_cache_connector.py`` API (1.x: scheduler
-on rank 0 with ``build_connector_meta``, ``get_num_new_matched_tokens``,
-``update_state_after_alloc``, ``request_finished``; worker on every rank with
-``register_kv_caches`` of the one block-major pool tensor ``[blocks, layers, 2, ...]``,
-``start_load_kv``, ``wait_for_save``, ``get_finished``); TensorRT-LLM cannot be installed on
-the machines this was written on, so it has not run inside it. Limits: tensor parallelism 1 (the
-scheduler learns the KV layout from the worker of its own process), loads are synchronous, and a
-load that finds blocks gone is logged as an error (this API has no channel to report failed
-blocks: those tokens are then wrong, as with any connector of this API). The lookup leases what
-it finds (``PrefixReuse``), so that happens only past the master's lease_ttl_s or when a holder dies.
+Settings come from ``$TIDEKV_CONNECTOR_CONFIG`` (JSON), ``$TIDEKV_MASTER`` (unset: no store, the
+connector does nothing) and ``$TIDEKV_SECRET``. Translation only: keys, reuse rules and block
+moves live in ``tidekv.kvcache`` (``prefix``, ``ranks``, ``prefix_reuse``, ``block_store``).
+Limits: tensor parallelism 1, synchronous loads, and a load that finds blocks gone is logged as
+an error (this API cannot report failed blocks). Not yet run inside TensorRT-LLM.
+Design notes: docs/design-kvcache.md#tidekv_trtllmconnector
 """
 
 from __future__ import annotations

@@ -1,34 +1,17 @@
 """MasterClient: the one way tidekv talks to a store master (Store, the proxy's store policy,
 the vLLM scheduler's lookups).
 
-It owns the connection (a ``rpc.MasterChannel`` to the current leader, with a hello on every new
-connection when the client registers), finding the leader (a fixed "host:port", or the leader key
-of a cluster in etcd: ``etcd://H:P[,H:P]/NAME``), following it when it changes, and retrying.
-A call that fails because no master answered, or because the master answered that it does not
-serve (recovering its index after a restart; a standby), looks the leader up again and retries
-until ``failover_timeout_s`` has passed, then raises the last error:
-
-==============================  ==========================================  ==============================
-request                          retried across a failover or restart        when it gives up
-==============================  ==========================================  ==============================
-Get, Exists, Locate, Stats       always (read-only)                          MasterUnavailableError /
-Hello, Mount, Heartbeat,         always (the master takes a repeat as the    MasterNotReadyError (the
-Disconnect, Unmount              same request)                               leader is not serving yet)
-PutEnd, PutRevoke                always (idempotent: an ended put's token
-                                 ends it again with OK)
-Remove                           always; a remove applied before the
-                                 failover answers NOT_FOUND on the retry
-ListKeys                         a first page always; a later page fails     ConfigError: the listing
-                                 on a new connection (the listing lived      lived on the connection
-                                 on the old one)                             that was lost; list again
-PutStart                         only when it certainly never reached a      MasterUnavailableError with
-                                 master (connect failed, or not_ready):      ``is_request_sent`` True:
-                                 a repeat would start a second put           nothing was acknowledged
-==============================  ==========================================  ==============================
-
-Other errors (AuthenticationError, ConfigError, ProtocolVersionError, RpcError, and EtcdAccessError:
-etcd refused this client's TLS or user while it looked for the leader) are never retried. Thread-safe.
+It owns the connection to the current leader (a fixed "host:port", or the leader key of a cluster
+in etcd: ``etcd://H:P[,H:P]/NAME``), follows it, and retries: a call that finds no master, or one
+that does not serve (recovering, a standby), looks the leader up again until
+``failover_timeout_s`` has passed, then raises the last error (``MasterUnavailableError`` /
+``MasterNotReadyError``). Reads and idempotent requests are always retried (a retried Remove may
+answer NOT_FOUND); a later ListKeys page on a new connection raises ``ConfigError`` (list again);
+PutStart is retried only when it certainly never reached a master, else it raises
+``MasterUnavailableError`` with ``is_request_sent`` True. Auth, config, protocol-version, RPC and
+etcd-access errors are never retried. Thread-safe.
 Neighbours: ``rpc`` (one connection), ``election`` (where the leader is written), ``client``.
+Design notes: docs/store-design.md#tidekvstoreclientmaster_client
 """
 
 from __future__ import annotations

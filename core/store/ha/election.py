@@ -1,26 +1,17 @@
 """Election: which master of a cluster leads, decided by an etcd lease, and who may lead next.
 
-Keys of cluster NAME in etcd:
+``/tidekv/NAME/leader`` (on the leader's lease) names the leader; ``/tidekv/NAME/insync`` lists
+the masters that hold every acknowledged change, and only they may campaign (no key: anyone).
+The leader rewrites ``insync``, guarded by still holding the leader key, before it acknowledges a
+change without a standby that fell behind. A leader serves only until ``sent + ttl - margin``
+(``sent``: its last answered keep-alive), so one cut off from etcd stops before another is elected.
 
-- ``/tidekv/NAME/leader``: the leader's id and RPC address (JSON), attached to the leader's
-  lease (TTL ``leader_ttl_s``). Whoever creates it while it is absent leads; it vanishes when
-  the lease is not renewed in time.
-- ``/tidekv/NAME/insync``: the ids of the masters that hold every change the leader
-  acknowledged (the leader and its in-sync standbys, see ``replication``). Only they may
-  campaign; the leader rewrites it, guarded by still holding the leader key, before it
-  acknowledges a change without a standby that fell behind. No key: nothing was ever
-  acknowledged, anyone may lead.
-
-Split brain: the leader takes itself to lead only until ``sent + ttl - margin``, where ``sent``
-is when it sent its last keep-alive that etcd answered; etcd cannot let the lease expire before
-``sent + ttl``, so a leader cut off from etcd stops serving before anyone else can be elected.
-
-``Campaign`` runs one thread per master: standing by it polls the leader key every
-``POLL_S`` and campaigns when eligible; leading it keeps the lease alive. It reports through two
-callbacks, called from its thread: ``on_elected(revision)`` and ``on_deposed(reason)``.
-An etcd that refuses the master's TLS or user (``EtcdAccessError``) is retried every
-``REFUSED_RETRY_S`` and logged as an error. Neighbours: ``etcd`` (the calls), ``server`` (acts on
-the callbacks), ``master_client`` (reads the leader key).
+``Campaign`` runs one thread per master (polling every ``POLL_S`` standing by, keeping the lease
+alive leading) and reports through two callbacks, called from its thread: ``on_elected(revision)``
+and ``on_deposed(reason)``. An etcd that refuses the master's TLS or user (``EtcdAccessError``) is
+retried every ``REFUSED_RETRY_S`` and logged as an error. Neighbours: ``etcd`` (the calls),
+``server`` (acts on the callbacks), ``master_client`` (reads the leader key).
+Design notes: docs/store-design.md#tidekvstorehaelection
 """
 
 from __future__ import annotations

@@ -2,22 +2,15 @@
 
 Leases (grant, keep alive, revoke), a compare-and-put transaction, get and put; keys and values
 travel base64-encoded as the gateway wants them. Every call goes to the first endpoint that
-answers, with a timeout, and raises ``EtcdUnavailableError`` when none does.
+answers, with a timeout, and raises ``EtcdUnavailableError`` when none does. With a secured etcd
+(``EtcdSecurity``: CA, client certificate, user) a refused token is renewed once and the call
+repeated; whatever etcd refuses then, or a failed TLS handshake, raises ``EtcdAccessError``
+(``etcd_errors``) naming the endpoint and the setting to fix.
 
-A secured etcd (``tidekv.config.EtcdSecurity``): https endpoints are checked against its CA and
-shown its client certificate; with a user, the client authenticates (``/v3/auth/authenticate``)
-before its first call and sends the token in ``Authorization`` on every call. When etcd refuses
-the token (expired after its ``--auth-token-ttl`` unused, revoked, authentication switched off
-and on) the client authenticates once more and repeats the call; whatever etcd refuses then, or
-a handshake it fails, raises an ``EtcdAccessError`` (``etcd_errors``) that names the endpoint and
-the setting to fix.
-
-Why the gateway and not a Python client: ``etcd3`` (python-etcd3) has had no release since 2020
-and pins an old protobuf; ``aetcd`` is asyncio-only and brings grpcio; ``etcd3gw`` speaks this
-same gateway but brings requests, futurist and pbr. Five POSTs of JSON need none of them.
 Neighbours: ``etcd_errors`` (what failures mean), ``election`` (campaigns and keeps the leader's
 lease), ``master_client`` (finds the leader). Thread-safe (the endpoint order and the token are
 the only shared state; a lock keeps each, and one thread at a time authenticates).
+Design notes: docs/store-design.md#tidekvstorehaetcd
 """
 
 from __future__ import annotations

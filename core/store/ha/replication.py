@@ -1,21 +1,14 @@
 """Replication: the leader streams its journal to the standbys and answers a request only once
 every in-sync standby confirmed the changes it made.
 
-Wire (the store's framed convention, ``protocol``): a standby opens a TCP connection to the
-leader's RPC port, sends ``REPLICA_MAGIC``, authenticates (``tidekv.auth``, as store clients
-do) and sends one ``Follow`` frame (protocol version checked);
-the leader answers with a snapshot ``Batch`` (its whole index as ops) and then one ``Batch`` per
-group of changes, numbered by ``seq``; the standby applies each to its ``journal.Mirror`` and
-answers ``Ack(seq)``.
-
-Commit rule (``Replicator``): a batch is committed once every *counted* standby acked it, and
-at least ``min_standbys`` of them (a leader just promoted, or left alone, commits nothing until
-a standby attached: its snapshot then holds everything); a reply waits for the batches its
-request made or read (a read of keys nobody changes does not wait). A standby is counted from its first ack (it then holds the snapshot); once it
-acked everything committed when it was counted, the leader adds it to the in-sync set in etcd
-(``election``), which makes it eligible to lead. A counted standby that leaves or stays
-``sync_timeout_s`` behind is removed from the in-sync set in etcd *before* anything commits
-without it. Neighbours: ``journal`` (ops, Mirror), ``cluster`` (roles), ``server`` (I/O).
+A standby connects with ``REPLICA_MAGIC``, authenticates, sends ``Follow``, gets a snapshot
+``Batch`` then numbered ``Batch``es, applies each to its ``journal.Mirror`` and answers
+``Ack(seq)``. A batch commits once every counted standby (and at least ``min_standbys``) acked it;
+a reply waits for the batches its request made or read. A standby caught up joins the in-sync
+set in etcd (eligible to lead); one that leaves or lags ``sync_timeout_s`` is removed from it
+*before* anything commits without it.
+Neighbours: ``journal`` (ops, Mirror), ``cluster`` (roles), ``server`` (I/O).
+Design notes: docs/store-design.md#tidekvstorehareplication
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Python's cycle collector in a master process: kept off the index, which has no cycles. Nothing else.
 
-The collector finds reference cycles by scanning tracked objects; a full collection runs once the
-objects that survived since the last one reach a quarter of all of them, and scans them all,
-holding the event loop meanwhile. A master's index is millions of small objects (an ObjectMeta
-per object, and its pending put) in no cycle, so every full collection scans them for nothing:
-``tidekv bench master`` measures the longest single put at 1M objects.
-
-``FrozenHeap.tick`` (on the master's timer, every ``freeze_every_s``) collects what is not frozen
-yet, which is only what was made since the last freeze, and then freezes the survivors
-(``gc.freeze``): full collections from then on scan only what is new. Frozen objects are still
-freed the moment their last reference goes; what a freeze gives up is finding a cycle among them
-that becomes garbage later (a closed connection's objects, say), so every ``thaw_every_s``
-everything is thawed and collected once: one pause of the old kind an hour instead of one every
-few hundred thousand puts. Only for a process tidekv owns (``tidekv master``, ``tidekv up``):
-freezing a process's objects is the process owner's call, so a master started inside another
-program (tests, an application calling ``MasterServer.start()``) leaves the collector alone.
+A full collection scans every tracked object with the event loop held, and a master's index is
+millions of small objects in no cycle. ``FrozenHeap.tick`` (on the master's timer, every
+``freeze_every_s``) collects what is not frozen yet, only what was made since the last freeze,
+then freezes the survivors (``gc.freeze``), so full collections scan only what is new; every
+``thaw_every_s`` everything is thawed and collected once, to find cycles that became garbage
+among frozen objects. Only for a process tidekv owns (``tidekv master``, ``tidekv up``); a master
+started inside another program leaves the collector alone.
+Design notes: docs/store-design.md#tidekvstoremastercollector
 """
 
 from __future__ import annotations

@@ -1,28 +1,16 @@
 """The master's journal: every change of its index as an op, and a ``Mirror`` rebuilt from ops.
 
-The master's tables emit one op per change (a segment mounted, suspended, resumed or dropped, a
-put started, ended or dropped, an object removed or evicted). The same ops feed two consumers: a file in
-``--state-dir`` (a lone master that restarts replays it) and the standbys of a cluster
-(``replication``), and both rebuild the index the same way, in a ``Mirror``: the tables without
-their allocators, which ``MasterService.restore`` turns back into a serving master (offsets
-allocated are re-reserved from the replicas, so nothing live is ever handed out twice).
+The tables emit one op per change; the ops go to a file in ``--state-dir`` (a restarting lone
+master replays it) and to standbys (``replication``), and both rebuild the index in a ``Mirror``,
+which ``MasterService.restore`` turns back into a serving master (allocated offsets re-reserved
+from the replicas, so nothing live is handed out twice). Gets are not journaled, so the mirror
+keeps freed bytes for a lease TTL after it learns of the free, and a restored master keeps what
+it frees for a lease TTL after taking over. Suspended segments keep their objects and replicas.
 
-Bytes freed by a remove or an upsert may still be read under a lease the mirror does not know
-of (gets are not journaled: they would cost every read a write); the mirror keeps them for a
-lease TTL after it learnt of the change, and a restored master keeps every byte it frees for a
-lease TTL after it took over (``ObjectTable.quarantine_until``).
-
-A suspended segment (a lapsed holder's, ``segments``) is one the mirror keeps in ``suspended``
-with the time its grace ends; its objects stay in ``objects`` with every replica (the master
-holds those on suspended segments aside), so a resume only moves the segment back. A replayed
-suspension's grace runs from when the mirror learns of it (a restart keeps objects longer, never
-shorter).
-
-On disk (``JournalFile``): a snapshot (ops rebuilding the whole index, written atomically) and a
-log (frames of ops appended since, each written before the requests that made it are answered). A frame cut
-short by a crash is the tail of an unanswered batch: it is ignored and cut off before appending
-resumes. The log is folded into a new snapshot once it outgrows twice the last one (and 64 MiB).
+On disk (``JournalFile``): an atomically written snapshot plus a log whose frames are written
+before the requests that made them are answered; a torn last frame is ignored and cut off.
 Neighbours: ``objects``/``master`` emit ops, ``replication`` streams them, ``server`` writes them.
+Design notes: docs/store-design.md#tidekvstoremasterjournal
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """Key listings (``ListKeys``): a connection pages through the keys of complete objects as they
 were when its listing began.
 
-A listing is a copy of the key set taken when it starts (~10 ms per million keys), held by the
-connection's session (``listing``, ``listed``), so no page costs more than a bounded number of
-lookups; keys removed since the start are skipped, keys put since are not listed. At most
-``MAX_LISTINGS`` connections hold one at a time. Neighbours: ``master`` (the sessions, and the
-``ListKeys`` request's checks), ``objects`` (the key set).
+A listing is a copy of the key set taken when it starts, held by the connection's session
+(``listing``, ``listed``), so no page costs more than a bounded number of lookups; keys removed
+since the start are skipped, keys put since are not listed. At most ``MAX_LISTINGS`` connections
+hold one at a time. Neighbours: ``master`` (the sessions, and the ``ListKeys`` request's checks),
+``objects`` (the key set).
+Design notes: docs/store-design.md#tidekvstoremasterlisting
 """
 
 from __future__ import annotations

@@ -5,21 +5,14 @@ States: a key is *pending* between put_start and put_end (invisible to readers),
 and put_end swaps them in one step, so a reader sees old or new, never a mix. Bytes a reader may
 still hold a lease on (an upserted-over version) are freed only when that lease ends.
 
-A *spare* is a pending put under a reserved key (``spare_key``) that stands for its writer's
-next put of the same size: the writer writes into it and ``put_bind`` makes it that key's
-object, put_start and put_end in one request. Being a pending put, it is journaled, reclaimed,
-dropped with its segment or writer, and never evicted like any other. A writer has at most one
-(reserving another drops it), and a client's put of a reserved key is INVALID, so nothing but
-its writer ends it.
-
-Replicas on a suspended segment (``segments``: a lapsed holder's) are *held*: set aside in the
-object's ``held``, neither read nor freed. An object with no other replica is unreadable, kept
-in ``suspended``; a put (from its start), upsert, remove or eviction of its key supersedes it
-(its held bytes are retired like any old version's), and when the holder comes back every
-object still holding a replica there gets it back.
+A *spare* (reserved ``spare_key``) is a pending put standing for its writer's next put of that
+size, bound by ``put_bind``; at most one per writer, and only its writer may end it. Replicas on
+a suspended segment are *held* (neither read nor freed) and given back when the holder returns;
+an object with no other replica sits in ``suspended`` until superseded or resumed.
 
 Neighbours: ``segments`` (placement and freeing), ``eviction`` (victim choice), ``master``
 (drives the table from RPCs and its timer). Single-threaded.
+Design notes: docs/store-design.md#tidekvstoremasterobjects
 """
 
 from __future__ import annotations

@@ -1,24 +1,16 @@
 """Re-replication: objects that lost replicas get them back, copied by the holders themselves.
 
-An object asks for ``want`` replicas at its put. When a holder dies or lapses, its objects keep
-their other replicas but are *degraded*: fewer live replicas than wanted. Holders ask the master
-for work (``Repairs`` requests, about once a heartbeat); the master hands each a few degraded
-objects it can take - its segment holds no replica of them, is in the object's pool, has room
-(repairs never evict) - reserving the bytes there, and the holder reads the object from a live
-replica into its own memory and reports. A repair that succeeds while the object is still the
-same version (its put token) adds the copy as a replica; one for a version since removed or
-replaced frees its bytes; one that fails or runs past its deadline keeps its bytes reserved
-until the deadline (the copy may still be landing) and the object stays degraded for another
-try. No lease is taken (a remove must not wait for a repair): a version's bytes never change
-while it lives, and a copy of bytes freed under it is of a version that is gone, so its report
-frees the copy instead of adding it.
-
-Every repair is journaled when handed out (``RepairOp``: its bytes are reserved on a standby
-and after a restart too) and when it ends (``RepairedOp``). A holder that lapses has its
-repairs cancelled (bytes kept to the deadline); a segment dropped takes its repairs with it.
+An object with fewer live replicas than its put's ``want`` is *degraded*. Holders ask for work
+(``Repairs``, about once a heartbeat); the master hands each a few degraded objects its segment
+can take (no replica there, in the object's pool, room: repairs never evict), reserving the
+bytes. A success for the same version (put token) adds the replica; one for a version since gone
+frees its bytes; a failure or overrun keeps the bytes reserved until the deadline. No lease is
+taken. Every repair is journaled when handed out (``RepairOp``) and when it ends (``RepairedOp``);
+a lapsed holder's repairs are cancelled, a dropped segment's go with it.
 
 Neighbours: ``objects`` (owns the table this works on), ``master`` (the ``Repairs`` request,
 timeouts on its tick), ``repair_worker`` (the holder's side).
+Design notes: docs/store-design.md#tidekvstoremasterrepairs
 """
 
 from __future__ import annotations

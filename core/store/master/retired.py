@@ -1,19 +1,15 @@
 """Retired bytes: replicas that wait for their readers' leases to end before they are freed. Nothing else.
 
 An object removed, upserted over or evicted while a reader holds a lease on it cannot give its
-bytes back at once: the reader may still be copying them. Its replicas wait here until the time
-they may be freed. A full pool looks for due bytes on every allocation it cannot make, so the
-entries sit in a heap by that time: finding that nothing is due is O(1) and freeing what is due
-O(log n) per entry (a list scanned on every allocation made puts into a full pool quadratic).
-
-A standby's (or a restarting master's) ``journal.Mirror`` knows no leases, so it keeps every
-freed range for a lease TTL after it learnt of the free (``KeptBytes``), unless the leader places a
-put over it first (by the leader's clock the leases had ended). Standbys check every put the
-leader places against these ranges, so they are indexed by segment and offset: a scan of all
-of them per put made each put cost a standby milliseconds under churn.
+bytes back at once: the reader may still be copying them. Its replicas wait here, in a heap by
+the time they may be freed (a full pool checks on every allocation it cannot make). A
+``journal.Mirror`` knows no leases, so it keeps every freed range for a lease TTL (``KeptBytes``)
+unless the leader places a put over it first; those ranges are indexed by segment and offset
+because standbys check every placed put against them.
 
 Neighbours: ``objects`` retires and frees (it owns the allocator calls and the tenants' usage);
 ``repairs`` retires the range of a repair it abandons; ``journal`` keeps bytes in its mirror.
+Design notes: docs/store-design.md#tidekvstoremasterretired
 """
 
 from __future__ import annotations
