@@ -7,6 +7,7 @@ other block ids of its own cache, and gets the same bytes."""
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import torch
 
 from tests.store.conftest import spawn_master  # noqa: F401 (fixture)
 from tests.store.conftest import SpawnMaster
+from tests.store.procs import wait_until
 from tidekv.config import StoreConfig
 from tidekv.errors import MasterUnavailableError
 from tidekv.kvcache.block_store import SaveQueue, load_blocks, save_blocks
@@ -226,7 +228,28 @@ def test_save_queue_frees_a_finished_request_only_after_its_saves() -> None:
         done = saves.finished(set())
     assert done == {"a"} and order == ["a1", "a2"]
     assert saves.finished({"a"}) == set()  # reported once
-    saves.submit("p", time.sleep, 0.05)
-    saves.wait("p")  # preempted: returns once its save ended
+    # Preempted: wait() returns once its save ended. Ordered by events, not a sleep: the save ends
+    # only once this (the step) thread is blocked inside wait(), so a wait() that did not wait for
+    # it would return first, and the order says so.
+    step, seen = threading.get_ident(), []
+
+    def save_p() -> None:
+        wait_until(lambda: _inside(step, SaveQueue.wait), 10.0, "the step thread to wait for the save")
+        seen.append("save ended")
+
+    saves.submit("p", save_p)
+    saves.wait("p")
+    seen.append("wait returned")
+    assert seen == ["save ended", "wait returned"], "wait() returned before the save ended"
     assert saves.finished({"p"}) == set()
     saves.shutdown()
+
+
+def _inside(thread_id: int, fn: Any) -> bool:
+    """Whether the thread ``thread_id`` is running ``fn`` now (``fn``'s frame is on its stack)."""
+    frame = sys._current_frames().get(thread_id)
+    while frame is not None:
+        if frame.f_code is fn.__code__:
+            return True
+        frame = frame.f_back
+    return False

@@ -28,6 +28,7 @@ from tidekv.kvcache.settings import (
 )
 
 from tests.store import wire
+from tests.store.procs import wait_until
 
 
 def test_block_keys_chain_the_whole_prefix() -> None:
@@ -169,9 +170,7 @@ def test_confirmation_while_nothing_is_held_is_kept_for_its_hold(
         hand_off: Callable[..., tuple[HoldTable, Releaser]]) -> None:
     table, releaser = hand_off()
     releaser.release(table.address, "r")
-    deadline = time.monotonic() + 5
-    while not table._releases and time.monotonic() < deadline:  # the receiver thread reads it
-        time.sleep(0.005)
+    wait_until(lambda: "r" in table._releases, 5.0, "the receiver thread to take the release")
     assert table.released() == set()  # nothing held: nothing released, and "r" is not lost
     table.hold("r")
     assert table.wait(0) is True
@@ -200,10 +199,10 @@ def test_malformed_confirmations_are_dropped_and_stale_ones_pruned(monkeypatch: 
         sender.sendall(channel.frame(b""))  # an empty frame from a peer is just as malformed; it must not stop the receiver
         for rid in ("stray1", "stray2"):
             sender.sendall(_release(rid))
-        deadline = time.monotonic() + 5
-        while len(table._releases) < 2 and time.monotonic() < deadline:  # the channel's thread takes them
-            time.sleep(0.005)
-        time.sleep(0.1)  # older than the hold timeout now
+        wait_until(lambda: set(table._releases) == {"stray1", "stray2"}, 5.0, "the channel's thread to take them")
+        # older than the hold timeout now (the wall time passes on purpose; the prune below needs it)
+        wait_until(lambda: all(time.monotonic() - t > table.hold_timeout_s for t, _ in table._releases.values()),
+                   5.0, "the strays to be older than the hold timeout", interval_s=0.01)
         table.hold("r")
         sender.sendall(_release("r"))
         assert table.wait(5.0) is True, "the receiver survived the malformed frames"
@@ -244,9 +243,14 @@ def test_failed_decode_frees_the_hold_at_once_and_says_so(hand_off: Callable[...
     caplog.set_level(logging.INFO, logger="tidekv.kvcache.handoff")
     table, releaser = hand_off(hold_timeout_s=60.0)
     releaser.release(table.address, "early", ReleaseReason.DECODE_FAILED, "decode http://d:1 unreachable")
-    time.sleep(0.1)  # the proxy heard of the failure before the prefill's worker recorded the hold
+    # Ordered by the event, not a sleep: the proxy heard of the failure (its release reached the
+    # table) before the prefill's worker recorded the hold.
+    wait_until(lambda: "early" in table._releases, 5.0, "the early release to reach the hold table")
+    assert not table.is_held("early")
     for rid in ("early", "failed", "pulled"):
         table.hold(rid)
+    assert table._releases["early"][0] < table._deadlines["early"] - table.hold_timeout_s, \
+        "the release for early arrived before its hold"
     releaser.release(table.address, "failed", ReleaseReason.DECODE_ENDED, "aborted")
     releaser.release(table.address, "pulled")
     started = time.monotonic()

@@ -4,6 +4,7 @@ process started late, stopped and restarted on one port."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -19,6 +20,7 @@ from tests.store.conftest import (
     SpawnMaster,
     spawn_master,  # noqa: F401 (fixture)
 )
+from tests.store.procs import wait_until
 
 FAST = Backoff(initial_s=0.05, factor=2.0, max_s=0.2)
 
@@ -117,10 +119,11 @@ class _Client:
 def test_try_now_does_not_wait_for_the_backoff() -> None:
     """A caller that knows the master answers again (the scheduler found blocks there) gets the
     client at once, though the retry thread would sleep on; but no more often than initial_s."""
-    calls, up = [], [False]
+    calls, who, up, me = [], [], [False], threading.get_ident()
 
     def connect() -> _Client:
         calls.append(time.monotonic())
+        who.append(threading.get_ident() == me)  # True: this test's thread (try_now), False: the retry thread
         if not up[0]:
             raise MasterUnavailableError("down")
         return _Client()
@@ -128,11 +131,17 @@ def test_try_now_does_not_wait_for_the_backoff() -> None:
     link = StoreLink("h:1", connect, owner="rank 0", backoff=Backoff(initial_s=0.2, factor=1000.0, max_s=1000.0))
     try:
         assert link.try_now() is None and len(calls) == 1, "no second attempt within initial_s of the first"
-        time.sleep(0.5)
+        # Ordered by the event, not a sleep: the retry thread's attempt (at 0.2 s) came; then
+        # initial_s passes after it on purpose, so try_now may try again.
+        wait_until(lambda: len(calls) >= 2, 10.0, "the retry thread's attempt after initial_s")
+        assert who == [True, False], "the second attempt was the retry thread's"
+        time.sleep(max(0.0, calls[1] + 0.2 + 0.02 - time.monotonic()))
         assert len(calls) == 2, "the retry thread tried once at 0.2 s and now sleeps 200 s"
         up[0] = True
         store = link.try_now()
         assert isinstance(store, _Client) and len(calls) == 3
+        assert who == [True, False, True], "try_now's attempt came after the retry thread's"
+        assert calls[2] - calls[1] >= 0.2, "and not within initial_s of it"
         assert link.state is LinkState.UP and link.store is store and link.try_now() is store
     finally:
         link.close()

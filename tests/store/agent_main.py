@@ -55,9 +55,15 @@ class Agent:
         if op == "read_loop":
             return self.read_loop(cmd["key"], cmd["duration_s"], cmd["base_size"])
         if op == "churn":  # the mixed load of tidekv.bench.churn on this agent's keys, books kept across calls
+            # began_s, ended_s, first_ok_s: this call's bounds and its first acknowledged op
+            # (time.monotonic: one clock for every process of the machine), so a test can tell
+            # that what it broke meanwhile landed while the load ran
+            began, earlier = time.monotonic(), len(self.books.successes)
             churn.churn(self.store, cmd["prefix"], cmd["duration_s"], keys=cmd.get("keys", 100),
                         size=cmd.get("size", 4096), seed=cmd.get("seed", 0), books=self.books)
-            return self.books.summary()
+            ok = self.books.successes[earlier:]
+            return {**self.books.summary(), "began_s": began, "ended_s": time.monotonic(),
+                    "first_ok_s": ok[0] if ok else None}
         if op == "verify":
             return {**churn.verify(self.store, self.books, cmd.get("size", 4096)), **self.books.summary()}
         if op == "put_start_raw":

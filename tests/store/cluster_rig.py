@@ -12,6 +12,7 @@ acknowledged. Neighbours: ``conftest`` (fixtures), ``test_failover``, ``test_etc
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.server
 import json
 import socket
@@ -19,7 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tests.store.procs import AgentProcess, MasterProcess, wait_until
@@ -41,6 +42,30 @@ def churn(clients: list[AgentProcess], duration_s: float, during: Callable[[], A
     if during is not None:
         during()
     return [c.finish_call(duration_s + 60) for c in clients]
+
+
+class Moments:
+    """When the failures a test causes during ``churn`` landed: ``with moments.of("kill"): ...``."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, float, float]] = []
+
+    @contextlib.contextmanager
+    def of(self, what: str) -> Iterator[None]:
+        started = time.monotonic()
+        yield
+        self.spans.append((what, started, time.monotonic()))
+
+    def landed_during(self, reports: list[dict], *whats: str) -> None:
+        """Asserts that each of ``whats`` (caused since the last check) landed while every client's
+        churn ran, after its first acknowledged op: the load was under way when it hit."""
+        spans, self.spans = self.spans, []
+        assert [w for w, _, _ in spans] == list(whats), spans
+        for what, started, ended in spans:
+            for r in reports:
+                assert r["first_ok_s"] is not None and r["began_s"] <= r["first_ok_s"] < started, \
+                    f"{what} at {started:.3f} came before the churn acknowledged anything: {r}"
+                assert ended < r["ended_s"], f"{what} ended at {ended:.3f}, after the churn did: {r}"
 
 
 def verify(clients: list[AgentProcess]) -> None:

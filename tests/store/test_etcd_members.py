@@ -20,7 +20,17 @@ import pytest
 from tidekv.bench.etcd_server import EtcdServer
 from tidekv.store.ha.etcd import EtcdClient, EtcdUnavailableError
 
-from tests.store.cluster_rig import CLIENT, HOLDER_BYTES, MASTER, TcpRelay, churn, in_sync, leader_of, verify
+from tests.store.cluster_rig import (
+    CLIENT,
+    HOLDER_BYTES,
+    MASTER,
+    Moments,
+    TcpRelay,
+    churn,
+    in_sync,
+    leader_of,
+    verify,
+)
 from tests.store.conftest import SpawnAgent, SpawnMaster
 from tests.store.procs import wait_until
 
@@ -101,7 +111,14 @@ def test_masters_and_clients_survive_the_loss_of_their_etcd_member(
     clients = [spawn_agent(address, 0, **CLIENT) for _ in range(2)]
     in_sync(masters, 2)
 
-    reports = churn(clients, 5.0, lambda: (time.sleep(1.5), links.lose_first()))
+    moments = Moments()
+
+    def lose_member() -> None:
+        time.sleep(1.5)  # load runs a while before the failure (the order is asserted below)
+        with moments.of("member lost"):
+            links.lose_first()
+    reports = churn(clients, 5.0, lose_member)
+    moments.landed_during(reports, "member lost")
     for r in reports:
         assert r["stale_reads"] == 0, r
         assert r["max_gap_s"] < 5.0, f"clients went on within 5 s: {r}"
@@ -112,8 +129,10 @@ def test_masters_and_clients_survive_the_loss_of_their_etcd_member(
 
     def kill_leader() -> None:  # a standby campaigns through the members left, clients find it there
         time.sleep(1.5)
-        leader.kill()
+        with moments.of("leader killed"):
+            leader.kill()
     reports = churn(clients, 6.0, kill_leader)
+    moments.landed_during(reports, "leader killed")
     for r in reports:
         assert r["stale_reads"] == 0, r
         assert r["max_gap_s"] < 10.0, f"clients re-attached within 10 s: {r}"

@@ -28,6 +28,7 @@ from tests.store.cluster_rig import (
     HOLDER_BYTES,
     MASTER,
     EtcdView,
+    Moments,
     TcpRelay,
     churn,
     health,
@@ -61,14 +62,17 @@ def test_leader_sigkill_under_load_loses_nothing(etcd: EtcdServer, spawn_master:
     clients = [spawn_agent(address, 0, **CLIENT) for _ in range(3)]
     in_sync(masters, 2)
     kills = []
+    moments = Moments()
     for round_ in range(2):
         def kill_leader() -> None:
-            time.sleep(1.5)
+            time.sleep(1.5)  # load runs a while before the failure (the order is asserted below)
             victim = leader_of(masters)
-            victim.kill()
+            with moments.of("leader killed"):
+                victim.kill()
             kills.append(victim)
         reports = churn(clients, 5.0, kill_leader)
         print("round", round_, reports)
+        moments.landed_during(reports, "leader killed")
         for r in reports:
             assert r["stale_reads"] == 0, r
             assert r["max_gap_s"] < 10.0, f"clients re-attached within 10 s: {r}"
@@ -91,7 +95,14 @@ def test_standby_sigkill_and_then_leader_sigkill(etcd: EtcdServer, spawn_master:
     clients = [spawn_agent(address, 0, **CLIENT) for _ in range(2)]
     in_sync(masters, 2)
     standby = next(m for m in masters if m is not leader)
-    reports = churn(clients, 3.0, lambda: (time.sleep(1.0), standby.kill()))
+    moments = Moments()
+
+    def kill_standby() -> None:
+        time.sleep(1.0)  # load runs a while before the failure (the order is asserted below)
+        with moments.of("standby killed"):
+            standby.kill()
+    reports = churn(clients, 3.0, kill_standby)
+    moments.landed_during(reports, "standby killed")
     assert all(r["stale_reads"] == 0 and r["max_gap_s"] < 3.0 for r in reports), reports
     in_sync(masters, 1)  # the leader went on with the standby left
     verify(clients)
@@ -100,10 +111,13 @@ def test_standby_sigkill_and_then_leader_sigkill(etcd: EtcdServer, spawn_master:
         # The survivor leads alone: it acknowledges nothing (min_standbys=1) until the master a
         # supervisor starts again has caught up with it.
         time.sleep(1.0)
-        leader.kill()
+        with moments.of("leader killed"):
+            leader.kill()
         time.sleep(0.5)
-        masters.append(spawn_master(etcd=etcd.url, cluster="t", **MASTER))
+        with moments.of("a master restarted"):
+            masters.append(spawn_master(etcd=etcd.url, cluster="t", **MASTER))
     reports = churn(clients, 6.0, kill_leader_then_restart_one)
+    moments.landed_during(reports, "leader killed", "a master restarted")
     assert all(r["stale_reads"] == 0 for r in reports), reports
     survivor = leader_of([m for m in masters if m.is_alive()])
     assert survivor not in (leader, standby)
@@ -117,15 +131,19 @@ def test_etcd_restart_under_load(etcd: EtcdServer, spawn_master: SpawnMaster, sp
     spawn_agent(address, HOLDER_BYTES, **CLIENT)
     clients = [spawn_agent(address, 0, **CLIENT) for _ in range(2)]
     in_sync(masters, 2)
+    moments = Moments()
 
     def restart_etcd() -> None:
-        time.sleep(1.0)
+        time.sleep(1.0)  # load runs a while before the failure (the order is asserted below)
         member = etcd.members[0]
-        member.kill()
+        with moments.of("etcd killed"):
+            member.kill()
         time.sleep(0.5)
-        member.start()
-        member.wait_healthy()
+        with moments.of("etcd restarted"):
+            member.start()
+            member.wait_healthy()
     reports = churn(clients, 5.0, restart_etcd)
+    moments.landed_during(reports, "etcd killed", "etcd restarted")
     assert all(r["stale_reads"] == 0 for r in reports), reports
     leader_of(masters)
     verify(clients)
@@ -143,10 +161,14 @@ def test_leader_cut_off_from_etcd_steps_down_before_another_leads(
     in_sync(masters, 2)
     direct = MasterClient(leader.address, "direct", timeout_s=1.0)  # talks to the old leader, never follows
     try:
+        moments = Moments()
+
         def cut() -> None:
-            time.sleep(1.0)
-            links[masters.index(leader)].cut()
+            time.sleep(1.0)  # load runs a while before the failure (the order is asserted below)
+            with moments.of("leader cut off from etcd"):
+                links[masters.index(leader)].cut()
         reports = churn(clients, 6.0, cut)
+        moments.landed_during(reports, "leader cut off from etcd")
         assert all(r["stale_reads"] == 0 for r in reports), reports
         new = leader_of(masters)
         assert new is not leader
@@ -174,13 +196,17 @@ def test_client_cut_off_from_the_leader_of_a_cluster_gets_typed_errors_then_foll
         cut_off = spawn_agent(f"etcd://{view.address}/t", 0, **{**CLIENT, "failover_timeout_s": 1.5})
         clients = [*others, cut_off]
         in_sync(masters, 2)
+        moments = Moments()
 
         def cut_then_heal() -> None:
-            time.sleep(1.0)
-            links[leader.address].cut()
-            time.sleep(4.0)
-            links[leader.address].heal()
+            time.sleep(1.0)  # load runs a while before the failure (the order is asserted below)
+            with moments.of("cut"):
+                links[leader.address].cut()
+            time.sleep(4.0)  # cut off this long on purpose
+            with moments.of("healed"):
+                links[leader.address].heal()
         *theirs, mine = churn(clients, 7.0, cut_then_heal)
+        moments.landed_during([*theirs, mine], "cut", "healed")
         assert all(r["stale_reads"] == 0 and r["max_gap_s"] < 2.0 and not r["errors"] for r in theirs), theirs
         assert mine["stale_reads"] == 0, mine
         assert mine["errors"] and set(mine["errors"]) <= TYPED, f"only typed errors while cut off: {mine}"
@@ -193,10 +219,13 @@ def test_client_cut_off_from_the_leader_of_a_cluster_gets_typed_errors_then_foll
 
         def cut_then_kill_the_leader() -> None:  # it must follow to the new leader, which it can reach
             time.sleep(1.0)
-            links[leader.address].cut()
+            with moments.of("cut"):
+                links[leader.address].cut()
             time.sleep(1.0)
-            leader.kill()
+            with moments.of("leader killed"):
+                leader.kill()
         reports = churn(clients, 8.0, cut_then_kill_the_leader)
+        moments.landed_during(reports, "cut", "leader killed")
         assert all(r["stale_reads"] == 0 and r["max_gap_s"] < 10.0 for r in reports), \
             [{k: r[k] for k in ("stale_reads", "max_gap_s", "errors", "stale_examples") if k in r} for r in reports]
         new = leader_of([m for m in masters if m.is_alive()])

@@ -7,6 +7,7 @@ means one attempt; the typed errors name the master.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -21,6 +22,7 @@ from tidekv.store.wire import protocol as p
 
 from tests.store import wire
 from tests.store.conftest import Connect, SpawnMaster
+from tests.store.procs import wait_until
 
 
 @pytest.fixture
@@ -104,7 +106,9 @@ def test_zero_failover_timeout_is_one_attempt() -> None:
         client.close()
 
 
-def test_reads_and_put_end_wait_out_a_master_restart(spawn_master: SpawnMaster, connect: Connect) -> None:
+def test_reads_and_put_end_wait_out_a_master_restart(spawn_master: SpawnMaster, connect: Connect,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="tidekv.store.client.master_client")
     first = spawn_master()
     store = connect(first.address, segment_size=1 << 20, failover_timeout_s=20.0)
     store.put("before", b"x" * 100)
@@ -117,10 +121,19 @@ def test_reads_and_put_end_wait_out_a_master_restart(spawn_master: SpawnMaster, 
         except Exception as exc:  # noqa: BLE001 - judged below
             answers["exists"] = exc
 
-    reader = threading.Thread(target=read)
+    def retries() -> int:  # the read's attempts that found no master
+        return sum(1 for r in list(caplog.records)
+                   if r.threadName == "reader" and "looking for the leader again" in r.getMessage())
+
+    reader = threading.Thread(target=read, name="reader")
+    started = time.monotonic()
     reader.start()
-    time.sleep(1.0)
+    # Ordered by the event, not a sleep: the read reached the dead master and is retrying before
+    # the new one starts; then it keeps waiting a while (wall time passes on purpose).
+    wait_until(retries, 10.0, "the read to find no master and retry")
+    time.sleep(max(0.0, started + 1.0 - time.monotonic()))
     assert reader.is_alive(), "the read waits for a master rather than failing"
+    assert retries() >= 2, "it went on retrying"
     spawn_master(port=first.port)
     reader.join(25)
     # Without --state-dir the new master starts empty; the read itself came through.

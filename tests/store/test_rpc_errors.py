@@ -21,7 +21,7 @@ from tidekv.store.wire import protocol as p
 
 from tests.store import wire
 from tests.store.conftest import Connect, SpawnMaster
-from tests.store.procs import MasterProcess
+from tests.store.procs import MasterProcess, wait_until
 
 MAX_MESSAGE = 4096
 REPLY_TIMEOUT_S = 5.0
@@ -62,6 +62,23 @@ def _wait_for_log(master: MasterProcess, text: str, timeout_s: float = 5.0) -> N
     while text not in master.log_text():
         assert time.monotonic() < deadline, f"{text!r} not in the master's log:\n{master.log_text()[-2000:]}"
         time.sleep(0.05)
+
+
+def _all_read_by_peer(sock: socket.socket) -> bool:
+    """Whether the process at the other end has read every byte sent on ``sock``: none waits
+    unacknowledged on this side, none unread on the other (Linux's /proc/net/tcp queues)."""
+    def name(address: tuple[str, int]) -> str:
+        return f"{int.from_bytes(socket.inet_aton(address[0]), 'little'):08X}:{address[1]:04X}"
+
+    mine, theirs = name(sock.getsockname()), name(sock.getpeername())
+    queues = {}  # (local, remote) -> (tx_queue, rx_queue)
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            tx, rx = (int(q, 16) for q in fields[4].split(":"))
+            queues[(fields[1], fields[2])] = (tx, rx)
+    sent, received = queues.get((mine, theirs)), queues.get((theirs, mine))
+    return sent is not None and received is not None and sent[0] == 0 and received[1] == 0
 
 
 def _check_serving(st: Store, tag: str) -> None:
@@ -297,7 +314,8 @@ def test_unfinished_requests_past_the_total_cap_close_the_connection_that_passes
     master = spawn_master(max_buffered_bytes=1 << 20)
     st = connect(master.address, segment_size=1 << 20, rpc_timeout_s=3.0)
     first = _partial_request(master, 600 << 10)  # 600 KiB held: under the cap
-    time.sleep(0.2)
+    # Ordered by the event, not a sleep: the master read all of the first before the second starts.
+    wait_until(lambda: _all_read_by_peer(first), 10.0, "the master to read the first unfinished request")
     second = _partial_request(master, 600 << 10)  # with it, 1.2 MiB: this one goes
     with first, second:
         assert _closed_by_peer(second, timeout_s=5.0)
