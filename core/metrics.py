@@ -1,129 +1,70 @@
-"""Plain in-process metrics: counters, gauges and histograms, rendered as Prometheus text.
+"""tidekv's metrics on prometheus_client, one registry per server (master, proxy).
 
-No server dependency: an exporter (the master's HTTP endpoint) calls ``render()``. Not
-thread-safe beyond the GIL's atomicity of single integer updates, which is all they need.
+Each server keeps a ``prometheus_client.CollectorRegistry`` of its own rather than the
+process-wide default: one process may run several masters (``tidekv up``, tests), and their
+series must not clash. Counters and histograms are prometheus_client's; ``gauge`` registers a
+collector that calls a function at scrape time, for values the server already holds (keys,
+bytes per segment) and must not copy into a metric on every change.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS_S = (50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3, 1.0)
 
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+"""The Content-Type of ``Registry.render()``'s text (Prometheus text exposition)."""
 
-class Counter:
-    __slots__ = ("name", "help", "values")
-
-    def __init__(self, name: str, help: str) -> None:
-        self.name, self.help = name, help
-        self.values: dict[tuple[tuple[str, str], ...], float] = {}
-
-    def inc(self, amount: float = 1, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
-        self.values[key] = self.values.get(key, 0) + amount
-
-    def get(self, **labels: str) -> float:
-        return self.values.get(tuple(sorted(labels.items())), 0)
-
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} counter"
-        for key, value in sorted(self.values.items()) or [((), 0)]:
-            yield f"{self.name}{_labels(key)} {_num(value)}"
-
-
-class Gauge:
-    """A value read from a callback at render time (``fn`` returns {labels-tuple: value}).
-
-    ``kind="counter"`` exports a callback-read monotonic total as a Prometheus counter.
-    """
-
-    __slots__ = ("name", "help", "fn", "kind")
-
-    def __init__(self, name: str, help: str, fn: Callable[[], dict[tuple[tuple[str, str], ...], float]],
-                 kind: str = "gauge") -> None:
-        self.name, self.help, self.fn, self.kind = name, help, fn, kind
-
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} {self.kind}"
-        for key, value in sorted(self.fn().items()):
-            yield f"{self.name}{_labels(key)} {_num(value)}"
-
-
-class Histogram:
-    __slots__ = ("name", "help", "buckets", "series")
-
-    def __init__(self, name: str, help: str, buckets: tuple[float, ...] = LATENCY_BUCKETS_S) -> None:
-        self.name, self.help, self.buckets = name, help, buckets
-        self.series: dict[tuple[tuple[str, str], ...], list[float]] = {}  # counts..., sum, count
-
-    def observe(self, value: float, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
-        s = self.series.get(key)
-        if s is None:
-            s = self.series[key] = [0.0] * (len(self.buckets) + 2)
-        i = bisect.bisect_left(self.buckets, value)
-        if i < len(self.buckets):
-            s[i] += 1
-        s[-2] += value
-        s[-1] += 1
-
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} histogram"
-        for key, s in sorted(self.series.items()):
-            cumulative = 0.0
-            for bound, count in zip(self.buckets, s):
-                cumulative += count
-                yield f"{self.name}_bucket{_labels(key + (('le', _num(bound)),))} {_num(cumulative)}"
-            yield f"{self.name}_bucket{_labels(key + (('le', '+Inf'),))} {_num(s[-1])}"
-            yield f"{self.name}_sum{_labels(key)} {s[-2]!r}"
-            yield f"{self.name}_count{_labels(key)} {_num(s[-1])}"
+Labels = tuple[tuple[str, str], ...]
+"""One series' labels as ((name, value), ...), the key of a gauge function's answer."""
 
 
 class Registry:
+    """A server's metrics: ``counter`` and ``histogram`` return prometheus_client's own types
+    (``.labels(type="Get").inc()``); ``render`` is the text a ``/metrics`` endpoint answers."""
+
     def __init__(self) -> None:
-        self._metrics: list[Counter | Gauge | Histogram] = []
+        self.registry = CollectorRegistry()
 
-    def counter(self, name: str, help: str) -> Counter:
-        return self._add(Counter(name, help))
+    def counter(self, name: str, help: str, labels: Sequence[str] = ()) -> Counter:
+        return Counter(name, help, labels, registry=self.registry)
 
-    def gauge(self, name: str, help: str, fn: Callable[[], dict[tuple[tuple[str, str], ...], float]],
-              kind: str = "gauge") -> Gauge:
-        return self._add(Gauge(name, help, fn, kind))
+    def histogram(self, name: str, help: str, labels: Sequence[str] = (),
+                  buckets: Sequence[float] = LATENCY_BUCKETS_S) -> Histogram:
+        return Histogram(name, help, labels, registry=self.registry, buckets=buckets)
 
-    def histogram(self, name: str, help: str, buckets: tuple[float, ...] = LATENCY_BUCKETS_S) -> Histogram:
-        return self._add(Histogram(name, help, buckets))
+    def gauge(self, name: str, help: str, fn: Callable[[], dict[Labels, float]], kind: str = "gauge") -> None:
+        """Exports what ``fn()`` returns at each scrape ({labels: value}); ``kind="counter"`` for a
+        monotonic total the server counts itself."""
+        self.registry.register(_Read(name, help, fn, kind))
 
     def render(self) -> str:
-        """Prometheus text exposition format 0.0.4."""
-        lines: list[str] = []
-        for m in self._metrics:
-            lines.extend(m.render())
-        return "\n".join(lines) + "\n"
-
-    def _add(self, metric):  # type: ignore[no-untyped-def]
-        self._metrics.append(metric)
-        return metric
+        return generate_latest(self.registry).decode()
 
 
-def _labels(key: tuple[tuple[str, str], ...]) -> str:
-    if not key:
-        return ""
-    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in key)
-    return "{" + inner + "}"
+class _Read(Collector):
+    __slots__ = ("name", "help", "fn", "family")
 
+    def __init__(self, name: str, help: str, fn: Callable[[], dict[Labels, float]], kind: str) -> None:
+        if kind not in ("gauge", "counter"):
+            raise ValueError(f"metric {name}: kind must be 'gauge' or 'counter', not {kind!r}")
+        if kind == "counter" and not name.endswith("_total"):
+            raise ValueError(f"metric {name}: a counter's name ends in _total")
+        self.name, self.help, self.fn = name, help, fn
+        self.family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
 
-def _escape(v: str) -> str:
-    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    def describe(self) -> Iterable[Metric]:
+        return [self.family(self.name, self.help)]
 
-
-def _num(v: float) -> str:
-    if isinstance(v, float) and math.isinf(v):
-        return "+Inf"
-    if float(v).is_integer():
-        return str(int(v))
-    return repr(float(v))
+    def collect(self) -> Iterable[Metric]:
+        values = self.fn()
+        names = [k for k, _ in next(iter(values), ())]
+        family = self.family(self.name, self.help, labels=names)
+        for key, value in values.items():
+            family.add_metric([v for _, v in key], value)
+        return [family]

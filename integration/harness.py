@@ -453,15 +453,18 @@ class OpenAIServer:
         answer: dict[str, Any] = json.loads(text)
         return answer
 
-    def metric(self, name: str) -> float:
-        """The sum of every series of Prometheus metric ``name`` in the server's /metrics (0 if absent)."""
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the series of Prometheus metric ``name`` in the server's /metrics that carry
+        ``labels`` (every series without; 0 if none)."""
         status, text = self.http("/metrics", timeout_s=30)
         if status != 200:
             raise HarnessError(f"GET /metrics -> {status}: {text[:2000]}")
+        wanted = [f'{k}="{v}"' for k, v in labels.items()]
         total = 0.0
         for line in text.splitlines():
-            if line.split("{")[0].split(" ")[0] == name:
-                total += float(line.rsplit(" ", 1)[1])
+            series, _, value = line.rpartition(" ")
+            if series.split("{")[0] == name and all(w in series for w in wanted):
+                total += float(value)
         return total
 
     def complete(self, prompt: Prompt, max_tokens: int = 8, headers: dict[str, str] | None = None,

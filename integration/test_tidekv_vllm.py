@@ -207,6 +207,10 @@ def test_pd_online_through_the_proxy(tiny_model: str, prompts: list[str], baseli
                 assert decode.metric(EXTERNAL_HITS) - pulled == len(expected.prompt_token_ids) - 1
                 assert _stream_text(url, body) == expected.text
             assert "pulling KV from" not in decode.log()  # no pull failed (tidekv warns on each)
+            # tidekv's connector stats, on vLLM's own /metrics: the decode's pulls, none failed
+            assert decode.metric("vllm:tidekv_kv_blocks_total", flow="pull") > 0
+            assert decode.metric("vllm:tidekv_kv_bytes_total", flow="pull") > 0
+            assert decode.metric("vllm:tidekv_kv_failed_blocks_total") == 0
         except BaseException:
             print("----- prefill server log\n" + prefill.log()[-15000:])
             print("----- decode server log\n" + decode.log()[-15000:])
@@ -294,6 +298,13 @@ def test_proxy_store_policy_on_real_vllm(tiny_model: str, prompts: list[str], ba
                       for i in (1, 2)}
             assert wait_placed(locator, cards[0], tokens[1]) == len(tokens[1]) // 32 > 0
             assert wait_placed(locator, cards[1], tokens[2]) == len(tokens[2]) // 32 > 0
+            # tidekv's connector stats on each prefill's /metrics: its saves to the store
+            for server in (p0, p1):
+                deadline = time.monotonic() + 30
+                while server.metric("vllm:tidekv_kv_bytes_total", flow="save") <= 0:
+                    assert time.monotonic() < deadline, "no save in the prefill's vllm:tidekv_kv_bytes_total"
+                    time.sleep(0.2)
+                assert server.metric("vllm:tidekv_kv_failed_blocks_total", flow="save") == 0
 
             # Round robin would now send prompt 2 to prefill0 and prompt 1 to prefill1: the store
             # policy sends each back to the prefill that holds its blocks (whose own prefix cache hits).

@@ -202,6 +202,11 @@ class KVLayout:
                         add(laddr, length, raddr)
         return out
 
+    @property
+    def block_bytes(self) -> int:
+        """The bytes of one block, all layers."""
+        return sum(lay.block_bytes for lay in self.layers)
+
     def block_spans(self, block: int) -> list[tuple[int, int]]:
         """Every (address, length) run of one block, all layers in order."""
         return [span for lay in self.layers for span in lay.spans(block)]

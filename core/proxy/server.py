@@ -48,7 +48,7 @@ from tidekv.kvcache import contract
 from tidekv.kvcache.contract import KVHandoff
 from tidekv.kvcache.handoff import Releaser, ReleaseReason
 from tidekv.logs import WarnEvery
-from tidekv.metrics import Registry
+from tidekv.metrics import CONTENT_TYPE, Registry
 from tidekv.proxy.conductor import Conductor, cached_from_chars, reusable_tokens
 from tidekv.proxy.routing import (
     ProxyConfig,
@@ -99,9 +99,9 @@ class ProxyServer:
                           if config.policy is RoutingPolicy.CONDUCTOR else None)
         self.metrics = Registry()
         self._requests = self.metrics.counter("tidekv_proxy_requests_total",
-                                              "Generation requests received, by prefill instance chosen")
+                                              "Generation requests received, by prefill instance chosen", ["prefill"])
         self._rejected = self.metrics.counter("tidekv_proxy_rejected_total",
-                                              "Requests answered 429 before any prefill, by reason")
+                                              "Requests answered 429 before any prefill, by reason", ["reason"])
         if self.conductor is not None:
             self._conductor_gauges(self.conductor)
         self._tokenize_warning = WarnEvery()
@@ -183,7 +183,7 @@ class ProxyServer:
                                    conducted: tuple[int, Callable[[], None]] | None) -> web.StreamResponse:
         """The two legs of one request; ``decode_url`` None: the decode's turn is taken after the
         prefill. ``conducted``: the conductor's ticket and what to call on the first token."""
-        self._requests.inc(prefill=prefill_url)
+        self._requests.labels(prefill=prefill_url).inc()
         started_s = time.monotonic()
         elapsed_s: float | None = None
         try:
@@ -279,7 +279,7 @@ class ProxyServer:
         decode = self.router.next_decode()
         decision = conductor.choose(n_tokens, cached, time.monotonic(), decode)
         if decision.reject:
-            self._rejected.inc(reason="ttft_slo")
+            self._rejected.labels(reason="ttft_slo").inc()
             raise ProxyError(f"request shed by the conductor policy: {decision.reason}; retry later or raise "
                              "--ttft-slo-ms", status=429, error_type="ttft_slo_exceeded")
         if decision.probe:
@@ -404,7 +404,7 @@ class ProxyServer:
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         from aiohttp import web
 
-        return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
+        return web.Response(body=self.metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
 
     def _conductor_gauges(self, conductor: Conductor) -> None:
         urls = self.config.prefill_urls
@@ -448,7 +448,9 @@ class ProxyServer:
                 ("ttft_abs_error_seconds_sum", "sum of |observed - estimated| TTFT", lambda: c.abs_error_s_sum),
                 ("probes_total", "requests over the SLO by a stale estimate, sent to renew it", lambda: c.probes),
                 ("probes_met_slo_total", "probes whose observed TTFT met the SLO", lambda: c.probes_met_slo)):
-            self.metrics.gauge(f"tidekv_proxy_conductor_{name}", f"conductor: {text}", total(value), kind="counter")
+            # a sum of seconds keeps its name and is typed a gauge: a Prometheus counter's name ends in _total
+            self.metrics.gauge(f"tidekv_proxy_conductor_{name}", f"conductor: {text}", total(value),
+                               kind="counter" if name.endswith("_total") else "gauge")
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         url = self.router.pick_decode()

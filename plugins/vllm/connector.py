@@ -36,10 +36,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from tidekv.kvcache.ranks import check_parallel
 from tidekv.kvcache.settings import KVConnectorConfig
 from tidekv_vllm.metadata import TidekvMetadata
+from tidekv_vllm.stats import TidekvConnectorStats, TidekvPromMetrics
 
 if TYPE_CHECKING:
     import torch
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
     from vllm.forward_context import ForwardContext
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -120,6 +122,22 @@ class TidekvConnector(KVConnectorBase_V1):
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.block_ids_with_load_errors() if self._worker is not None else set()
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        """This worker's KV moves since vLLM last asked (None when there were none)."""
+        if self._worker is None:
+            return None
+        report = self._worker.stats.take()
+        return TidekvConnectorStats(data=report) if report else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        return TidekvConnectorStats(data={} if data is None else data)
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: VllmConfig, metric_types: dict[type, type], labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> TidekvPromMetrics:
+        return TidekvPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # ---- scheduler side -----------------------------------------------------------------
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tidekv.config import TransferConfig, TransportKind
@@ -25,6 +26,7 @@ from tidekv.kvcache.layout import KVLayout
 from tidekv.kvcache.prefix_reuse import BlockJob
 from tidekv.kvcache.settings import KVConnectorConfig
 from tidekv.kvcache.store_link import StoreLink
+from tidekv.kvcache.transfer_stats import TransferStats
 from tidekv.logs import WarnEvery
 from tidekv.transfer import TransferEngine, TransferHandle, TransferOp
 from tidekv_vllm.metadata import PullJob, TidekvHandshake, TidekvMetadata
@@ -65,6 +67,8 @@ class _Pull:
     job: PullJob
     handle: TransferHandle | None
     error: str | None = None
+    nbytes: int = 0
+    started: float = field(default_factory=time.perf_counter)
 
 
 class TidekvWorker:
@@ -92,6 +96,7 @@ class TidekvWorker:
         self._load_errors: set[int] = set()
         self._saves = SaveQueue()
         self._save_failures = WarnEvery()
+        self.stats = TransferStats()  # drained by the connector's get_kv_connector_stats
         self._link: StoreLink | None = None
         if settings.master and (settings.save or settings.load):
             self._link = StoreLink(settings.master, self._connect_store, owner=f"rank {tp_rank}")
@@ -199,6 +204,10 @@ class TidekvWorker:
                 pull.handle.wait(None if wait else 0)
             except TidekvError as exc:
                 pull.error = str(exc)
+        blocks = len(pull.job.local_blocks)
+        if blocks:
+            self.stats.record("pull", blocks, 0 if pull.error else pull.nbytes, time.perf_counter() - pull.started,
+                              blocks if pull.error else 0)
         remote = pull.job.remote_ranks[self.tp_rank] if pull.job.remote_ranks else None
         if pull.error is not None:
             if pull.job.error is None:  # a refusal was logged by the scheduler already
@@ -239,7 +248,8 @@ class TidekvWorker:
             self.layout.check_compatible(remote)
             requests = self.layout.block_requests(TransferOp.READ, peer.engine, remote,
                                                   job.local_blocks, job.remote_blocks)
-            return _Pull(job, self.engine.transfer(requests) if requests else None)
+            nbytes = sum(r.length for r in requests)
+            return _Pull(job, self.engine.transfer(requests) if requests else None, nbytes=nbytes)
         except TidekvError as exc:
             return _Pull(job, None, str(exc))
 
@@ -248,24 +258,29 @@ class TidekvWorker:
         # The scheduler found these blocks on the master a moment ago: a link still waiting out
         # its backoff tries at once (a load without a client fails its requests).
         store = self._link.try_now() if self._link is not None else None
+        owners = {block for job in jobs for block in job.blocks}
         if store is None:
-            for job in jobs:
-                self._load_errors.update(job.blocks)
+            self._load_errors |= owners
+            self.stats.record("load", len(owners), 0, 0.0, len(owners))
             return
+        started = time.perf_counter()
         try:
             missing = load_blocks(store, self.layout, self.tp_rank, jobs)
         except TidekvError as exc:
-            owners = {block for job in jobs for block in job.blocks}
+            self.stats.record("load", len(owners), 0, time.perf_counter() - started, len(owners))
             logger.warning("tidekv: loading %d blocks from the store failed (%s); vLLM recomputes them",
                            len(owners), exc)
             self._load_errors.update(owners)
             self._link_lost(exc)
             return
+        moved = len(owners - missing)
+        self.stats.record("load", len(owners), moved * self.layout.block_bytes, time.perf_counter() - started,
+                          len(owners) - moved)
         if missing:
             # The scheduler saw every rank's chunks a moment ago: they were evicted since, or
             # this rank's store client sees another pool.
             logger.warning("tidekv: rank %d: %d of %d blocks to load were not in the store; vLLM recomputes them",
-                           self.tp_rank, len(missing), len({block for job in jobs for block in job.blocks}))
+                           self.tp_rank, len(missing), len(owners))
             self._load_errors |= missing
 
     def _forward_done(self) -> Any:
@@ -285,11 +300,16 @@ class TidekvWorker:
             forward_done.synchronize()  # on this saver thread: the blocks hold the forward's output now
         # The scheduler planned this save: its link is up, so ours is worth a try off-schedule.
         store = self._link.try_now()
+        blocks = len(job.blocks)
         if store is None:
+            self.stats.record("save", blocks, 0, 0.0, blocks)
             return  # this rank's master does not answer: the blocks are recomputed some day
+        started = time.perf_counter()
         try:
             save_blocks(store, self.layout, self.tp_rank, job)
+            self.stats.record("save", blocks, blocks * self.layout.block_bytes, time.perf_counter() - started)
         except TidekvError as exc:
+            self.stats.record("save", blocks, 0, time.perf_counter() - started, blocks)
             # A failed save only costs a future recompute; never the request. A pool without
             # memory (a lone master, store_segment_size 0 everywhere) fails every one: say it
             # once per interval, with the count.

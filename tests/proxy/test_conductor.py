@@ -321,7 +321,7 @@ def test_proxy_sheds_on_a_slow_decode_leg(backend: MakeBackend, start_proxy: Sta
     assert leg >= 0.25, metrics
     assert re.search(r"^tidekv_proxy_decode_in_flight\{[^}]*\} 0", metrics, re.MULTILINE), metrics
     assert re.search(r"^tidekv_proxy_conductor_observed_ttft_seconds_sum (\S+)", metrics, re.MULTILINE)
-    assert "tidekv_proxy_conductor_probes_total 0" in metrics
+    assert "tidekv_proxy_conductor_probes_total 0.0" in metrics
 
 
 def test_reusable_tokens_are_whole_blocks_and_never_the_last_token() -> None:

@@ -29,7 +29,7 @@ def test_pending_puts_beyond_the_limit_are_refused_and_nothing_is_done() -> None
     assert rig.put_end("greedy", b"a", slots[0].token) == Status.OK
     assert [s.status for s in msgspec.convert(rig.call(p.PutStart("greedy", [b"d", b"e"], [4096] * 2)),
                                               list[p.PutSlot])] == [Status.OK, Status.OK]
-    assert 'tidekv_master_limit_refusals_total{limit="max_pending_puts"} 1' in rig.service.metrics.render()
+    assert 'tidekv_master_limit_refusals_total{limit="max_pending_puts"} 1.0' in rig.service.metrics.render()
 
 
 def test_a_client_over_its_limit_gets_limit_exceeded_error(spawn_master: SpawnMaster) -> None:

@@ -211,8 +211,8 @@ def test_a_quota_evicts_the_tenants_own_objects_then_refuses_naming_it(rig: Serv
     stats = rig.stats(client="a1")
     assert stats["quota_bytes"] == 64 << 10 and stats["used_bytes"] == 64 << 10 and stats["keys"] == 16
     metrics = rig.service.metrics.render()
-    assert 'tidekv_tenant_quota_refusals_total{tenant="alice"} 2' in metrics
-    assert 'tidekv_tenant_used_bytes{tenant="alice"} 65536' in metrics
+    assert 'tidekv_tenant_quota_refusals_total{tenant="alice"} 2.0' in metrics
+    assert 'tidekv_tenant_used_bytes{tenant="alice"} 65536.0' in metrics
     assert rig.exists(b"op-old", client="op") and rig.exists(b"carol-old", client="c1")
 
 

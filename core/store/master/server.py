@@ -23,9 +23,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client import Counter
 from tidekv.config import MasterConfig
 from tidekv.errors import ConfigError
-from tidekv.metrics import Counter
+from tidekv.metrics import CONTENT_TYPE
 from tidekv.store.ha.replication import Replicator
 from tidekv.store.master.collector import FrozenHeap
 from tidekv.store.master.connection import MasterConnection
@@ -350,7 +351,7 @@ class MasterServer:
     def _http_route(self, path: str) -> tuple[str, str, bytes]:
         path = path.split("?", 1)[0]
         if path == "/metrics":
-            return "200 OK", "text/plain; version=0.0.4; charset=utf-8", self.service.metrics.render().encode()
+            return "200 OK", CONTENT_TYPE, self.service.metrics.render().encode()
         if path == "/health":
             stats: dict[str, Any] = self.service.stats()
             role = self.role.state.value if self.role is not None else "lone"

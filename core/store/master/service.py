@@ -119,20 +119,26 @@ class MasterService:
         self.segments = SegmentTable()
         self.objects = ObjectTable(self.segments, config.max_key_bytes)
         self.metrics = Registry()
-        self._requests = self.metrics.counter("tidekv_master_requests_total", "RPC requests by type")
-        self._items = self.metrics.counter("tidekv_master_request_items_total", "keys carried by RPC requests, by type")
-        self._failures = self.metrics.counter("tidekv_master_request_failures_total", "RPC requests refused, by reason")
+        self._requests = self.metrics.counter("tidekv_master_requests_total", "RPC requests by type", ["type"])
+        self._items = self.metrics.counter("tidekv_master_request_items_total", "keys carried by RPC requests, by type",
+                                          ["type"])
+        self._item_counts = {kind: self._items.labels(type=kind) for kind in (
+            "PutStart", "PutBind", "PutEnd", "Get", "Exists", "Locate", "Remove", "ListKeys")}
+        self._failures = self.metrics.counter("tidekv_master_request_failures_total", "RPC requests refused, by reason",
+                                             ["reason"])
         self._listings = KeyListings()
         self._limited = self.metrics.counter("tidekv_master_limit_refusals_total",
-                                             "requests refused for a per-client limit, by limit")
-        self._latency = self.metrics.histogram("tidekv_master_request_seconds", "time to handle one RPC, by type")
+                                             "requests refused for a per-client limit, by limit", ["limit"])
+        self._latency = self.metrics.histogram("tidekv_master_request_seconds", "time to handle one RPC, by type", ["type"])
+        self._per_type: dict[str, tuple[Any, Any]] = {}  # kind -> its request counter and latency histogram
         self.verify_mounts = config.verify_mounts == "on" or (config.verify_mounts == "auto" and bool(config.secret))
         self._proven: tuple[str, str, str, int, int, bytes] | None = None  # the mount a check vouched for
         self._mount_checks = self.metrics.counter("tidekv_master_mount_checks_total",
-                                                  "mounts checked with their engine (mount_proof), by outcome")
-        self._lease_expired = self.metrics.counter(
-            "tidekv_lease_expiries_total", "reads that outlived their lease (reported by clients)"
-        )
+                                                  "mounts checked with their engine (mount_proof), by outcome",
+                                                  ["outcome"])
+        self._lease_expiries = 0
+        self.metrics.gauge("tidekv_lease_expiries_total", "reads that outlived their lease (reported by clients)",
+                           lambda: {(): self._lease_expiries}, kind="counter")
         index_gauges(self.metrics, self.segments, self.objects, self._complete_keys)
         self.tenancy = (t.Tenancy(t.load(config.tenants_file, config.secret), config.secret, self.objects,
                                   self.segments, self.metrics) if config.tenants_file else None)
@@ -168,7 +174,7 @@ class MasterService:
         """
         started = time.perf_counter()
         if len(data) > self.config.max_message_bytes:
-            self._failures.inc(reason="oversized")
+            self._failures.labels(reason="oversized").inc()
             head = p.probe_header(data)
             return self._error(head[1] if head else 0, p.ErrorKind.OVERSIZED,
                                f"request of {len(data)} bytes exceeds the master's limit of "
@@ -178,23 +184,23 @@ class MasterService:
         except Exception as exc:  # noqa: BLE001 - any decode failure is the sender's fault
             head = p.probe_header(data)
             if head is not None and head[0] != p.PROTOCOL_VERSION:
-                self._failures.inc(reason="version")
+                self._failures.labels(reason="version").inc()
                 return self._error(head[1], p.ErrorKind.VERSION, self._version_message(head[0]))
-            self._failures.inc(reason="malformed")
+            self._failures.labels(reason="malformed").inc()
             return self._error(head[1] if head else 0, p.ErrorKind.MALFORMED, f"malformed request: {exc}")
         if envelope.protocol_version != p.PROTOCOL_VERSION:
-            self._failures.inc(reason="version")
+            self._failures.labels(reason="version").inc()
             return self._error(envelope.request_id, p.ErrorKind.VERSION, self._version_message(envelope.protocol_version))
         body = envelope.body
         kind = type(body).__name__
         keys = getattr(body, "keys", None)
         if keys is not None and len(keys) > self.config.max_batch_keys:
-            self._failures.inc(reason="oversized")
+            self._failures.labels(reason="oversized").inc()
             return self._error(envelope.request_id, p.ErrorKind.OVERSIZED,
                                f"{kind} request of {len(keys)} keys exceeds the master's limit of "
                                f"{self.config.max_batch_keys} keys per request (max_batch_keys); split the batch")
         if self.not_serving:
-            self._failures.inc(reason="not_ready")
+            self._failures.labels(reason="not_ready").inc()
             return p.encode(p.Reply(envelope.request_id, error_kind=p.ErrorKind.NOT_READY,
                                     error=f"master {self.master_id} {self.not_serving}", leader=self.leader_hint))
         if self.tenancy is not None:
@@ -202,19 +208,19 @@ class MasterService:
             self._session = session if session is not None else Session()
             refusal = self._session.namespace.enter(body)
             if refusal:
-                self._failures.inc(reason="invalid")
+                self._failures.labels(reason="invalid").inc()
                 return self._error(envelope.request_id, p.ErrorKind.INVALID, refusal)
             self.tenancy.counted(self._session.tenant, kind)
         client_id = getattr(body, "client_id", None)
         if session is not None and client_id is not None:
             refusal = session.refusal(body, client_id)
             if refusal:
-                self._failures.inc(reason="invalid")
+                self._failures.labels(reason="invalid").inc()
                 return self._error(envelope.request_id, p.ErrorKind.INVALID, session.namespace.text(refusal))
         if session is not None and type(body) is p.MountSegment:
             refusal = session.engine_refusal(body.engine)
             if refusal:
-                self._failures.inc(reason="loopback_engine")
+                self._failures.labels(reason="loopback_engine").inc()
                 logger.warning("refused the mount of segment %r by client %s: %s", body.name, body.client_id, refusal)
                 return self._error(envelope.request_id, p.ErrorKind.INVALID, refusal)
         log = self.objects.journal
@@ -228,18 +234,18 @@ class MasterService:
             else:
                 result = self._handlers[type(body)](body, self.clock())
         except ProtocolVersionError as exc:
-            self._failures.inc(reason="version")
+            self._failures.labels(reason="version").inc()
             return self._error(envelope.request_id, p.ErrorKind.VERSION, str(exc))
         except ConfigError as exc:
-            self._failures.inc(reason="invalid")
+            self._failures.labels(reason="invalid").inc()
             return self._error(envelope.request_id, p.ErrorKind.INVALID,
                                session.namespace.text(str(exc)) if session is not None else str(exc))
         except _LimitError as exc:
-            self._failures.inc(reason="limit")
+            self._failures.labels(reason="limit").inc()
             return self._error(envelope.request_id, p.ErrorKind.LIMIT,
                                session.namespace.text(str(exc)) if session is not None else str(exc))
         except MasterNotReadyError as exc:
-            self._failures.inc(reason="not_ready")
+            self._failures.labels(reason="not_ready").inc()
             return self._error(envelope.request_id, p.ErrorKind.NOT_READY, str(exc))
         except mount_check.Unproven as exc:
             return mount_check.PendingMount(data, envelope.request_id, session, exc)
@@ -251,8 +257,11 @@ class MasterService:
             self.reply_seq = log.seq  # it changed something: its reply waits for this batch
         if self.tenancy is not None:
             result = self._session.namespace.leave(body, result)
-        self._requests.inc(type=kind)
-        self._latency.observe(time.perf_counter() - started, type=kind)
+        counted = self._per_type.get(kind)
+        if counted is None:
+            counted = self._per_type[kind] = (self._requests.labels(type=kind), self._latency.labels(type=kind))
+        counted[0].inc()
+        counted[1].observe(time.perf_counter() - started)
         try:
             return p.encode(p.Reply(envelope.request_id, result=result))
         except Exception as exc:  # noqa: BLE001 - e.g. a number beyond u64 in the reply
@@ -263,7 +272,7 @@ class MasterService:
         the engine vouched for it): the mount applied, or refused with ``ErrorKind.UNPROVEN``."""
         u = pending.unproven
         if error is None:
-            self._mount_checks.inc(outcome="vouched")
+            self._mount_checks.labels(outcome="vouched").inc()
             self._proven = u.key
             try:
                 reply = self.handle(pending.data, pending.session)
@@ -274,20 +283,20 @@ class MasterService:
             return self._internal(pending.request_id, "MountSegment", RuntimeError("the check did not stick"))
         segment, engine = names.plain(u.segment), u.engine
         if isinstance(error, (AuthenticationError, SegmentNotRegisteredError)):
-            self._mount_checks.inc(outcome="refused")
+            self._mount_checks.labels(outcome="refused").inc()
             why = f"engine {engine} does not vouch that [{u.base:#x}, +{u.capacity}) is the mounting process's own: {error}"
         elif isinstance(error, TidekvError):
-            self._mount_checks.inc(outcome="unreachable")
+            self._mount_checks.labels(outcome="unreachable").inc()
             why = (f"the master could not ask engine {engine} to vouch for the memory ({type(error).__name__}: {error}); "
                    "it must reach every holder's engine, or run with verify_mounts off")
         else:
             return self._internal(pending.request_id, "MountSegment", error)  # type: ignore[arg-type]
-        self._failures.inc(reason="unproven")
+        self._failures.labels(reason="unproven").inc()
         logger.warning("refused the mount of segment %r by client %s: %s", segment, names.plain(u.client_id), why)
         return self._error(pending.request_id, p.ErrorKind.UNPROVEN, f"mount of segment {segment!r} refused: {why}")
 
     def _internal(self, request_id: int, kind: str, exc: Exception) -> bytes:
-        self._failures.inc(reason="internal")
+        self._failures.labels(reason="internal").inc()
         logger.error("master failed on a %s request: %s: %s", kind, type(exc).__name__, exc,
                      exc_info=logger.isEnabledFor(logging.DEBUG))
         return self._error(request_id, p.ErrorKind.INTERNAL, f"the master failed on this {kind} request "
@@ -370,7 +379,7 @@ class MasterService:
         """Returns True when the client must hello and re-mount (this master does not know it, or
         not all of its segments)."""
         if m.lease_expired:
-            self._lease_expired.inc(m.lease_expired)
+            self._lease_expiries += m.lease_expired
         if not self.segments.touch(m.client_id, now):
             return True
         mine = self.segments.clients[m.client_id].segments
@@ -392,11 +401,11 @@ class MasterService:
                                       "has mounted a segment yet; holders re-mount within a heartbeat")
         pending = self.objects.pending_by.get(m.client_id, 0)
         if pending + len(m.keys) > self.config.max_pending_puts:
-            self._limited.inc(limit="max_pending_puts")
+            self._limited.labels(limit="max_pending_puts").inc()
             raise _LimitError(f"client {m.client_id!r} has {pending} puts started and not ended; {len(m.keys)} more "
                               f"would pass max_pending_puts={self.config.max_pending_puts}: end or revoke some first")
         self.segments.touch(m.client_id, now)
-        self._items.inc(len(m.keys), type="PutStart")
+        self._item_counts["PutStart"].inc(len(m.keys))
         put = self.objects.put_start
         avoid = frozenset(m.avoid) if m.avoid else None
         if self.tenancy is None:
@@ -419,7 +428,7 @@ class MasterService:
         if len(m.keys) != 1:
             raise ConfigError(f"put_bind names {len(m.keys)} keys; it publishes exactly one")
         self.segments.touch(m.client_id, now)
-        self._items.inc(1, type="PutBind")
+        self._item_counts["PutBind"].inc(1)
         key = m.keys[0]
         status = self.objects.put_bind(m.client_id, m.token, key, m.size, m.pin, m.upsert, now)
         slot = p.PutSlot(status)
@@ -461,7 +470,7 @@ class MasterService:
 
     def _put_end(self, m: p.PutEnd, now: float) -> list[int]:
         self._check_batch(m.keys, m.tokens)
-        self._items.inc(len(m.keys), type="PutEnd")
+        self._item_counts["PutEnd"].inc(len(m.keys))
         return [self.objects.put_end(k, t, now) for k, t in zip(m.keys, m.tokens)]
 
     def _put_revoke(self, m: p.PutRevoke, now: float) -> list[int]:
@@ -469,23 +478,23 @@ class MasterService:
         return [self.objects.put_revoke(k, t, m.client_id) for k, t in zip(m.keys, m.tokens)]
 
     def _get(self, m: p.Get, now: float) -> tuple[float, list[p.GetResult]]:
-        self._items.inc(len(m.keys), type="Get")
+        self._item_counts["Get"].inc(len(m.keys))
         lease = self.config.lease_ttl_s
         get = self.objects.get
         return lease, [get(k, lease, now) for k in m.keys]
 
     def _exists(self, m: p.Exists, now: float) -> list[bool]:
-        self._items.inc(len(m.keys), type="Exists")
+        self._item_counts["Exists"].inc(len(m.keys))
         exists = self.objects.exists
         return [exists(k) for k in m.keys]
 
     def _locate(self, m: p.Locate, now: float) -> list[list[str]]:
-        self._items.inc(len(m.keys), type="Locate")
+        self._item_counts["Locate"].inc(len(m.keys))
         engines = self.objects.engines
         return [engines(k) for k in m.keys]
 
     def _remove(self, m: p.Remove, now: float) -> list[int]:
-        self._items.inc(len(m.keys), type="Remove")
+        self._item_counts["Remove"].inc(len(m.keys))
         return [self.objects.remove(k, m.force, now) for k in m.keys]
 
     def _repairs(self, m: p.Repairs, now: float) -> list[p.RepairTask]:
@@ -514,7 +523,7 @@ class MasterService:
                               "(max_batch_keys)")
         owns = session.namespace.owns if self.tenancy is not None else None
         page, is_last = self._listings.page(session, m.start, m.limit, self.objects.objects, owns)
-        self._items.inc(len(page), type="ListKeys")
+        self._item_counts["ListKeys"].inc(len(page))
         return page, is_last
 
     # ---- helpers ------------------------------------------------------------------------
@@ -557,7 +566,7 @@ class MasterService:
             "objects_restored": c.objects_restored,
             "objects_superseded": c.objects_superseded,
             "suspended_objects_dropped": c.suspended_lost,
-            "lease_expiries": int(self._lease_expired.get()),
+            "lease_expiries": self._lease_expiries,
             "repairs": {"under_way": len(self.objects.repairs.under_way), "done": r.done, "failed": r.failed,
                         "stale": r.stale, "started": r.started},
         }

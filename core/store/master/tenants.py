@@ -205,9 +205,10 @@ class Tenancy:
         self._pools = {DEFAULT: frozenset((DEFAULT,))}
         for name, tenant in tenants.items():
             self._pools[name] = frozenset((name, DEFAULT)) if tenant.shares_pool else frozenset((name,))
-        self._requests = metrics.counter("tidekv_tenant_requests_total", "RPC requests by tenant and type")
+        self._requests = metrics.counter("tidekv_tenant_requests_total", "RPC requests by tenant and type",
+                                         ["tenant", "type"])
         self._quota_refusals = metrics.counter("tidekv_tenant_quota_refusals_total",
-                                               "keys of puts refused for the tenant's quota")
+                                               "keys of puts refused for the tenant's quota", ["tenant"])
         usage = objects.usage
         metrics.gauge("tidekv_tenant_used_bytes", "bytes a tenant's objects occupy (every replica)",
                       lambda: {(("tenant", n),): usage.get(n, 0) for n in (DEFAULT, *tenants)})
@@ -223,13 +224,13 @@ class Tenancy:
         return segment.tenant in self._pools[tenant_of(key)]
 
     def counted(self, tenant: str, kind: str) -> None:
-        self._requests.inc(tenant=tenant, type=kind)
+        self._requests.labels(tenant=tenant, type=kind).inc()
 
     def refused(self, tenant: str, slots: list[p.PutSlot]) -> None:
         """Counts the keys of a put ``tenant``'s quota refused."""
         refused = sum(1 for s in slots if s.status == p.Status.QUOTA)
         if refused:
-            self._quota_refusals.inc(refused, tenant=tenant)
+            self._quota_refusals.labels(tenant=tenant).inc(refused)
 
     def evict(self, now: float, high: float, low: float) -> None:
         """Watermark eviction: each tenant's own segments by its own objects, and the default
