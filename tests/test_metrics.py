@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from tidekv.metrics import Registry
 
 
@@ -19,6 +18,7 @@ def test_counters_histograms_and_read_gauges_render_as_prometheus_text() -> None
     held = {"a": 3}
     reg.gauge("t_held", "held", lambda: {(("segment", k),): v for k, v in held.items()})
     reg.gauge("t_lost_total", "lost", lambda: {(): 7}, kind="counter")
+    reg.counter("t_auth_failures_total", "failures")
     requests.labels(type="Get").inc(2)
     latency.labels(type="Get").observe(0.5)
     held["b"] = 4  # read at the scrape, not at registration
@@ -29,6 +29,8 @@ def test_counters_histograms_and_read_gauges_render_as_prometheus_text() -> None
     assert values['t_seconds_bucket{le="1.0",type="Get"}'] == 1
     assert values['t_held{segment="a"}'] == 3 and values['t_held{segment="b"}'] == 4
     assert values["t_lost_total"] == 7 and "# TYPE t_lost_total counter" in text
+    assert values["t_auth_failures_total"] == 0, "a counter without labels is exported before its first count"
+    assert values['t_seconds_bucket{le="+Inf",type="Get"}'] == 1 and values['t_seconds_sum{type="Get"}'] == 0.5
 
 
 def test_two_servers_in_one_process_keep_their_own_series() -> None:
@@ -45,3 +47,7 @@ def test_a_name_taken_twice_in_one_registry_or_a_counter_without_total_is_refuse
         reg.gauge("t_keys", "keys again", lambda: {(): 2})
     with pytest.raises(ValueError, match="ends in _total"):
         reg.gauge("t_lost", "lost", lambda: {(): 1}, kind="counter")
+    with pytest.raises(ValueError, match="ends in _total"):
+        reg.counter("t_lost", "lost")
+    with pytest.raises(ValueError, match=r"has labels \('type',\), not \('kind',\)"):
+        reg.counter("t_requests_total", "requests", ["type"]).labels(kind="Get")

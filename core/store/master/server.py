@@ -23,10 +23,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import Counter
 from tidekv.config import MasterConfig
 from tidekv.errors import ConfigError
-from tidekv.metrics import CONTENT_TYPE
+from tidekv.metrics import CONTENT_TYPE, Counter
 from tidekv.store.ha.replication import Replicator
 from tidekv.store.master.collector import FrozenHeap
 from tidekv.store.master.connection import MasterConnection
