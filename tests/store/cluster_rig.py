@@ -3,10 +3,11 @@
 The etcd itself is ``tidekv.bench.etcd_server.EtcdServer`` (the ``etcd`` fixtures). ``TcpRelay``
 forwards one port to another so a test can cut the link (``cut()``: connections are dropped and
 new ones black-holed, as a pulled cable looks) and heal it; ``EtcdView`` shows one client the
-masters' addresses as relays of its own, to cut that client alone off from the leader. ``health(master)`` reads a master's
-``/health``. ``churn(clients, ...)`` runs ``tidekv.bench.churn`` on load clients at once (while
-the test breaks something) and ``verify(clients)`` has each read back every key it was
-acknowledged. Neighbours: ``conftest`` (fixtures), ``test_failover``, ``test_etcd_members``.
+masters' addresses as relays of its own, to cut that client alone off from the leader.
+``health(master)`` reads a master's ``/health``. ``churn(clients, ...)`` runs
+``tidekv.bench.churn`` on load clients at once, ``churn_through`` while the test breaks
+something (and checks the break landed mid-churn), and ``verify(clients)`` has each read back
+every key it was acknowledged. Neighbours: ``conftest`` (fixtures), ``test_failover``, ``test_etcd_members``.
 """
 
 from __future__ import annotations
@@ -66,6 +67,26 @@ class Moments:
                 assert r["first_ok_s"] is not None and r["began_s"] <= r["first_ok_s"] < started, \
                     f"{what} at {started:.3f} came before the churn acknowledged anything: {r}"
                 assert ended < r["ended_s"], f"{what} ended at {ended:.3f}, after the churn did: {r}"
+
+
+Step = tuple[float, str, Callable[[], Any]]
+"""(wait_s, what, action): ``action`` runs ``wait_s`` after the step before it (or the churn's
+start), recorded as ``what``."""
+
+
+def churn_through(clients: list[AgentProcess], duration_s: float, *steps: Step) -> list[dict]:
+    """``churn`` while ``steps`` cause their failures in order; asserts that each landed while
+    every client's churn ran, after its first acknowledged op (``Moments.landed_during``)."""
+    moments = Moments()
+
+    def run() -> None:
+        for wait_s, what, action in steps:
+            time.sleep(wait_s)  # load runs a while first: the order is asserted, not assumed
+            with moments.of(what):
+                action()
+    reports = churn(clients, duration_s, run)
+    moments.landed_during(reports, *(what for _, what, _ in steps))
+    return reports
 
 
 def verify(clients: list[AgentProcess]) -> None:

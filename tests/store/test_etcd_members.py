@@ -24,9 +24,8 @@ from tests.store.cluster_rig import (
     CLIENT,
     HOLDER_BYTES,
     MASTER,
-    Moments,
     TcpRelay,
-    churn,
+    churn_through,
     in_sync,
     leader_of,
     verify,
@@ -111,14 +110,7 @@ def test_masters_and_clients_survive_the_loss_of_their_etcd_member(
     clients = [spawn_agent(address, 0, **CLIENT) for _ in range(2)]
     in_sync(masters, 2)
 
-    moments = Moments()
-
-    def lose_member() -> None:
-        time.sleep(1.5)  # load runs a while before the failure (the order is asserted below)
-        with moments.of("member lost"):
-            links.lose_first()
-    reports = churn(clients, 5.0, lose_member)
-    moments.landed_during(reports, "member lost")
+    reports = churn_through(clients, 5.0, (1.5, "member lost", links.lose_first))
     for r in reports:
         assert r["stale_reads"] == 0, r
         assert r["max_gap_s"] < 5.0, f"clients went on within 5 s: {r}"
@@ -127,12 +119,8 @@ def test_masters_and_clients_survive_the_loss_of_their_etcd_member(
     in_sync(masters, 2)
     verify(clients)
 
-    def kill_leader() -> None:  # a standby campaigns through the members left, clients find it there
-        time.sleep(1.5)
-        with moments.of("leader killed"):
-            leader.kill()
-    reports = churn(clients, 6.0, kill_leader)
-    moments.landed_during(reports, "leader killed")
+    # a standby campaigns through the members left, clients find it there
+    reports = churn_through(clients, 6.0, (1.5, "leader killed", leader.kill))
     for r in reports:
         assert r["stale_reads"] == 0, r
         assert r["max_gap_s"] < 10.0, f"clients re-attached within 10 s: {r}"

@@ -13,7 +13,6 @@ from a lone master. Losing an etcd member of three is in ``test_etcd_members``.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,9 +27,9 @@ from tests.store.cluster_rig import (
     HOLDER_BYTES,
     MASTER,
     EtcdView,
-    Moments,
     TcpRelay,
     churn,
+    churn_through,
     health,
     in_sync,
     leader_of,
@@ -58,21 +57,16 @@ def test_leader_sigkill_under_load_loses_nothing(etcd: EtcdServer, spawn_master:
     masters = _cluster(spawn_master, [etcd.url] * 3)
     address = _url("t", etcd)
     leader = leader_of(masters)
-    holders = [spawn_agent(address, HOLDER_BYTES, **CLIENT) for _ in range(2)]
+    for _ in range(2):
+        spawn_agent(address, HOLDER_BYTES, **CLIENT)
     clients = [spawn_agent(address, 0, **CLIENT) for _ in range(3)]
     in_sync(masters, 2)
     kills = []
-    moments = Moments()
     for round_ in range(2):
-        def kill_leader() -> None:
-            time.sleep(1.5)  # load runs a while before the failure (the order is asserted below)
-            victim = leader_of(masters)
-            with moments.of("leader killed"):
-                victim.kill()
-            kills.append(victim)
-        reports = churn(clients, 5.0, kill_leader)
+        victim = leader_of(masters)
+        reports = churn_through(clients, 5.0, (1.5, "leader killed", victim.kill))
+        kills.append(victim)
         print("round", round_, reports)
-        moments.landed_during(reports, "leader killed")
         for r in reports:
             assert r["stale_reads"] == 0, r
             assert r["max_gap_s"] < 10.0, f"clients re-attached within 10 s: {r}"
@@ -95,29 +89,16 @@ def test_standby_sigkill_and_then_leader_sigkill(etcd: EtcdServer, spawn_master:
     clients = [spawn_agent(address, 0, **CLIENT) for _ in range(2)]
     in_sync(masters, 2)
     standby = next(m for m in masters if m is not leader)
-    moments = Moments()
-
-    def kill_standby() -> None:
-        time.sleep(1.0)  # load runs a while before the failure (the order is asserted below)
-        with moments.of("standby killed"):
-            standby.kill()
-    reports = churn(clients, 3.0, kill_standby)
-    moments.landed_during(reports, "standby killed")
+    reports = churn_through(clients, 3.0, (1.0, "standby killed", standby.kill))
     assert all(r["stale_reads"] == 0 and r["max_gap_s"] < 3.0 for r in reports), reports
     in_sync(masters, 1)  # the leader went on with the standby left
     verify(clients)
 
-    def kill_leader_then_restart_one() -> None:
-        # The survivor leads alone: it acknowledges nothing (min_standbys=1) until the master a
-        # supervisor starts again has caught up with it.
-        time.sleep(1.0)
-        with moments.of("leader killed"):
-            leader.kill()
-        time.sleep(0.5)
-        with moments.of("a master restarted"):
-            masters.append(spawn_master(etcd=etcd.url, cluster="t", **MASTER))
-    reports = churn(clients, 6.0, kill_leader_then_restart_one)
-    moments.landed_during(reports, "leader killed", "a master restarted")
+    # The survivor leads alone: it acknowledges nothing (min_standbys=1) until the master a
+    # supervisor starts again has caught up with it.
+    reports = churn_through(clients, 6.0, (1.0, "leader killed", leader.kill),
+                            (0.5, "a master restarted",
+                             lambda: masters.append(spawn_master(etcd=etcd.url, cluster="t", **MASTER))))
     assert all(r["stale_reads"] == 0 for r in reports), reports
     survivor = leader_of([m for m in masters if m.is_alive()])
     assert survivor not in (leader, standby)
@@ -131,19 +112,9 @@ def test_etcd_restart_under_load(etcd: EtcdServer, spawn_master: SpawnMaster, sp
     spawn_agent(address, HOLDER_BYTES, **CLIENT)
     clients = [spawn_agent(address, 0, **CLIENT) for _ in range(2)]
     in_sync(masters, 2)
-    moments = Moments()
-
-    def restart_etcd() -> None:
-        time.sleep(1.0)  # load runs a while before the failure (the order is asserted below)
-        member = etcd.members[0]
-        with moments.of("etcd killed"):
-            member.kill()
-        time.sleep(0.5)
-        with moments.of("etcd restarted"):
-            member.start()
-            member.wait_healthy()
-    reports = churn(clients, 5.0, restart_etcd)
-    moments.landed_during(reports, "etcd killed", "etcd restarted")
+    member = etcd.members[0]
+    reports = churn_through(clients, 5.0, (1.0, "etcd killed", member.kill),
+                            (0.5, "etcd restarted", lambda: (member.start(), member.wait_healthy())))
     assert all(r["stale_reads"] == 0 for r in reports), reports
     leader_of(masters)
     verify(clients)
@@ -161,14 +132,7 @@ def test_leader_cut_off_from_etcd_steps_down_before_another_leads(
     in_sync(masters, 2)
     direct = MasterClient(leader.address, "direct", timeout_s=1.0)  # talks to the old leader, never follows
     try:
-        moments = Moments()
-
-        def cut() -> None:
-            time.sleep(1.0)  # load runs a while before the failure (the order is asserted below)
-            with moments.of("leader cut off from etcd"):
-                links[masters.index(leader)].cut()
-        reports = churn(clients, 6.0, cut)
-        moments.landed_during(reports, "leader cut off from etcd")
+        reports = churn_through(clients, 6.0, (1.0, "leader cut off from etcd", links[masters.index(leader)].cut))
         assert all(r["stale_reads"] == 0 for r in reports), reports
         new = leader_of(masters)
         assert new is not leader
@@ -196,17 +160,8 @@ def test_client_cut_off_from_the_leader_of_a_cluster_gets_typed_errors_then_foll
         cut_off = spawn_agent(f"etcd://{view.address}/t", 0, **{**CLIENT, "failover_timeout_s": 1.5})
         clients = [*others, cut_off]
         in_sync(masters, 2)
-        moments = Moments()
-
-        def cut_then_heal() -> None:
-            time.sleep(1.0)  # load runs a while before the failure (the order is asserted below)
-            with moments.of("cut"):
-                links[leader.address].cut()
-            time.sleep(4.0)  # cut off this long on purpose
-            with moments.of("healed"):
-                links[leader.address].heal()
-        *theirs, mine = churn(clients, 7.0, cut_then_heal)
-        moments.landed_during([*theirs, mine], "cut", "healed")
+        link = links[leader.address]
+        *theirs, mine = churn_through(clients, 7.0, (1.0, "cut", link.cut), (4.0, "healed", link.heal))
         assert all(r["stale_reads"] == 0 and r["max_gap_s"] < 2.0 and not r["errors"] for r in theirs), theirs
         assert mine["stale_reads"] == 0, mine
         assert mine["errors"] and set(mine["errors"]) <= TYPED, f"only typed errors while cut off: {mine}"
@@ -217,15 +172,8 @@ def test_client_cut_off_from_the_leader_of_a_cluster_gets_typed_errors_then_foll
         mine = churn(clients, 1.0)[-1]
         assert sum(mine["errors"].values()) == errors_before, mine
 
-        def cut_then_kill_the_leader() -> None:  # it must follow to the new leader, which it can reach
-            time.sleep(1.0)
-            with moments.of("cut"):
-                links[leader.address].cut()
-            time.sleep(1.0)
-            with moments.of("leader killed"):
-                leader.kill()
-        reports = churn(clients, 8.0, cut_then_kill_the_leader)
-        moments.landed_during(reports, "cut", "leader killed")
+        # cut off, then the leader dies: it must follow to the new leader, which it can reach
+        reports = churn_through(clients, 8.0, (1.0, "cut", link.cut), (1.0, "leader killed", leader.kill))
         assert all(r["stale_reads"] == 0 and r["max_gap_s"] < 10.0 for r in reports), \
             [{k: r[k] for k in ("stale_reads", "max_gap_s", "errors", "stale_examples") if k in r} for r in reports]
         new = leader_of([m for m in masters if m.is_alive()])
