@@ -1,16 +1,17 @@
-"""What a key costs in the store's batch calls: the same bytes as 2N objects or as N objects of two parts.
+"""What a key costs in the store's batch calls: the same bytes as P*N objects or as N objects of P parts.
 
-A HiCache page (MHA) is a K and a V buffer. Stored as two objects (SGLang's key scheme: ``_k``,
-``_v``) a batch of N pages is 2N keys for the master to place, end and locate; stored as one
-object of two parts (``put_many_from(keys, [[k, v], ...])``) it is N. Same bytes, same copies:
-the difference is what the store spends per key. A ``tidekv master`` process (lease 0.3 s, so
+A HiCache page (MHA) is a K and a V buffer (``--parts 2``); a vLLM block of a 32-layer model with
+K and V apart is 64 runs (``--parts 64 --part-size 4KiB``). Stored as one object per part (the
+connectors' key scheme 1) a batch of N is P*N keys for the master to place, end and locate;
+stored as one object of P parts (``put_many_from(keys, [[run, ...], ...])``, scheme 2) it is N.
+Same bytes, same copies: the difference is what the store spends per key. A ``tidekv master`` process (lease 0.3 s, so
 removed rounds free their space quickly) and, with ``--layout other``, a holder process; the
 measuring client registers one source and one target buffer. Rounds alternate the two forms
 (and which goes first); every round's bytes are checked after the timing. Reported: best and
 median GB/s of each, and their ratio.
 
-Usage: .venv/bin/python benchmarks/store_batch_keys.py [--layout same|other] [--pages 128]
-       [--part-size 1MiB] [--rounds 12]
+Usage: .venv/bin/python -m benchmarks.store_batch_keys [--layout same|other] [--pages 128]
+       [--parts 2] [--part-size 1MiB] [--rounds 12]
 """
 
 from __future__ import annotations
@@ -42,11 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layout", choices=["same", "other"], default="same",
                    help="same: the measuring client holds the pool's segment; other: a holder process does")
     p.add_argument("--pages", type=int, default=128, help="pages per batch call (default 128, SGLang's batch)")
-    p.add_argument("--part-size", type=parse_size, default=1 << 20, help="bytes of a K (or V) buffer (default 1MiB)")
+    p.add_argument("--parts", type=int, default=2, help="parts per page or block (default 2: K and V; 64: a "
+                   "32-layer block with K and V apart)")
+    p.add_argument("--part-size", type=lambda v: parse_size(v, "--part-size"), default=1 << 20, help="bytes of a part (default 1MiB)")
     p.add_argument("--rounds", type=int, default=12, help="rounds per form (default 12)")
     args = p.parse_args(argv)
-    n, part = args.pages, args.part_size
-    batch = 2 * n * part
+    n, part, parts = args.pages, args.part_size, args.parts
+    if parts < 1:
+        raise SystemExit(f"--parts {parts}: at least 1")
+    batch = parts * n * part
     segment = 3 * batch + (64 << 20)
     port = free_port()
     master = subprocess.Popen([sys.executable, "-m", "tidekv", "master", "--host", "127.0.0.1", "--port", str(port),
@@ -77,25 +82,23 @@ def main(argv: list[str] | None = None) -> int:
         store.register(dst)
         s0, d0 = src.ctypes.data, dst.ctypes.data
 
-        def k(base: int, i: int) -> tuple[int, int]:
-            return base + i * part, part
+        def run(base: int, i: int, c: int) -> tuple[int, int]:
+            """Part ``c`` of page ``i``: parts lie apart, as layers' runs do (part-major)."""
+            return base + (c * n + i) * part, part
 
-        def v(base: int, i: int) -> tuple[int, int]:
-            return base + (n + i) * part, part
-
-        times: dict[str, tuple[list[float], list[float]]] = {"2 objects per page": ([], []),
-                                                             "1 object of 2 parts": ([], [])}
+        per_part, per_page = f"{parts} objects per page", f"1 object of {parts} parts"
+        times: dict[str, tuple[list[float], list[float]]] = {per_part: ([], []), per_page: ([], [])}
         for r in range(args.rounds):
             forms = list(times) if r % 2 == 0 else list(reversed(times))
             for form in forms:
-                if form.startswith("2"):
-                    keys: list[str] = [f"r{r}-{i}-{c}" for i in range(n) for c in "kv"]
-                    puts: list[Any] = [s for i in range(n) for s in (k(s0, i), v(s0, i))]
-                    gets: list[Any] = [s for i in range(n) for s in (k(d0, i), v(d0, i))]
+                if form == per_part:
+                    keys: list[str] = [f"r{r}-{i}-{c}" for i in range(n) for c in range(parts)]
+                    puts: list[Any] = [run(s0, i, c) for i in range(n) for c in range(parts)]
+                    gets: list[Any] = [run(d0, i, c) for i in range(n) for c in range(parts)]
                 else:
                     keys = [f"r{r}-{i}" for i in range(n)]
-                    puts = [[k(s0, i), v(s0, i)] for i in range(n)]
-                    gets = [[k(d0, i), v(d0, i)] for i in range(n)]
+                    puts = [[run(s0, i, c) for c in range(parts)] for i in range(n)]
+                    gets = [[run(d0, i, c) for c in range(parts)] for i in range(n)]
                 dst[:] = 0
                 t0 = time.perf_counter()
                 store.put_many_from(keys, puts)
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 store.remove_many(keys, force=True)
                 time.sleep(0.35)  # the read leases (0.3 s) end and the bytes are free again
         store.close()
-        print(f"store batch: {n} pages of 2 x {format_size(part)} per call, layout {args.layout}, "
+        print(f"store batch: {n} pages of {parts} x {format_size(part)} per call, layout {args.layout}, "
               f"{args.rounds} rounds per form (alternating); GB/s = 1e9 bytes/s, best (median)")
         rates = {}
         for form, (put_s, get_s) in times.items():
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                            for op, ts in (("put", put_s), ("get", get_s))}
             print(f"  {form:<20}  put {rates[form]['put'][0]:6.2f} ({rates[form]['put'][1]:5.2f})   "
                   f"get {rates[form]['get'][0]:6.2f} ({rates[form]['get'][1]:5.2f})")
-        one, two = rates["1 object of 2 parts"], rates["2 objects per page"]
+        one, two = rates[per_page], rates[per_part]
         print("  parts / objects       put {:.2f}x ({:.2f}x)   get {:.2f}x ({:.2f}x)".format(
             one["put"][0] / two["put"][0], one["put"][1] / two["put"][1],
             one["get"][0] / two["get"][0], one["get"][1] / two["get"][1]))

@@ -1,6 +1,7 @@
 """The workers' half of store-backed prefix reuse: moving one tensor-parallel rank's slice of
-blocks between its registered KV cache and the store, chunk by chunk (``layout.chunk_keys``:
-one store object per contiguous run of a block), in one batched call each way.
+blocks between its registered KV cache and the store, one store object per block (its runs,
+``layout.block_spans``, gathered on a put and scattered on a get: no copy), in one batched call
+each way.
 
 Used by every engine plugin's worker for the ``BlockJob``s its scheduler planned
 (``prefix_reuse``). Failures are typed and returned or raised for the plugin to report through
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tidekv.kvcache.layout import KVLayout, chunk_keys
+from tidekv.kvcache.layout import KVLayout
 from tidekv.kvcache.prefix_reuse import BlockJob
 
 
@@ -22,23 +23,22 @@ def load_blocks(store: Any, layout: KVLayout, tp_rank: int, jobs: Sequence[Block
     """Reads every block of ``jobs`` (rank ``tp_rank``'s keys) into its place in the KV cache.
 
     Returns:
-        The blocks that are not (all) in the store: evicted since the scheduler looked, or this
+        The blocks that are not in the store (whole): evicted since the scheduler looked, or this
         rank's client sees another pool. Their bytes must not be used.
 
     Raises:
         TidekvError: the store failed as a whole (nothing can be trusted of this call).
     """
-    keys, spans, owners = [], [], []
+    keys, parts, owners = [], [], []
     for job in jobs:
         for block, key in zip(job.blocks, job.keys[tp_rank]):
-            for ck, span in zip(chunk_keys(key, layout), layout.block_spans(block)):
-                keys.append(ck)
-                spans.append(span)
-                owners.append(block)
+            keys.append(key)
+            parts.append(layout.block_spans(block))
+            owners.append(block)
     if not keys:
         return set()
-    sizes = store.get_many_into(keys, spans)
-    return {block for block, size, (_, length) in zip(owners, sizes, spans) if size != length}
+    sizes = store.get_many_into(keys, parts)
+    return {block for block, size in zip(owners, sizes) if size != layout.block_bytes}
 
 
 def save_blocks(store: Any, layout: KVLayout, tp_rank: int, job: BlockJob) -> None:
@@ -47,12 +47,8 @@ def save_blocks(store: Any, layout: KVLayout, tp_rank: int, job: BlockJob) -> No
     Raises:
         TidekvError: the store refused or failed (the blocks are recomputed some day).
     """
-    keys, spans = [], []
-    for block, key in zip(job.blocks, job.keys[tp_rank]):
-        keys.extend(chunk_keys(key, layout))
-        spans.extend(layout.block_spans(block))
-    if keys:
-        store.put_many_from(keys, spans)
+    if job.blocks:
+        store.put_many_from(list(job.keys[tp_rank]), [layout.block_spans(block) for block in job.blocks])
 
 
 class SaveQueue:

@@ -228,14 +228,3 @@ def _consecutive(local_blocks: Sequence[int], remote_blocks: Sequence[int]) -> l
 def _layer_order(name: str) -> tuple[int, str]:
     digits = [int(part) for part in name.replace(".", " ").split() if part.isdigit()]
     return (digits[0] if digits else -1, name)
-
-
-def chunk_keys(block_key: str, layout: KVLayout) -> list[str]:
-    """Store keys of one block's runs, in block_spans() order."""
-    return [chunk_key(block_key, i) for i in range(sum(len(lay.runs) for lay in layout.layers))]
-
-
-def chunk_key(block_key: str, index: int) -> str:
-    """Store key of run ``index`` of the block keyed ``block_key`` (run 0 exists for every block)."""
-    return f"{block_key}/{index}"
-

@@ -2,7 +2,8 @@
 makes KV bytes incompatible (model, dtype, layout, block size, tensor-parallel rank).
 
 Block i's key commits to all tokens of blocks 0..i, so equal keys mean equal prefixes, and two
-engines that differ in anything that changes the KV bytes can never share a key.
+engines that differ in anything that changes the KV bytes can never share a key. A key names one
+store object: the whole block of one rank (``KEY_SCHEME``).
 """
 
 from __future__ import annotations
@@ -12,9 +13,16 @@ import struct
 from collections.abc import Sequence
 
 
+KEY_SCHEME = 2
+"""What a block key names. 2: one object per block and rank, its layers' runs concatenated in
+``layout.block_spans`` order. (1, keys ``kv/...``: one object per run of a block, ``/<run>``
+after the block key.) The scheme is part of every key, so a pool written under another one is
+never read as this one's."""
+
+
 def namespace(model: str, dtype: str, layout_fingerprint: str, block_size: int, tp_rank: int, tp_size: int) -> str:
     text = f"{model}|{dtype}|{layout_fingerprint}|bs{block_size}|tp{tp_rank}/{tp_size}"
-    return "kv/" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    return f"kv{KEY_SCHEME}/" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def block_keys(ns: str, token_ids: Sequence[int], block_size: int) -> list[str]:

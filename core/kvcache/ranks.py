@@ -8,7 +8,7 @@ carries one endpoint per rank), so both sides must run the same TP size. The sto
 rank's slice under keys of that rank's namespace (``prefix.namespace`` commits to the rank and
 the TP size), so engines of another TP size never share a key, and a prefix counts as stored
 only as far as every rank's slices are: one rank's slice alone cannot serve the engine.
-Neighbours: ``prefix`` (the key chain), ``layout`` (a rank's chunks), ``contract``.
+Neighbours: ``prefix`` (the key chain), ``layout`` (a rank's block), ``contract``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from tidekv.errors import ConfigError
 from tidekv.kvcache import prefix
-from tidekv.kvcache.layout import KVLayout, chunk_keys
+from tidekv.kvcache.layout import KVLayout
 
 T = TypeVar("T")
 
@@ -95,14 +95,14 @@ def by_rank(reports: Mapping[int, T], tp_size: int) -> list[T]:
 class RankedKeys:
     """The store keys of one engine's blocks, on every tensor-parallel rank.
 
-    Rank r keys its slice of block i of a prompt as ``prefix.block_keys(namespaces[r], ...)[i]``
-    and stores it as one chunk per run of its layout (``layout.chunk_keys``).
+    Rank r keys its slice of block i of a prompt as ``prefix.block_keys(namespaces[r], ...)[i]``,
+    one store object (``prefix.KEY_SCHEME``).
     """
 
     namespaces: tuple[str, ...]
     """Rank r's key namespace, rank 0 first."""
     layouts: tuple[KVLayout, ...]
-    """Rank r's KV layout (how many chunks a block of it is)."""
+    """Rank r's KV layout (what its namespace commits to)."""
     block_size: int
 
     @classmethod
@@ -132,7 +132,7 @@ class RankedKeys:
     def stored_blocks(self, token_ids: Sequence[int], first: int, limit: int,
                       exists_many: Callable[[list[str]], list[bool]]) -> int:
         """How many consecutive blocks from block ``first`` (below ``limit``) the store holds on
-        every rank, every chunk of each: the run stops at the first block any rank lacks.
+        on every rank: the run stops at the first block any rank lacks.
 
         Args:
             token_ids: the prompt.
@@ -146,13 +146,9 @@ class RankedKeys:
         if limit <= first:
             return 0
         per_rank = [keys[first:limit] for keys in self.block_keys(token_ids)]
-        per_block = [[ck for r, lay in enumerate(self.layouts) for ck in chunk_keys(per_rank[r][b], lay)]
-                     for b in range(len(per_rank[0]))]
-        present = exists_many([k for keys in per_block for k in keys])
-        hits, i = 0, 0
-        for keys in per_block:
-            if not all(present[i : i + len(keys)]):
-                break
+        blocks, ranks = len(per_rank[0]), len(per_rank)
+        present = exists_many([per_rank[r][b] for b in range(blocks) for r in range(ranks)])  # block by block
+        hits = 0
+        while hits < blocks and all(present[hits * ranks : (hits + 1) * ranks]):
             hits += 1
-            i += len(keys)
         return hits

@@ -22,7 +22,6 @@ from typing import Any
 from tidekv.channel import Backoff, DownUntil
 from tidekv.errors import ConfigError, TidekvError
 from tidekv.kvcache import contract, prefix
-from tidekv.kvcache.layout import chunk_key
 from tidekv.logs import WarnEvery
 
 logger = logging.getLogger(__name__)
@@ -65,10 +64,9 @@ class StoreCard:
             return None
         return cls(tuple(handoff.prefix_namespaces), handoff.block_size, engines)
 
-    def first_chunk_keys(self, token_ids: Sequence[int]) -> list[list[str]]:
-        """Per rank, the store keys of the first chunk of each full block of ``token_ids``, in order."""
-        return [[chunk_key(k, 0) for k in prefix.block_keys(ns, token_ids, self.block_size)]
-                for ns in self.namespaces]
+    def block_keys(self, token_ids: Sequence[int]) -> list[list[str]]:
+        """Per rank, the store key of each full block of ``token_ids``, in order."""
+        return [prefix.block_keys(ns, token_ids, self.block_size) for ns in self.namespaces]
 
 
 def leading_held(engines_per_key: Sequence[Sequence[str]], engine: str) -> int:
@@ -92,7 +90,7 @@ def held_by_instance(cards: Mapping[int, Sequence[StoreCard]], token_ids: Sequen
     for i, some in cards.items():
         for j, card in enumerate(some):
             if card.namespaces not in by_namespaces:
-                by_namespaces[card.namespaces] = card.first_chunk_keys(token_ids)
+                by_namespaces[card.namespaces] = card.block_keys(token_ids)
             keys_of[(i, j)] = by_namespaces[card.namespaces]
     keys = sorted({k for per_rank in keys_of.values() for ks in per_rank for k in ks})
     located = locate(keys) if keys else None

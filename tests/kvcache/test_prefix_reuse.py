@@ -78,16 +78,15 @@ def test_matched_tokens_counts_whole_stored_blocks_and_leaves_the_last_token(lay
     prompt = list(range(100, 122))  # 5 full blocks and 2 tokens
     assert reuse.keys is not None
     keys = reuse.keys.block_keys(prompt)[0]
-    chunk = lambda k: f"{k}/0"
     presence = reuse.link.store  # type: ignore[union-attr]
     assert reuse.matched_tokens(prompt, 0) == 0
-    presence.keys = {chunk(k) for k in keys[:3]}
+    presence.keys = set(keys[:3])
     assert reuse.matched_tokens(prompt, 0) == 12
     assert reuse.matched_tokens(prompt, 4) == 8  # one block computed on the engine already
     assert reuse.matched_tokens(prompt, 12) == 0
-    presence.keys = {chunk(k) for k in keys[:1] + keys[2:]}  # a hole at block 1: the run stops there
+    presence.keys = set(keys[:1] + keys[2:])  # a hole at block 1: the run stops there
     assert reuse.matched_tokens(prompt, 0) == 4
-    presence.keys = {chunk(k) for k in keys}
+    presence.keys = set(keys)
     assert reuse.matched_tokens(prompt, 0) == 20
     aligned = prompt[:20]  # every block stored: all tokens but the last (the engine computes it)
     assert reuse.matched_tokens(aligned, 0) == 19
@@ -206,7 +205,7 @@ def test_one_instance_loads_the_prefix_another_saved(two_instances: tuple[_Insta
 
     # A chunk the scheduler saw but that was evicted since: reported, its bytes unused.
     assert b.reuse.keys is not None
-    b.store.remove(f"{b.reuse.keys.block_keys(prompt)[0][2]}/0", force=True)  # our own read lease
+    b.store.remove(b.reuse.keys.block_keys(prompt)[0][2], force=True)  # our own read lease
     again = BlockJob("b2", [11, 13, 14], [b.reuse.keys.block_keys(prompt)[0][:3]])
     assert load_blocks(b.store, b.layout, 0, [again]) == {14}
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tidekv.errors import ConfigError
-from tidekv.kvcache import ranks
-from tidekv.kvcache.layout import KVLayout, LayerLayout, chunk_keys
+from tidekv.kvcache import prefix, ranks
+from tidekv.kvcache.layout import KVLayout, LayerLayout
 from tidekv.kvcache.ranks import RankedKeys
 
 BLOCK = 4
@@ -28,11 +28,9 @@ class FakeStore:
         self.keys: set[str] = set()
         self.calls = 0
 
-    def put_blocks(self, keys: RankedKeys, rank: int, count: int, skip_chunk: int | None = None) -> None:
-        for i, block_key in enumerate(keys.block_keys(TOKENS)[rank][:count]):
-            for c, ck in enumerate(chunk_keys(block_key, keys.layouts[rank])):
-                if not (i == count - 1 and c == skip_chunk):
-                    self.keys.add(ck)
+    def put_blocks(self, keys: RankedKeys, rank: int, count: int, skip: int | None = None) -> None:
+        """Stores rank ``rank``'s first ``count`` blocks, but for block ``skip``."""
+        self.keys |= {k for i, k in enumerate(keys.block_keys(TOKENS)[rank][:count]) if i != skip}
 
     def exists_many(self, keys: list[str]) -> list[bool]:
         self.calls += 1
@@ -110,8 +108,10 @@ def test_a_prefix_is_stored_only_as_far_as_every_ranks_blocks_are() -> None:
     calls = store.calls
     assert keys.stored_blocks(TOKENS, 3, 3, store.exists_many) == 0
     assert store.calls == calls, "nothing to ask"
-    store.put_blocks(keys, rank=1, count=4, skip_chunk=3)  # rank 1's fourth block lacks its last chunk
-    assert keys.stored_blocks(TOKENS, 0, 5, store.exists_many) == 3
+    store.keys.clear()
+    store.put_blocks(keys, rank=0, count=4)
+    store.put_blocks(keys, rank=1, count=4, skip=2)  # rank 1 lacks its third block (evicted)
+    assert keys.stored_blocks(TOKENS, 0, 5, store.exists_many) == 2
     store.put_blocks(keys, rank=1, count=4)
     assert keys.stored_blocks(TOKENS, 0, 5, store.exists_many) == 4
     calls = store.calls
@@ -127,3 +127,24 @@ def test_one_rank_engine_keys_match_the_plain_prefix_keys() -> None:
     assert keys.block_keys(TOKENS)[0] == prefix.block_keys(keys.namespaces[0], TOKENS, BLOCK)
     with pytest.raises(ConfigError, match="at least one rank"):
         RankedKeys.of("m", [], BLOCK)
+
+
+def test_a_block_is_one_store_object_per_rank_however_many_runs_it_has() -> None:
+    """32 layers with K and V as separate runs (64 runs a block): one key per block and rank,
+    and the presence check asks for exactly those."""
+    runs = ((0, 4096), (1 << 20, 4096))  # K, then V, far apart in each layer's tensor
+    layers = tuple(LayerLayout(f"model.layers.{i}.attn", (i + 1) << 24, 8, 4096, runs) for i in range(32))
+    lay = KVLayout(layers, BLOCK, "f32layers")
+    assert len(lay.block_spans(0)) == 64 and lay.block_bytes == 64 * 4096
+    keys = RankedKeys.of("m|bfloat16", [lay, lay], BLOCK)
+    store = FakeStore()
+    for rank in (0, 1):
+        store.put_blocks(keys, rank=rank, count=5)
+    asked: list[str] = []
+
+    def exists_many(ks: list[str]) -> list[bool]:
+        asked.extend(ks)
+        return store.exists_many(ks)
+    assert keys.stored_blocks(TOKENS, 0, 5, exists_many) == 5
+    assert len(asked) == 5 * 2 == len(set(asked)), "one key per block and rank"
+    assert all(k.startswith(f"kv{prefix.KEY_SCHEME}/") for k in asked), "the key scheme is in every key"

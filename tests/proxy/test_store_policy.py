@@ -57,12 +57,12 @@ def test_a_store_card_has_a_namespace_and_an_engine_per_rank() -> None:
         StoreCard((), BLOCK, ())
 
 
-def test_first_chunk_keys_follow_the_connectors_block_keys() -> None:
+def test_block_keys_follow_the_connectors_block_keys() -> None:
     from tidekv.kvcache import prefix
 
     tokens = list(range(10))  # two full blocks, a partial third has no key
-    keys = card("e0", "e1").first_chunk_keys(tokens)
-    assert keys == [[k + "/0" for k in prefix.block_keys(f"{NS}/{r}", tokens, BLOCK)] for r in range(2)]
+    keys = card("e0", "e1").block_keys(tokens)
+    assert keys == [prefix.block_keys(f"{NS}/{r}", tokens, BLOCK) for r in range(2)]
     assert [len(ks) for ks in keys] == [2, 2] and not set(keys[0]) & set(keys[1])
 
 
@@ -75,7 +75,7 @@ def test_leading_held_counts_until_the_first_block_not_on_the_engine() -> None:
 def test_held_by_instance_asks_once_for_every_instances_keys() -> None:
     tokens = list(range(12))  # three blocks
     cards = {0: [card("e0")], 2: [card("e2")], 3: [card("e3", namespace="kv/other")]}
-    [keys] = cards[0][0].first_chunk_keys(tokens)
+    [keys] = cards[0][0].block_keys(tokens)
     placed = {keys[0]: ["e0", "e2"], keys[1]: ["e2"], keys[2]: ["e2"]}
     calls: list[list[str]] = []
 
@@ -93,7 +93,7 @@ def test_held_by_instance_asks_once_for_every_instances_keys() -> None:
 def test_an_instance_holds_a_block_only_if_every_rank_holds_its_slice_on_its_own_engine() -> None:
     tokens = list(range(16))  # four blocks
     cards = {0: [card("a0", "a1")], 1: [card("b0", "b1")]}
-    [a0, a1], [b0, b1] = cards[0][0].first_chunk_keys(tokens), cards[1][0].first_chunk_keys(tokens)
+    [a0, a1], [b0, b1] = cards[0][0].block_keys(tokens), cards[1][0].block_keys(tokens)
     assert (a0, a1) == (b0, b1), "same model and ranks: same keys"
     placed = {k: ["a0", "b0"] for k in a0}  # rank 0's slices everywhere on both instances
     placed |= {a1[0]: ["a1"], a1[1]: ["a1", "b1"], a1[2]: ["a1"], a1[3]: ["b1"]}  # rank 1's: gaps
@@ -106,7 +106,7 @@ def test_an_instance_holds_a_block_only_if_every_rank_holds_its_slice_on_its_own
 def test_an_instance_of_several_data_parallel_engines_holds_what_its_best_engine_holds() -> None:
     tokens = list(range(16))  # four blocks
     dp0, dp1 = card("d0r0", "d0r1"), card("d1r0", "d1r1")
-    [r0, r1] = dp0.first_chunk_keys(tokens)
+    [r0, r1] = dp0.block_keys(tokens)
     placed = {r0[0]: ["d0r0"], r1[0]: ["d0r1"]}  # engine 0 holds block 0 on both ranks
     placed |= {r0[1]: ["d1r0"], r0[2]: ["d1r0"], r1[1]: ["d1r1"], r1[2]: ["d1r1"]}  # engine 1: blocks 1-2
     assert held_by_instance({0: [dp0, dp1]}, tokens, lambda asked: [placed.get(k, []) for k in asked]) == {0: 1}
@@ -187,7 +187,7 @@ def test_prompt_goes_to_the_prefill_whose_segment_holds_its_longest_prefix(
     # Nothing learned yet: turns, and each answer teaches the proxy that instance's card.
     assert {_send(proxy, prefills, body) for _ in range(2)} == {"prefill0", "prefill1"}
     # prefill1's pool holds the first 5 blocks of the prompt, prefill0's only the first 2.
-    [keys] = card("any").first_chunk_keys(list(PROMPT.encode()))
+    [keys] = card("any").block_keys(list(PROMPT.encode()))
     for key in keys[:5]:
         pools[1].put(key, b"kv" * 64)
     for key in keys[:2]:
@@ -228,7 +228,7 @@ def test_with_tensor_parallelism_the_prompt_goes_where_every_rank_holds_the_pref
     assert {_send(proxy, prefills, body) for _ in range(2)} == {"prefill0", "prefill1"}  # cards learned
 
     tokens = list(PROMPT.encode())
-    keys = [c.first_chunk_keys(tokens) for c in cards]  # [instance][rank][block]
+    keys = [c.block_keys(tokens) for c in cards]  # [instance][rank][block]
     for rank in range(2):  # prefill0: both ranks hold the first 3 blocks
         for key in keys[0][rank][:3]:
             pools[0][rank].put(key, b"kv")
