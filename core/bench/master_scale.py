@@ -4,7 +4,9 @@ Measured in-process on a MasterService (no network): bytes per object, single-ke
 PutStart+PutEnd rates at 1k and N objects and into a full pool, pauses over N/2 puts and N gets
 (collector as it comes, and frozen as ``tidekv master`` keeps it), a standby's snapshot load and
 batch apply, and a lone master's restart from ``--state-dir`` (log, snapshot, promotion), checking
-that every object came back.
+that every object came back. With ``--load N`` instead: a master process under N client
+processes' prompt lookups, reads and saves, and its CPU time per key (``master_load``), against
+Mooncake's master with ``--compare mooncake``.
 Design notes: docs/design-bench.md#tidekvbenchmaster_scale
 """
 
@@ -326,10 +328,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     parser.add_argument("--objects", type=int, default=1_000_000, help="objects to fill the master with (default 1000000)")
     parser.add_argument("--seconds", type=float, default=2.0, help="measuring time per rate (default 2)")
     parser.add_argument("--json", metavar="FILE", help="write one JSON object per row to FILE")
+    load = parser.add_argument_group("load mode (--load N): N client processes send prompt lookups, reads and saves "
+                                     "to a master process; master CPU per key operation (tidekv.bench.master_load)")
+    load.add_argument("--load", type=int, metavar="N", help="run the load mode with N client processes")
+    load.add_argument("--blocks", type=int, default=64, help="blocks per prompt, at most (default 64)")
+    load.add_argument("--object-bytes", type=int, default=1024, help="bytes per block object (default 1024: small, "
+                      "so the master is what is loaded)")
+    load.add_argument("--compare", choices=["mooncake"], action="append", default=[],
+                      help="also load Mooncake's mooncake_master with the same clients and mix")
     parser.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
+    if args.load is not None:
+        return _load_main(args)
     rows = run(args.objects, args.seconds)
     cols = [
         Column("metric", "metric", align="<"),
@@ -338,6 +350,35 @@ def _main(args: argparse.Namespace) -> int:
         Column("ratio", "ratio", ".2f"),
     ]
     print(format_table(rows, cols, title="tidekv master scaling (in-process MasterService.handle, encoded RPCs)"))
+    if args.json:
+        with open(args.json, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    return 0
+
+
+def _load_main(args: argparse.Namespace) -> int:
+    from tidekv.bench.master_load import run_load
+
+    if args.load < 1 or args.blocks < 1 or args.object_bytes < 1:
+        raise SystemExit("--load, --blocks and --object-bytes take a number >= 1")
+    rows = run_load(args.load, args.seconds, args.blocks, args.object_bytes, args.compare)
+    cols = [
+        Column("master", "master", align="<"),
+        Column("clients", "clients", "d"),
+        Column("prompts", "prompts", ",d"),
+        Column("key_ops", "key ops", ",d"),
+        Column("keys_per_s", "keys/s", ",.0f"),
+        Column("master_cpu_us_per_key", "master CPU us/key", ".3f"),
+        Column("master_cpu_share", "master CPU share", ".2f"),
+    ]
+    print(format_table(rows, cols, title=f"master under load: {args.load} clients, prompts of 1-{args.blocks} blocks "
+                       f"of {args.object_bytes} B (lookup all, read the leading hits, save the rest), "
+                       f"{args.seconds:g} s (Mooncake store API on both; tidekv = its drop-in over a tidekv master)"))
+    if len(rows) == 2:
+        r = rows[0]
+        print(f"tidekv / Mooncake: keys per master CPU second {r['keys_per_cpu_s_vs_mooncake']:.2f}x, "
+              f"keys/s {r['keys_per_s_vs_mooncake']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             for row in rows:

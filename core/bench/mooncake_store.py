@@ -158,6 +158,11 @@ class MooncakeMaster:
         """Where clients connect: "host:port"."""
         return f"{_HOST}:{self.rpc_port}"
 
+    @property
+    def pid(self) -> int:
+        """The master's process id (its CPU time: ``/proc/<pid>/stat``)."""
+        return self._process.pid
+
     def _wait_listening(self) -> None:
         deadline = time.monotonic() + _MASTER_READY_TIMEOUT_S
         while True:

@@ -1,0 +1,30 @@
+"""``tidekv bench master --load``: clients load tidekv's master and Mooncake's with one mix."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tidekv.bench import master_load
+
+
+def test_both_masters_are_loaded_and_their_cpu_per_key_is_counted() -> None:
+    rows = master_load.run_load(clients=2, seconds=1.0, blocks=8, object_bytes=256, compare=["mooncake"])
+    assert [r["master"] for r in rows] == ["shim", "mooncake"]
+    for r in rows:
+        assert r["prompts"] > 0 and r["looked_up"] >= r["prompts"], r
+        assert r["read"] > 0 and r["saved"] > 0, f"the mix reads stored prefixes and saves new blocks: {r}"
+        assert r["key_ops"] == r["looked_up"] + r["read"] + r["saved"]
+        assert r["master_cpu_s"] > 0 and r["master_cpu_us_per_key"] > 0, r
+    assert rows[0]["keys_per_cpu_s_vs_mooncake"] > 0 and rows[0]["keys_per_s_vs_mooncake"] > 0
+
+
+def test_cpu_seconds_reads_this_process() -> None:
+    before = master_load.cpu_seconds(os.getpid())
+    deadline = os.times().elapsed + 0.2
+    while os.times().elapsed < deadline:
+        pass
+    assert master_load.cpu_seconds(os.getpid()) - before >= 0.1
+    with pytest.raises(FileNotFoundError):
+        master_load.cpu_seconds(1 << 30)
