@@ -1,7 +1,8 @@
 """``tidekv bench master``: how the master's memory and speed scale with the number of objects.
 
 Measured in-process on a MasterService (no network): bytes per object, single-key Get and
-PutStart+PutEnd rates at 1k and N objects and into a full pool, pauses over N/2 puts and N gets
+PutStart+PutEnd rates at 1k and N objects and into a full pool, the time per key of Exists, Get
+and PutStart+PutEnd requests of 64 keys, pauses over N/2 puts and N gets
 (collector as it comes, and frozen as ``tidekv master`` keeps it), a standby's snapshot load and
 batch apply, and a lone master's restart from ``--state-dir`` (log, snapshot, promotion), checking
 that every object came back. With ``--load N`` instead: a master process under N client
@@ -96,6 +97,36 @@ def _put_rate(svc: MasterService, seconds: float, next_new: int) -> tuple[float,
             _call(svc, 5, p.PutEnd("bench", [k], [slot[1]]))
         ops += 128
     return ops / (time.perf_counter() - t0), next_new
+
+
+_KEY_BATCH = 64
+"""Keys per request in the batch rows (a prompt's lookup or save of 64 blocks)."""
+
+
+def _batch_costs(svc: MasterService, n_objects: int, seconds: float, next_new: int) -> tuple[dict[str, float], int]:
+    """Microseconds of master time per key in requests of ``_KEY_BATCH`` keys: Exists and Get of
+    stored keys, PutStart+PutEnd of new ones from ``next_new`` on; (costs, the next new key)."""
+    rng = random.Random(11)
+    stored = [[_key(rng.randrange(n_objects)) for _ in range(_KEY_BATCH)] for _ in range(64)]
+    costs = {}
+    for name, body in (("Exists", p.Exists), ("Get", p.Get)):
+        calls, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            _call(svc, 6, body(stored[calls % len(stored)]))
+            calls += 1
+        costs[name] = (time.perf_counter() - t0) / (calls * _KEY_BATCH) * 1e6
+    fresh = [[_key(next_new + b * _KEY_BATCH + i) for i in range(_KEY_BATCH)] for b in range(1000)]
+    next_new += len(fresh) * _KEY_BATCH
+    calls, elapsed = 0, 0.0
+    while elapsed < seconds and calls < len(fresh):
+        keys = fresh[calls]
+        t0 = time.perf_counter()
+        slots = _call(svc, 7, p.PutStart("bench", keys, [_OBJECT_BYTES] * len(keys)))
+        _call(svc, 8, p.PutEnd("bench", keys, [s[1] for s in slots]))
+        elapsed += time.perf_counter() - t0
+        calls += 1
+    costs["PutStart+PutEnd"] = elapsed / (calls * _KEY_BATCH) * 1e6
+    return costs, next_new
 
 
 def _full_pool_put_rate(objects: int, seconds: float) -> float:
@@ -261,6 +292,7 @@ def run(objects: int, seconds: float) -> list[dict[str, Any]]:
     _fill(svc, 0, 1000)
     get_small = _get_rate(svc, 1000, seconds)
     put_small, next_new = _put_rate(svc, seconds, 10**12)
+    batch_small, next_new = _batch_costs(svc, 1000, seconds, next_new)
     gc.collect()
     before = _rss_bytes()
     with tqdm(total=objects - 1000, desc=f"filling master to {objects} objects", unit="obj", leave=False) as bar:
@@ -269,6 +301,7 @@ def run(objects: int, seconds: float) -> list[dict[str, Any]]:
     per_object = (_rss_bytes() - before) / (objects - 1000)
     get_big = _get_rate(svc, objects, seconds)
     put_big, next_new = _put_rate(svc, seconds, next_new)
+    batch_big, next_new = _batch_costs(svc, objects, seconds, next_new)
     full_small = _full_pool_put_rate(1000, seconds)
     full_big = _full_pool_put_rate(min(objects, 100_000), seconds)
     puts = max(10_000, objects // 2)
@@ -285,6 +318,8 @@ def run(objects: int, seconds: float) -> list[dict[str, Any]]:
     return [
         {"metric": "get ops/s", "at_1k": get_small, "at_n": get_big, "ratio": get_big / get_small, "objects": objects},
         {"metric": "put ops/s", "at_1k": put_small, "at_n": put_big, "ratio": put_big / put_small, "objects": objects},
+        *({"metric": f"{name} us/key, batches of {_KEY_BATCH}", "at_1k": batch_small[name], "at_n": batch_big[name],
+           "ratio": batch_big[name] / batch_small[name], "objects": objects} for name in batch_small),
         {"metric": f"put ops/s, full pool (1k vs {min(objects, 100_000):,} objects)", "at_1k": full_small,
          "at_n": full_big, "ratio": full_big / full_small, "objects": objects},
         {"metric": "standby: snapshot applied to a mirror, s", "at_1k": None, "at_n": mirror_s, "ratio": None,
@@ -345,7 +380,7 @@ def _main(args: argparse.Namespace) -> int:
     rows = run(args.objects, args.seconds)
     cols = [
         Column("metric", "metric", align="<"),
-        Column("at_1k", "at 1k objects", ",.0f"),
+        Column("at_1k", "at 1k objects", lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"),
         Column("at_n", f"at {args.objects:,} objects", ",.6g"),
         Column("ratio", "ratio", ".2f"),
     ]

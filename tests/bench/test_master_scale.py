@@ -12,6 +12,9 @@ def test_rows_of_a_small_run() -> None:
     rows = {r["metric"].strip(): r for r in listed}
     assert rows["get ops/s"]["at_n"] > 0 and rows["put ops/s"]["at_n"] > 0
     assert rows["bytes/object"]["at_n"] > 0
+    for name in ("Exists", "Get", "PutStart+PutEnd"):
+        row = rows[f"{name} us/key, batches of 64"]
+        assert row["at_1k"] > 0 and row["at_n"] > 0, row
     assert rows["put ops/s, full pool (1k vs 20,000 objects)"]["at_n"] > 0  # the bench checks they evicted
     assert rows["standby: snapshot applied to a mirror, s"]["at_n"] > 0
     assert rows["promotion: master restored from the mirror, s"]["at_n"] > 0
