@@ -103,6 +103,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     from tidekv.trace import cli as trace_cli
 
     trace_cli.add_parser(sub)
+    from tidekv.trace import plan as trace_plan
+
+    trace_plan.add_parser(sub)
     from tidekv.doctor import cli as doctor_cli
 
     doctor_cli.add_parser(sub)
