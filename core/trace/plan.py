@@ -115,7 +115,8 @@ def rows(figures: dict[str, Any], shape: ModelShape) -> list[dict[str, str]]:
          "value": format_size(f["object_bytes"])},
         {"what": "pool holds, tokens", "value": f"{f['pool_tokens']:,}"},
         {"what": "objects in a full pool", "value": f"{f['objects']:,}"},
-        {"what": "  the same, one object per layer run (before key scheme 2)", "value": f"{f['objects_one_per_run']:,}"},
+        {"what": "  the same, one object per layer run (before key scheme 2)",
+         "value": f"{f['objects_one_per_run']:,}"},
         {"what": "master memory", "value": f"{f['master_memory_bytes'] / 1e9:,.2f} GB"},
         {"what": "keys per prompt (every rank)", "value": f"{f['keys_per_prompt']:,}"},
         {"what": "lookups / gets / puts per s", "value":
