@@ -56,6 +56,22 @@ class PendingPut:
     is_upsert: bool
 
 
+_SIZES: dict[int, int] = {}
+"""One int object per object size (a KV pool's objects are mostly of one size): 32 bytes less
+per object. Bounded: at ``_MAX_SIZES`` distinct sizes it starts afresh, so the sizes in use now
+are shared again at once."""
+_MAX_SIZES = 4096
+
+
+def _shared(size: int) -> int:
+    shared = _SIZES.get(size)
+    if shared is None:
+        if len(_SIZES) >= _MAX_SIZES:
+            _SIZES.clear()
+        shared = _SIZES[size] = size
+    return shared
+
+
 class ObjectMeta:
     """One object. ``replicas`` is flat: (segment, offset, segment, offset, ...) to stay small;
     ``held``, as flat, its replicas on suspended segments (complete objects only)."""
@@ -65,7 +81,7 @@ class ObjectMeta:
     def __init__(self, size: int, replicas: tuple[object, ...], put: PendingPut | None, pin: int, token: int,
                  want: int = 0) -> None:
         self.want = want or len(replicas) // 2  # replicas asked for (``repairs`` restores lost ones)
-        self.size = size
+        self.size = _shared(size)
         self.replicas = replicas
         self.put = put
         self.lease_until = _NO_LEASE
