@@ -17,7 +17,6 @@ import argparse
 import concurrent.futures
 import gc
 import hashlib
-import json
 import multiprocessing
 import os
 import random
@@ -26,7 +25,7 @@ import time
 from typing import Any
 
 from tidekv.config import MasterConfig
-from tidekv.report import Column, format_table
+from tidekv.report import Column, format_table, write_json_lines
 from tidekv.store.master.collector import FrozenHeap
 from tidekv.store.master.journal import EndOp, JournalFile, Mirror, StartOp, decode_ops, encode_ops
 from tidekv.store.master.service import MasterService
@@ -386,9 +385,7 @@ def _main(args: argparse.Namespace) -> int:
     ]
     print(format_table(rows, cols, title="tidekv master scaling (in-process MasterService.handle, encoded RPCs)"))
     if args.json:
-        with open(args.json, "w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+        write_json_lines(args.json, rows)
     return 0
 
 
@@ -415,7 +412,5 @@ def _load_main(args: argparse.Namespace) -> int:
         print(f"tidekv / Mooncake: keys per master CPU second {r['keys_per_cpu_s_vs_mooncake']:.2f}x, "
               f"keys/s {r['keys_per_s_vs_mooncake']:.2f}x")
     if args.json:
-        with open(args.json, "w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+        write_json_lines(args.json, rows)
     return 0
