@@ -1,7 +1,8 @@
 """The one parser of each kind of value tidekv reads from flags, files and the environment: byte
-sizes ("16MB"), "host:port" addresses, and where a store client finds its master (one master, or
-an etcd cluster). Every error names the setting the text came from. Neighbours: ``tidekv.config``
-(the settings classes, which validate with these and re-export them).
+sizes ("16MB"), "host:port" addresses, and where a store client finds its master (one master, an
+etcd cluster, or a pool of several such groups). Every error names the setting the text came
+from. Neighbours: ``tidekv.config`` (the settings classes, which validate with these and
+re-export them).
 """
 
 from __future__ import annotations
@@ -115,6 +116,69 @@ class MasterAddress:
         if self.address is not None:
             return self.address
         return ETCD_SCHEME + ",".join(e[len("http://"):] for e in self.etcd_endpoints) + "/" + self.cluster
+
+
+POOL_SEPARATOR = ";"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolAddress:
+    """Where a store client finds its pool: one master group (a ``MasterAddress``), or several
+    that share the key space (``tidekv.store.wire.pool_map``), written as the groups' addresses
+    joined by ";", each optionally named: "g0=10.0.0.1:50051;g1=etcd://10.0.0.9:2379/g1". A
+    group's name decides which keys it owns, so it must stay the same when the group moves;
+    unnamed, a lone master is named by its "host:port" and a cluster by its etcd name."""
+
+    groups: tuple[tuple[str, MasterAddress], ...]
+    """(name, address) of each group, in the order given."""
+
+    @classmethod
+    def parse(cls, value: Any, what: str = "master") -> PoolAddress:
+        """Accepts a PoolAddress, a MasterAddress, a string of either form, or a list of group
+        strings. Raises ConfigError naming ``what`` for a malformed group, an empty list or two
+        groups of one name."""
+        if isinstance(value, PoolAddress):
+            return value
+        if isinstance(value, MasterAddress):
+            return cls(((_group_name(value), value),))
+        items = [i for i in value.split(POOL_SEPARATOR) if i.strip()] if isinstance(value, str) \
+            else list(value) if value else []
+        groups: list[tuple[str, MasterAddress]] = []
+        for item in items:
+            if isinstance(item, MasterAddress):
+                groups.append((_group_name(item), item))
+                continue
+            text = str(item).strip()
+            name, sep, rest = text.partition("=")
+            if sep and not name.startswith(ETCD_SCHEME):
+                if not name or not all(c.isalnum() or c in "-_.:" for c in name):
+                    raise ConfigError(f"{what}={value!r}: group name {name!r} is not letters, digits, "
+                                      "'-', '_', '.' or ':'")
+                address = MasterAddress.parse(rest.strip(), what)
+            else:
+                address = MasterAddress.parse(text, what)
+                name = _group_name(address)
+            groups.append((name, address))
+        if not groups:
+            raise ConfigError(f"{what}={value!r} names no master; expected HOST:PORT, etcd://HOST:PORT/NAME, "
+                              "or several groups joined by ';'")
+        names = [n for n, _ in groups]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"{what}={value!r} names a group twice ({', '.join(names)}); give each a distinct "
+                              "NAME=ADDRESS")
+        return cls(tuple(groups))
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """The hosts a client dials first, every group's (``MasterAddress.hosts``)."""
+        return tuple(h for _, address in self.groups for h in address.hosts)
+
+    def __str__(self) -> str:
+        return POOL_SEPARATOR.join(str(a) if n == _group_name(a) else f"{n}={a}" for n, a in self.groups)
+
+
+def _group_name(address: MasterAddress) -> str:
+    return address.cluster if address.is_cluster else str(address.address)
 
 
 ETCD_URL_SCHEMES = ("http", "https")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidekv import __version__
-from tidekv.config import ENV_PREFIX, ENV_PREFIXES, MasterAddress, TransferConfig, settings_sources
+from tidekv.config import ENV_PREFIX, ENV_PREFIXES, PoolAddress, TransferConfig, settings_sources
 from tidekv.doctor.selftest import Progress, SelfTestResult, SelfTestState, TargetMemory, run_selftests
 from tidekv.errors import ConfigError
 from tidekv.hostaddr import HOST_VARIABLE, advertised_host, default_route_source, is_loopback
@@ -166,7 +166,7 @@ def address_fact(environ: Mapping[str, str]) -> HostFact:
         if environ.get(HOST_VARIABLE):
             return HostFact("listen address", advertised_host(None, (), environ=environ), f"from ${HOST_VARIABLE}")
         if master:
-            toward = MasterAddress.parse(master, f"${MASTER_ENV}").hosts
+            toward = PoolAddress.parse(master, f"${MASTER_ENV}").hosts
             value = advertised_host(None, toward, environ=environ)
             why = (f"the master (${MASTER_ENV}={master}) is on loopback: every peer must be on this host"
                    if is_loopback(value) else f"the interface that routes to the master (${MASTER_ENV}={master})")

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tidekv.config import MasterAddress, TransportKind, secret_from_env
+from tidekv.config import PoolAddress, TransportKind, secret_from_env
 from tidekv.errors import ConfigError
 from tidekv.hostaddr import HOST_VARIABLE, advertised_host, is_loopback, is_wildcard
 
@@ -31,18 +31,19 @@ MASTER_ENV = "TIDEKV_MASTER"
 engine's own config names none: "host:port" (``tidekv up`` prints it) or "etcd://H:P/CLUSTER"."""
 
 def check_master_address(name: str, value: Any) -> str:
-    """Returns ``value`` if it names a master: "host:port" (``[v6]:port`` too) or a cluster of
-    masters in etcd, "etcd://HOST:PORT[,HOST:PORT...]/CLUSTER".
+    """Returns ``value`` if it names a master: "host:port" (``[v6]:port`` too), a cluster of
+    masters in etcd, "etcd://HOST:PORT[,HOST:PORT...]/CLUSTER", or several such groups of a
+    sharded pool joined by ";" (``PoolAddress``).
 
     Raises:
         ConfigError: naming ``name`` (the setting or variable it came from) and the value.
     """
     try:
-        MasterAddress.parse(value, name)
+        PoolAddress.parse(value, name)
     except ConfigError:
         raise ConfigError(f"{name}={value!r} must be 'host:port' of a tidekv master (e.g. 127.0.0.1:50051, "
                           "what `tidekv up` prints) or 'etcd://HOST:PORT[,HOST:PORT...]/CLUSTER' for a cluster "
-                          "of masters") from None
+                          "of masters (several groups of a sharded pool joined by ';')") from None
     return str(value)
 
 
@@ -160,7 +161,7 @@ class KVConnectorConfig:
             ConfigError: no route to the master, or a loopback address while the master is on
                 another host (its decodes and pool members could not reach this instance).
         """
-        toward = MasterAddress.parse(self.master).hosts if self.master else None
+        toward = PoolAddress.parse(self.master).hosts if self.master else None
         host = advertised_host(self.engine_host, toward, setting="engine_host", environ=environ)
         if toward and is_loopback(host) and not all(is_loopback(h) for h in toward):
             raise ConfigError(f"this instance's transfer engine would listen on {host} (engine_host or "

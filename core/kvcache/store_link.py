@@ -183,7 +183,8 @@ class StoreLink:
 
 
 def lookup_client(master: str, client_id: str, timeout_s: float, secret: str | None) -> Any:
-    """A connected master client for an engine scheduler's lookups: no transfer engine or staging,
+    """A connected master client (``Pool``: every group of a sharded pool) for an engine
+    scheduler's lookups: no transfer engine or staging,
     TLS as ``TIDEKV_TLS_*`` say (``TlsConfig``). Lookups sit on the scheduling path: one attempt
     each (a master that does not answer fast is skipped; the link retries in the background and
     follows a new leader). Every engine plugin's scheduler connects through this one function.
@@ -192,9 +193,9 @@ def lookup_client(master: str, client_id: str, timeout_s: float, secret: str | N
         whatever ``MasterClient.connect`` raises (the link logs it and retries).
     """
     from tidekv.config import TlsConfig
-    from tidekv.store.client.master_client import MasterClient
+    from tidekv.store.client.pool import Pool
 
-    client = MasterClient(master, client_id, timeout_s=timeout_s, secret=secret, tls=TlsConfig.from_env())
+    client = Pool(master, client_id, timeout_s=timeout_s, secret=secret, tls=TlsConfig.from_env())
     try:
         client.connect()
     except BaseException:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidekv.config import MasterAddress
+from tidekv.config import PoolAddress
 from tidekv.errors import ConfigError, TidekvError
 from tidekv.kvcache.contract import remote_decode_params
 from tidekv.proxy.conductor import PROBE_AFTER_S, Decision
@@ -100,13 +100,13 @@ class ProxyConfig:
             raise ConfigError(f"policy={self.policy!r} is invalid; allowed {[p.value for p in RoutingPolicy]}")
         if self.policy is RoutingPolicy.STORE:
             try:
-                MasterAddress.parse(self.master)
+                PoolAddress.parse(self.master)
             except ConfigError:
                 raise ConfigError(f"master={self.master!r} is invalid; the store policy needs the tidekv master "
                                   "as host:port (or etcd://HOST:PORT/CLUSTER)") from None
         elif self.master and self.policy is RoutingPolicy.CONDUCTOR:
             try:
-                MasterAddress.parse(self.master)
+                PoolAddress.parse(self.master)
             except ConfigError:
                 raise ConfigError(f"master={self.master!r} is invalid; give the tidekv master as host:port "
                                   "(or etcd://HOST:PORT/CLUSTER), or none") from None

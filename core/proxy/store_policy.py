@@ -136,9 +136,9 @@ class StoreLocator:
 
     def __init__(self, master: str, secret: str | None = None) -> None:
         from tidekv.config import TlsConfig
-        from tidekv.store.client.master_client import MasterClient
+        from tidekv.store.client.pool import Pool
 
-        self._client = MasterClient(master, f"tidekv-proxy-{uuid.uuid4().hex[:8]}", timeout_s=STORE_TIMEOUT_S,
+        self._client = Pool(master, f"tidekv-proxy-{uuid.uuid4().hex[:8]}", timeout_s=STORE_TIMEOUT_S,
                                     secret=secret, tls=TlsConfig.from_env())
         self._down = DownUntil(Backoff(initial_s=1.0, max_s=STORE_RETRY_S))
         self._warning = WarnEvery()

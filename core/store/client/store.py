@@ -7,9 +7,14 @@ read protocol of ``object_io`` (two-phase puts, reads under a lease). The zero-c
 buffer or a list of buffers (parts): the object is then the parts' concatenation, written by
 gathering them and read by scattering into them (one transfer request per part and replica).
 
+A pool may be sharded over several master groups (``master`` = "g0=H:P;g1=H:P;..."): the Store
+then contributes an equal share of its segment to each group, and every batch call goes to the
+groups owning its keys in parallel (``pool``).
+
 Neighbours: ``object_io`` (moving the bytes), ``membership`` (the segment, mounted and
 heartbeated; re-mounts after the master lost this client), ``master_client`` (the master,
-followed across failovers), ``staging`` (scratch memory for bytes objects). Thread-safe.
+followed across failovers), ``pool`` (the groups), ``staging`` (scratch memory for bytes
+objects). Thread-safe.
 """
 
 from __future__ import annotations
@@ -21,12 +26,13 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from tidekv.config import MasterAddress, StoreConfig, TlsConfig, TransferConfig
+from tidekv.config import MasterAddress, PoolAddress, StoreConfig, TlsConfig, TransferConfig
 from tidekv.errors import ConfigError, ObjectLeasedError, ObjectNotFoundError, StoreError, TransferError
 from tidekv.hostaddr import advertised_host
 from tidekv.store.client.master_client import MasterClient
 from tidekv.store.client.membership import Member
 from tidekv.store.client.object_io import ObjectIO, Parts, Pieces, Span, batch_error, in_order, span_of, trim
+from tidekv.store.client.pool import Pool, pick
 from tidekv.store.client.staging import StagingArea
 from tidekv.store.wire import names
 from tidekv.store.wire import protocol as p
@@ -48,6 +54,36 @@ class ObjectInfo:
     """Its replicas: segment, holder engine, address and length of each."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Group:
+    """This Store in one master group: the group's client, this Store's segment there, and the
+    put and read protocol against it."""
+
+    rpc: MasterClient
+    member: Member
+    io: ObjectIO
+
+
+_CARVE_ALIGN = 4096
+"""A segment carved between groups gives each a multiple of this many bytes."""
+
+
+
+def _summed(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two masters' stats added up: numbers summed, dicts (per segment, per tenant) merged."""
+    out = dict(a)
+    for name, value in b.items():
+        mine = out.get(name)
+        if isinstance(value, dict) and isinstance(mine, dict):
+            out[name] = _summed(mine, value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and \
+                isinstance(mine, (int, float)) and not isinstance(mine, bool):
+            out[name] = mine + value
+        elif name not in out:
+            out[name] = value
+    return out
+
+
 class Store:
     """A connection to a tidekv master plus this process's share of the pool.
 
@@ -56,7 +92,7 @@ class Store:
 
     def __init__(
         self,
-        master: str | MasterAddress,
+        master: str | MasterAddress | PoolAddress | Sequence[str],
         config: StoreConfig,
         engine: TransferEngine,
         owns_engine: bool,
@@ -67,38 +103,68 @@ class Store:
         self.client_id = uuid.uuid4().hex[:16]
         self.engine = engine
         self._owns_engine = owns_engine
-        self._rpc = MasterClient(master, self.client_id, timeout_s=config.rpc_timeout_s,
-                                 failover_timeout_s=config.failover_timeout_s, busy_poll_us=config.rpc_busy_poll_us,
-                                 register=True, secret=engine.config.secret, tls=tls, tenant=tenant)
+        self._pool = Pool(master, self.client_id, timeout_s=config.rpc_timeout_s,
+                          failover_timeout_s=config.failover_timeout_s, busy_poll_us=config.rpc_busy_poll_us,
+                          register=True, secret=engine.config.secret, tls=tls, tenant=tenant)
         self._closed = threading.Event()
-        self._member: Member | None = None
+        self._groups: list[_Group] = []
         self._staging: StagingArea | None = None
+        n = len(self._pool)
+        group_config = config if n == 1 else dataclasses.replace(
+            config, segment_size_bytes=config.segment_size_bytes // n // _CARVE_ALIGN * _CARVE_ALIGN)
+        if config.segment_size_bytes > 0 and group_config.segment_size_bytes == 0:
+            self._pool.close()
+            raise ConfigError(f"segment_size={config.segment_size_bytes} is too small to carve between {n} master "
+                              f"groups ({_CARVE_ALIGN} bytes each at least)")
         try:
             # Memory first: the master declares a client dead after client_ttl_s of silence, and
             # a large segment can take longer than that to fault in.
-            self._member = Member(self._rpc, engine, self.client_id, config)
-            self._io = ObjectIO(self._rpc, engine, self.client_id, config.replicas, self._member.count_lease_expiry)
+            for rpc in self._pool.clients:
+                member = Member(rpc, engine, self.client_id, group_config)
+                self._groups.append(_Group(rpc, member, ObjectIO(rpc, engine, self.client_id, config.replicas,
+                                                                 member.count_lease_expiry)))
             self._staging = StagingArea(engine, config.staging_size_bytes)
-            self._rpc.connect()
-            self._member.mount()
+            self._pool.connect()
+            for group in self._groups:
+                group.member.mount()
         except BaseException:
-            self._rpc.close()
+            self._pool.close()
             if owns_engine:
                 engine.close()
             else:
                 self._release_memory()
             raise
-        self._member.start()
+        for group in self._groups:
+            group.member.start()
 
     @property
     def segment_name(self) -> str:
-        """This client's segment in the pool ("" for a pure client): ``preferred_segment`` names it."""
-        return self._member.segment_name if self._member is not None else ""
+        """This client's segment in the pool ("" for a pure client): ``preferred_segment`` names
+        it (in a sharded pool, its share in every group has this name)."""
+        return self._groups[0].member.segment_name if self._groups else ""
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        """The names of the pool's master groups (one for an unsharded pool)."""
+        return self._pool.names
+
+    # The first group's parts (an unsharded pool's only ones), for tests and tools.
+    @property
+    def _rpc(self) -> MasterClient:
+        return self._groups[0].rpc
+
+    @property
+    def _member(self) -> Member:
+        return self._groups[0].member
+
+    @property
+    def _io(self) -> ObjectIO:
+        return self._groups[0].io
 
     @classmethod
     def connect(
         cls,
-        master: str | MasterAddress = "127.0.0.1:50051",
+        master: str | MasterAddress | PoolAddress | Sequence[str] = "127.0.0.1:50051",
         segment_size: int | None = None,
         *,
         config: StoreConfig | None = None,
@@ -113,7 +179,9 @@ class Store:
 
         Args:
             master: a lone master's "host:port", or "etcd://H:P[,H:P...]/CLUSTER" for the
-                leader of a cluster of masters (followed across failovers).
+                leader of a cluster of masters (followed across failovers), or several such
+                groups sharing the key space, joined by ";" and optionally named
+                ("g0=H:P;g1=etcd://H:P/g1"; ``tidekv.config.PoolAddress``).
             segment_size: bytes of this process's memory to contribute (0: pure client);
                 overrides ``config.segment_size_bytes``.
             config: client settings (default ``StoreConfig.from_env()``).
@@ -141,7 +209,7 @@ class Store:
         tls_config = tls if tls is not None else TlsConfig.from_env()
         tenant = names.tenant_from_env() if tenant is None else tenant and names.check_name(tenant)
         if engine is None:
-            address = master if isinstance(master, MasterAddress) else MasterAddress.parse(master)
+            address = PoolAddress.parse(master)
             engine = TransferEngine(host=advertised_host(host, address.hosts), port=port, config=transfer_config)
         return cls(master, cfg, engine, owns, tls_config, tenant)
 
@@ -209,23 +277,28 @@ class Store:
 
     def get_many(self, keys: Sequence[Key]) -> list[bytes | None]:
         """Returns each key's bytes, or None for keys that do not exist."""
-        bkeys = [key_bytes(k) for k in keys]
-        lease_deadline, results = self._io.locate(bkeys)
-        total = sum(r.size for r in results if r.status == Status.OK)
-        out: list[bytes | None] = [None] * len(bkeys)
-        with self._staging.borrow(max(total, 1)) as area:
-            spans: list[Pieces | None] = []
-            offset = 0
-            for r in results:
-                spans.append([(area.address + offset, r.size, 0)] if r.status == Status.OK else None)
-                offset += r.size if r.status == Status.OK else 0
-            self._io.read(bkeys, results, spans, lease_deadline)
-            view = area.view()
-            for i, span in enumerate(spans):
-                if span is not None:
-                    start = span[0][0] - area.address
-                    out[i] = bytes(view[start : start + span[0][1]])
-        return out
+        all_keys = [key_bytes(k) for k in keys]
+
+        def share(group: int, positions: list[int]) -> list[bytes | None]:
+            bkeys, io = pick(all_keys, positions), self._groups[group].io
+            lease_deadline, results = io.locate(bkeys)
+            total = sum(r.size for r in results if r.status == Status.OK)
+            out: list[bytes | None] = [None] * len(bkeys)
+            with self._staging.borrow(max(total, 1)) as area:
+                spans: list[Pieces | None] = []
+                offset = 0
+                for r in results:
+                    spans.append([(area.address + offset, r.size, 0)] if r.status == Status.OK else None)
+                    offset += r.size if r.status == Status.OK else 0
+                io.read(bkeys, results, spans, lease_deadline)
+                view = area.view()
+                for i, span in enumerate(spans):
+                    if span is not None:
+                        start = span[0][0] - area.address
+                        out[i] = bytes(view[start : start + span[0][1]])
+            return out
+
+        return self._pool.fan_out(all_keys, share, "get")
 
     # ---- zero-copy API ------------------------------------------------------------------
 
@@ -275,8 +348,14 @@ class Store:
         """
         if len(keys) != len(buffers):
             raise ConfigError(f"get_many_into got {len(keys)} keys but {len(buffers)} buffers")
-        bkeys = [key_bytes(k) for k in keys]
-        lease_deadline, results = self._io.locate(bkeys)
+        all_keys = [key_bytes(k) for k in keys]
+        return self._pool.fan_out(
+            all_keys, lambda g, pos: self._get_into(self._groups[g].io, pick(all_keys, pos), pick(buffers, pos)),
+            "get")
+
+    def _get_into(self, io: ObjectIO, bkeys: list[bytes], buffers: Sequence[Buffer | Parts]) -> list[int | None]:
+        """get_many_into of keys of one group."""
+        lease_deadline, results = io.locate(bkeys)
         spans: list[Pieces | None] = []
         too_small: dict[bytes, StoreError | TransferError] = {}
         for key, r, buf in zip(bkeys, results, buffers):
@@ -295,7 +374,7 @@ class Store:
                     f"buffer of {length} bytes is too small for object {show_key(key)} of {r.size} bytes")
         if too_small:
             raise batch_error("get", too_small)
-        self._io.read(bkeys, results, spans, lease_deadline)
+        io.read(bkeys, results, spans, lease_deadline)
         return [r.size if r.status == Status.OK else None for r in results]
 
     def get_ranges_into(self, keys: Sequence[Key], ranges: Sequence[Sequence[tuple[int, Buffer]]]) -> list[int | None]:
@@ -311,8 +390,15 @@ class Store:
         """
         if len(keys) != len(ranges):
             raise ConfigError(f"get_ranges_into got {len(keys)} keys but {len(ranges)} lists of ranges")
-        bkeys = [key_bytes(k) for k in keys]
-        lease_deadline, results = self._io.locate(bkeys)
+        all_keys = [key_bytes(k) for k in keys]
+        return self._pool.fan_out(
+            all_keys, lambda g, pos: self._get_ranges(self._groups[g].io, pick(all_keys, pos), pick(ranges, pos)),
+            "get")
+
+    def _get_ranges(self, io: ObjectIO, bkeys: list[bytes],
+                    ranges: Sequence[Sequence[tuple[int, Buffer]]]) -> list[int | None]:
+        """get_ranges_into of keys of one group."""
+        lease_deadline, results = io.locate(bkeys)
         pieces: list[Pieces | None] = []
         outside: dict[bytes, StoreError | TransferError] = {}
         for key, r, key_ranges in zip(bkeys, results, ranges):
@@ -330,7 +416,7 @@ class Store:
             pieces.append(mine)
         if outside:
             raise batch_error("get", outside)
-        self._io.read(bkeys, results, pieces, lease_deadline)
+        io.read(bkeys, results, pieces, lease_deadline)
         return [r.size if r.status == Status.OK else None for r in results]
 
     # ---- metadata API -------------------------------------------------------------------
@@ -340,24 +426,29 @@ class Store:
 
     def exists_many(self, keys: Sequence[Key]) -> list[bool]:
         """Whether each key holds a complete object (one round trip; grants no lease)."""
-        return self._rpc.exists_many(keys)
+        return self._pool.exists_many(keys)
 
     def exists_leased(self, keys: Sequence[Key]) -> list[bool]:
         """Whether each key holds a complete object, taking a read lease on each that does (see
         ``lookup_many``): what a load planned on the answer needs."""
-        return self._rpc.exists_leased(keys)
+        return self._pool.exists_leased(keys)
 
     def lookup_many(self, keys: Sequence[Key]) -> list[ObjectInfo | None]:
         """Each key's size and replicas (None: no complete object), in one round trip. Unlike
         exists_many this takes a read lease on every object found, as get does: for the master's
         lease_ttl_s, remove() without force and eviction leave them alone."""
-        _, results = self._io.locate([key_bytes(k) for k in keys])
-        return [ObjectInfo(r.size, tuple(r.locations)) if r.status == Status.OK else None for r in results]
+        all_keys = [key_bytes(k) for k in keys]
+
+        def share(group: int, positions: list[int]) -> list[ObjectInfo | None]:
+            _, results = self._groups[group].io.locate(pick(all_keys, positions))
+            return [ObjectInfo(r.size, tuple(r.locations)) if r.status == Status.OK else None for r in results]
+
+        return self._pool.fan_out(all_keys, share, "lookup")
 
     def locate_many(self, keys: Sequence[Key]) -> list[list[str]]:
         """Names of the transfer engines whose segments hold each key's replicas (empty: no
         complete object); one round trip, grants no lease."""
-        return self._rpc.locate_many(keys)
+        return self._pool.locate_many(keys)
 
     def remove(self, key: Key, *, force: bool = False) -> None:
         """Deletes an object.
@@ -374,7 +465,9 @@ class Store:
 
     def remove_many(self, keys: Sequence[Key], *, force: bool = False) -> list[Status]:
         """Deletes objects; returns per key Status.OK, NOT_FOUND or LEASED."""
-        return [Status(s) for s in self._rpc.call(p.Remove([key_bytes(k) for k in keys], force))]
+        all_keys = [key_bytes(k) for k in keys]
+        return self._pool.fan_out(all_keys, lambda g, pos: [
+            Status(s) for s in self._groups[g].rpc.call(p.Remove(pick(all_keys, pos), force))], "remove")
 
     def keys(self, page_keys: int = 1024) -> Iterator[bytes]:
         """Every key of a complete object, as the master held them when the listing began (a key
@@ -387,17 +480,26 @@ class Store:
             ConfigError: the listing was lost (the connection to the master changed, e.g. after a
                 failover, or another listing of this Store started): list again.
         """
-        start = True
-        while True:
-            page, is_last = self._rpc.call(p.ListKeys(start, page_keys))
-            start = False
-            yield from page
-            if is_last:
-                return
+        for group in self._groups:
+            start = True
+            while True:
+                page, is_last = group.rpc.call(p.ListKeys(start, page_keys))
+                start = False
+                yield from page
+                if is_last:
+                    break
 
     def stats(self) -> dict[str, Any]:
-        """The master's view of the pool (keys, segments, usage, evictions) and this engine's counters."""
-        out = dict(self._rpc.call(p.StatsRequest()))
+        """The master's view of the pool (keys, segments, usage, evictions) and this engine's
+        counters. In a sharded pool the masters' numbers are summed over the groups and each
+        group's own view is under ``groups`` (by name)."""
+        views = self._pool.call_each(p.StatsRequest())
+        out = dict(views[0])
+        if len(views) > 1:
+            for view in views[1:]:
+                out = _summed(out, view)
+            out["master_id"] = ",".join(str(v["master_id"]) for v in views)
+            out["groups"] = dict(zip(self._pool.names, (dict(v) for v in views)))
         out["transfer"] = self.engine.stats()
         return out
 
@@ -408,14 +510,16 @@ class Store:
         if self._closed.is_set():
             return
         self._closed.set()
-        assert self._member is not None
-        self._member.stop()
-        try:
-            self._rpc.call(p.Disconnect(self.client_id), timeout_s=min(self.config.rpc_timeout_s, 2.0),
-                           failover_timeout_s=0)
-        except StoreError as exc:
-            logger.warning("store client %s: master not told of disconnect: %s", self.client_id, exc)
-        self._rpc.close()
+        for group in self._groups:
+            group.member.stop()
+        for group in self._groups:
+            try:
+                group.rpc.call(p.Disconnect(self.client_id), timeout_s=min(self.config.rpc_timeout_s, 2.0),
+                               failover_timeout_s=0)
+            except StoreError as exc:
+                logger.warning("store client %s: master %s not told of disconnect: %s", self.client_id,
+                               group.rpc.address, exc)
+        self._pool.close()
         if self._owns_engine:
             self.engine.close()
         else:
@@ -433,11 +537,18 @@ class Store:
         if self._staging is not None:
             self._staging.close()
             self._staging = None
-        if self._member is not None:
-            self._member.release()
+        for group in self._groups:
+            group.member.release()
 
     def _put(self, keys: list[bytes], spans: list[Span], pin: Pin, replicas: int | None, upsert: bool,
              preferred_segment: str | None) -> None:
         if preferred_segment is None:
             preferred_segment = self.segment_name if self.config.prefer_local_segment else ""
-        self._io.put(keys, spans, pin, replicas, upsert, preferred_segment)
+        preferred: str = preferred_segment
+
+        def share(group: int, positions: list[int]) -> tuple[()]:
+            self._groups[group].io.put(pick(keys, positions), pick(spans, positions), pin, replicas, upsert,
+                                       preferred)
+            return ()
+
+        self._pool.fan_out(keys, share, "put")
