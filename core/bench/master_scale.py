@@ -370,6 +370,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                       "so the master is what is loaded)")
     load.add_argument("--compare", choices=["mooncake"], action="append", default=[],
                       help="also load Mooncake's mooncake_master with the same clients and mix")
+    load.add_argument("--groups", type=int, default=1, metavar="G",
+                      help="also run a tidekv pool sharded over G master groups and report its capacity against "
+                           "one master's, counted in CPU time of the busiest master (default 1: no sharded run)")
     parser.set_defaults(func=_main)
 
 
@@ -392,25 +395,36 @@ def _main(args: argparse.Namespace) -> int:
 def _load_main(args: argparse.Namespace) -> int:
     from tidekv.bench.master_load import run_load
 
-    if args.load < 1 or args.blocks < 1 or args.object_bytes < 1:
-        raise SystemExit("--load, --blocks and --object-bytes take a number >= 1")
-    rows = run_load(args.load, args.seconds, args.blocks, args.object_bytes, args.compare)
+    if args.load < 1 or args.blocks < 1 or args.object_bytes < 1 or args.groups < 1:
+        raise SystemExit("--load, --blocks, --object-bytes and --groups take a number >= 1")
+    rows = run_load(args.load, args.seconds, args.blocks, args.object_bytes, args.compare, args.groups)
     cols = [
         Column("master", "master", align="<"),
+        Column("groups", "groups", "d"),
         Column("clients", "clients", "d"),
         Column("prompts", "prompts", ",d"),
         Column("key_ops", "key ops", ",d"),
         Column("keys_per_s", "keys/s", ",.0f"),
         Column("master_cpu_us_per_key", "master CPU us/key", ".3f"),
         Column("master_cpu_share", "master CPU share", ".2f"),
+        Column("keys_per_busiest_cpu_s", "keys per busiest master CPU s", ",.0f"),
     ]
     print(format_table(rows, cols, title=f"master under load: {args.load} clients, prompts of 1-{args.blocks} blocks "
                        f"of {args.object_bytes} B (lookup all, read the leading hits, save the rest), "
                        f"{args.seconds:g} s (Mooncake store API on both; tidekv = its drop-in over a tidekv master)"))
-    if len(rows) == 2:
+    if "keys_per_cpu_s_vs_mooncake" in rows[0]:
         r = rows[0]
         print(f"tidekv / Mooncake: keys per master CPU second {r['keys_per_cpu_s_vs_mooncake']:.2f}x, "
               f"keys/s {r['keys_per_s_vs_mooncake']:.2f}x")
+    if "capacity_vs_one_group" in rows[-1]:
+        print(f"{args.groups} groups / 1: keys per CPU second of the busiest master "
+              f"{rows[-1]['capacity_vs_one_group']:.2f}x (each group on a core of its own)")
+        from tidekv.bench.master_load import request_costs
+
+        costs = request_costs()
+        print("what a request costs before its keys (each group gets one per batch): " + ", ".join(
+            f"Exists of {c['batch']} keys {c['master_cpu_us_per_request']:.1f} us of master CPU" for c in costs))
+        rows += costs
     if args.json:
         write_json_lines(args.json, rows)
     return 0

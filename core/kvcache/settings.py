@@ -28,7 +28,8 @@ has no room for them (TensorRT-LLM's ``kv_connector_config``)."""
 
 MASTER_ENV = "TIDEKV_MASTER"
 """The environment variable every tidekv plugin reads the store master's address from when the
-engine's own config names none: "host:port" (``tidekv up`` prints it) or "etcd://H:P/CLUSTER"."""
+engine's own config names none: "host:port" (``tidekv up`` prints it) or "etcd://H:P/CLUSTER", or
+several such master groups of a sharded pool joined by ";"."""
 
 def check_master_address(name: str, value: Any) -> str:
     """Returns ``value`` if it names a master: "host:port" (``[v6]:port`` too), a cluster of
@@ -73,7 +74,8 @@ def did_you_mean(name: str, allowed: Iterable[str]) -> str:
 @dataclass(frozen=True, slots=True)
 class KVConnectorConfig:
     master: str | None = None
-    """Store master "host:port", or "etcd://H:P[,H:P...]/CLUSTER" for a cluster of masters: enables store-backed prefix reuse across instances. Default
+    """Store master "host:port", or "etcd://H:P[,H:P...]/CLUSTER" for a cluster of masters, or several master
+    groups of a sharded pool joined by ";" ("g0=H:P;g1=H:P"): enables store-backed prefix reuse across instances. Default
     ``$TIDEKV_MASTER`` when set (``from_mapping``), else None (off)."""
     store_segment_size: int = 0
     """Bytes of this instance's memory contributed to the store pool. Default 0 (pure client)."""

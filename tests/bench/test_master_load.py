@@ -20,6 +20,21 @@ def test_both_masters_are_loaded_and_their_cpu_per_key_is_counted() -> None:
     assert rows[0]["keys_per_cpu_s_vs_mooncake"] > 0 and rows[0]["keys_per_s_vs_mooncake"] > 0
 
 
+def test_a_sharded_pool_spreads_the_load_over_its_groups() -> None:
+    """Every group of a four-group pool carries keys; the row compares it with one master."""
+    rows = master_load.run_load(clients=2, seconds=1.0, blocks=8, object_bytes=256, compare=[], groups=4)
+    assert [(r["master"], r["groups"]) for r in rows] == [("shim", 1), ("shim", 4)]
+    sharded = rows[1]
+    assert sharded["read"] > 0 and sharded["saved"] > 0, sharded
+    assert 0 < sharded["busiest_master_cpu_s"] < sharded["master_cpu_s"], "one master did all the work"
+    assert sharded["capacity_vs_one_group"] > 0, sharded
+
+
+def test_request_cost_is_counted_per_request() -> None:
+    [row] = master_load.request_costs(batches=(4,), seconds=0.3)
+    assert row["batch"] == 4 and row["requests"] > 0 and row["master_cpu_us_per_request"] > 0, row
+
+
 def test_cpu_seconds_reads_this_process() -> None:
     before = master_load.cpu_seconds(os.getpid())
     deadline = os.times().elapsed + 0.2

@@ -1,7 +1,8 @@
 """The store across hosts (network namespaces on one bridge, ``rig``): with nothing set but the
 master's address, holders advertise the address that routes to the master, clients on other
 hosts put and get through them, a holder forced onto loopback is refused, and a holder's host
-cut off mid-run loses nothing (typed errors, no stale reads, its objects copied elsewhere)."""
+cut off mid-run loses nothing (typed errors, no stale reads, its objects copied elsewhere); and
+a pool sharded over four master groups, one of them cut off."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tidekv.store.wire.pool_map import PoolMap
 
 from tests.multihost.rig import Host, Rig
 from tests.store.payload import digest, payload
@@ -132,3 +134,45 @@ def test_a_holders_host_cut_off_loses_nothing(multihost: Callable[..., Rig], on:
     assert _get_digest(a, "during-cut") == digest(payload(99, 4096))
     stats = client.call("stats")["stats"]
     assert stats["objects_lost"] == 0 and stats["repairs"]["failed"] == 0, stats
+
+
+def test_four_groups_one_cut_off_delays_only_its_keys(multihost: Callable[..., Rig], on: Callable[..., Any]) -> None:
+    """A pool sharded over four master groups, each a master on a host of its own (h0..h3), with
+    a holder on h4 and a reader on h5 that find them by the pool address alone. Cutting h0 off
+    fails exactly group g0's keys (typed, within the client's failover timeout) while batches of
+    the other groups' keys are read as fast as before; healed, every key reads back."""
+    hosts = multihost(6).hosts
+    masters = [on(h, "master") for h in hosts[:4]]
+    pool = ";".join(f"g{i}={m.address}" for i, m in enumerate(masters))
+    clients = {**FAST, "rpc_timeout_s": 1.0, "failover_timeout_s": 1.0}
+    holder = on(hosts[4], "agent", pool, 64 * MIB, **clients)
+    reader = on(hosts[5], "agent", pool, 0, **clients)
+    keys = [f"obj-{i}" for i in range(48)]
+    for i, key in enumerate(keys):
+        holder.call("put", key=key, seed=i, size=32 * 1024 + i)
+    expected = [digest(payload(i, 32 * 1024 + i)) for i in range(len(keys))]
+    pool_map = PoolMap([f"g{i}" for i in range(4)])
+    cut_keys = {k for k in keys if pool_map.group_of(k.encode()) == 0}
+    others = [k for k in keys if k not in cut_keys]
+    assert cut_keys and others
+    before = reader.call("get_many", keys=others, rounds=20)
+    assert before["digests"] == [d for k, d in zip(keys, expected) if k not in cut_keys]
+
+    hosts[0].cut()
+    during = reader.call("get_many", keys=others, rounds=20)
+    assert not during["failed"] and during["digests"] == before["digests"], during["failed"]
+    slowest_before, slowest_during = max(before["elapsed_s"]), max(during["elapsed_s"])
+    assert slowest_during < max(0.5, 5 * slowest_before), \
+        f"the other groups' gets slowed while g0 was cut off: {slowest_before:.3f} s -> {slowest_during:.3f} s"
+    print(f"other groups' batch of {len(others)} gets, slowest of 20: {slowest_before * 1e3:.1f} ms before the cut, "
+          f"{slowest_during * 1e3:.1f} ms during it")
+    mixed = reader.call("get_many", keys=keys)
+    assert set(mixed["failed"]) == cut_keys and set(mixed["failed"].values()) == {"MasterUnavailableError"}, mixed
+    assert mixed["elapsed_s"][0] < 5.0, "a cut-off group's keys fail after the client's failover timeout"
+    fresh = next(k for k in (f"new-{i}" for i in range(100)) if pool_map.group_of(k.encode()) != 0)
+    holder.call("put", key=fresh, seed=7, size=4096)  # puts of the other groups' keys go on too
+    assert reader.call("get_many", keys=[fresh])["digests"] == [digest(payload(7, 4096))]
+
+    hosts[0].heal()
+    wait_until(lambda: not reader.call("get_many", keys=keys)["failed"], 20.0, "g0's keys to read again")
+    assert reader.call("get_many", keys=keys)["digests"] == expected

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 from tidekv.bench import churn
 from tidekv.config import StoreConfig
+from tidekv.errors import TidekvError
 from tidekv.logs import configure_logging
 from tidekv.store import Pin, Store
 from tidekv.store.client.rpc import MasterChannel
@@ -48,6 +49,8 @@ class Agent:
         if op == "get":
             data = self.store.get(cmd["key"])
             return {"size": len(data), "digest": digest(data)}
+        if op == "get_many":  # rounds of one batch get: each round's seconds, and the last round's answer
+            return self.get_many(cmd["keys"], cmd.get("rounds", 1))
         if op == "stats":
             return {"stats": self.store.stats()}
         if op == "locate":
@@ -69,6 +72,20 @@ class Agent:
         if op == "put_start_raw":
             return self.put_start_raw(cmd["key"], cmd["size"], cmd["seed"])
         raise ValueError(f"unknown command {op!r}")
+
+    def get_many(self, keys: list[str], rounds: int) -> dict[str, Any]:
+        """``rounds`` of ``get_many(keys)``: each round's seconds, and per key of the last round its
+        digest (None: absent) or, for a batch that failed, the failed keys' error types."""
+        elapsed, digests, failed = [], [], {}
+        for _ in range(rounds):
+            started = time.monotonic()
+            try:
+                values = self.store.get_many(keys)
+                digests, failed = [digest(v) if v is not None else None for v in values], {}
+            except TidekvError as exc:
+                digests, failed = [], {k.decode(): type(e).__name__ for k, e in exc.failures}
+            elapsed.append(time.monotonic() - started)
+        return {"elapsed_s": elapsed, "digests": digests, "failed": failed}
 
     def read_loop(self, key: str, duration_s: float, base_size: int) -> dict[str, Any]:
         """Reads ``key`` for ``duration_s``; counts reads, torn values (see payload.versioned) and errors."""

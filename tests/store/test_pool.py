@@ -7,13 +7,13 @@ from __future__ import annotations
 import collections
 
 import pytest
-
-from tests.store.conftest import Connect, SpawnMaster
 from tidekv.config import MasterAddress, PoolAddress
 from tidekv.errors import ConfigError, MasterUnavailableError
 from tidekv.store.client.master_client import MasterClient
 from tidekv.store.wire import protocol as p
 from tidekv.store.wire.pool_map import SLOTS, PoolMap, slot_of
+
+from tests.store.conftest import Connect, SpawnMaster
 
 
 def test_pool_address_forms() -> None:
@@ -130,3 +130,24 @@ def test_a_group_down_fails_only_its_keys(spawn_master: SpawnMaster, connect: Co
             assert bytes(buf[: len(key) * 10]) == key * 10, f"{key!r} was not read while another group was down"
     for region in regions:
         holder.unregister(region)
+
+
+def test_adding_a_group_turns_only_its_keys_into_misses(spawn_master: SpawnMaster, connect: Connect) -> None:
+    """The procedure docs/design-sharding.md gives: start the new group and add it to every
+    client's pool address. A client with the new map finds every key that stayed where it was,
+    misses (never misreads) the keys whose slots moved to the new group, and puts them there."""
+    addresses = [spawn_master().address for _ in range(4)]
+    old_pool = ";".join(f"g{i}={a}" for i, a in enumerate(addresses[:3]))
+    new_pool = old_pool + f";g3={addresses[3]}"
+    old = connect(old_pool, 6 << 20)
+    keys = [f"key-{i}".encode() for i in range(300)]
+    old.put_many(keys, [k * 3 for k in keys])
+    new = connect(new_pool, 8 << 20)
+    moved = {k for k in keys if PoolMap(["g0", "g1", "g2", "g3"]).group_of(k) == 3}
+    assert 0 < len(moved) < len(keys) / 2
+    found = new.get_many(keys)
+    assert all((v is None) == (k in moved) for k, v in zip(keys, found)), "only the moved keys are missed"
+    assert all(v == k * 3 for k, v in zip(keys, found) if v is not None)
+    new.put_many(sorted(moved), [k * 3 for k in sorted(moved)])
+    assert new.get_many(keys) == [k * 3 for k in keys]
+    assert old.get_many(keys) == [k * 3 for k in keys], "clients with the old map still read every key"
