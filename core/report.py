@@ -130,8 +130,7 @@ def require_matplotlib() -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise ConfigError(
-            "--plot needs matplotlib, which is not installed; run `pip install 'tidekv[plot]'` "
-            "(or `pip install matplotlib`)"
+            "--plot needs matplotlib, which is not installed; run `pip install matplotlib` (tidekv's plot extra)"
         ) from None
 
 

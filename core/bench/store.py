@@ -452,7 +452,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--compare", choices=["mooncake"], default=None,
                    help="also run every row through Mooncake's store (wheel mooncake-transfer-engine-non-cuda)")
     p.add_argument("--json", metavar="FILE", default=None, help="write one JSON object per row (- for stdout)")
-    p.add_argument("--plot", metavar="FILE.png", default=None, help="save a bar chart (needs matplotlib: tidekv[plot])")
+    p.add_argument("--plot", metavar="FILE.png", default=None, help="save a bar chart (needs matplotlib)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=main)
     return p

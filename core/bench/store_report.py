@@ -163,6 +163,6 @@ def pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ConfigError("--plot needs matplotlib, which is not installed; run `pip install 'tidekv[plot]'` "
-                          "(or `pip install matplotlib`)") from None
+        raise ConfigError("--plot needs matplotlib, which is not installed; run `pip install matplotlib` "
+                          "(tidekv's plot extra)") from None
     return plt

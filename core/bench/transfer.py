@@ -487,7 +487,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "shm rows through NIXL's default (pip install --no-deps nixl-cu12 nixl); both: mooncake,nixl")
     p.add_argument("--json", metavar="FILE", default=None, help="write one JSON object per row (- for stdout)")
     p.add_argument("--plot", metavar="FILE.png", default=None,
-                   help="save a plot of GB/s (needs matplotlib: pip install 'tidekv[plot]')")
+                   help="save a plot of GB/s (needs matplotlib: pip install matplotlib (tidekv's plot extra))")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=main)
     return p

@@ -154,7 +154,7 @@ def host_facts() -> list[HostFact]:
         HostFact("kernel", platform.release(), platform.machine()),
         HostFact("cpus", str(cpus), "usable by this process" if cpus != 2 else
                  "usable by this process; vLLM's CPU backend with a KV connector keeps no core back for its "
-                 "scheduler on two: run it with VLLM_CPU_NUM_OF_RESERVED_CPU=1 (README: vLLM plugin)"),
+                 "scheduler on two: run it with VLLM_CPU_NUM_OF_RESERVED_CPU=1 (docs/guides/vllm.md)"),
     ]
 
 

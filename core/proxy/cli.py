@@ -40,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     d = ProxyConfig(prefill_urls=("http://p:1",), decode_urls=("http://d:1",))
     parser = sub.add_parser(
         "proxy",
-        help="OpenAI-compatible router for prefill/decode disaggregation (needs tidekv[proxy])",
+        help="OpenAI-compatible router for prefill/decode disaggregation (needs aiohttp: the proxy extra)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="""\
 Serve POST /v1/completions and /v1/chat/completions (streaming or not), GET /health and

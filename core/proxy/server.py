@@ -27,7 +27,7 @@ for a decode that will not pull them: the proxy releases them through the prefil
 tables (``tidekv.kvcache.handoff.Releaser``, addressed by the ranks in the prefill's
 ``kv_transfer_params``), at once when the decode never took the request or answered an error,
 and ``release_grace_s`` after hanging up when it had taken it (see ``ProxyConfig``).
-aiohttp (``pip install 'tidekv[proxy]'``) is imported only when a proxy starts. Everything runs
+aiohttp (``pip install aiohttp``, tidekv's proxy extra) is imported only when a proxy starts. Everything runs
 on one event loop, so the routing state needs no lock. Neighbours: ``plugins/vllm`` (the
 connector that fills in ``kv_transfer_params``), ``cli`` (registers ``add_parser``), ``routing`` (who gets a request).
 """
@@ -539,7 +539,8 @@ def require_aiohttp() -> None:
     try:
         import aiohttp  # noqa: F401
     except ImportError:
-        raise TidekvError("tidekv proxy needs aiohttp, which is not installed; pip install 'tidekv[proxy]'") from None
+        raise TidekvError("tidekv proxy needs aiohttp, which is not installed; pip install aiohttp "
+                          "(tidekv's proxy extra)") from None
 
 
 async def _errors_middleware(request: web.Request,

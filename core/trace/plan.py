@@ -52,7 +52,7 @@ class ModelShape:
 @dataclass(frozen=True)
 class MasterCosts:
     """One master's costs. Defaults: ``tidekv bench master --objects 200000 --seconds 1`` on the
-    2-vCPU VM, 2026-12-06 (README, "Master under load"); a faster core divides them."""
+    2-vCPU VM, 2026-12-06 (docs/benchmarks/index.md, "Master under load"); a faster core divides them."""
 
     bytes_per_object: float = 459.0
     exists_us_per_key: float = 0.65

@@ -131,7 +131,8 @@ def require_aiohttp() -> None:
     try:
         import aiohttp  # noqa: F401
     except ImportError:
-        raise ConfigError("tidekv trace replay needs aiohttp, which is not installed; pip install 'tidekv[proxy]'") from None
+        raise ConfigError("tidekv trace replay needs aiohttp, which is not installed; pip install aiohttp "
+                          "(tidekv's proxy extra)") from None
 
 
 async def replay(requests: Sequence[TraceRequest], settings: ReplaySettings, *, show_progress: bool = False) -> ReplayRun:

@@ -26,7 +26,7 @@ def library_dir() -> Path:
     here = Path(__file__).resolve().parent / "lib"
     if not (here / LIBRARY_NAME).is_file():
         raise FileNotFoundError(f"{here / LIBRARY_NAME} does not exist: it is built with tidekv's native module "
-                                "(pip install -e . from the source tree, or pip install tidekv)")
+                                "(pip install -e . from the source tree)")
     return here
 
 

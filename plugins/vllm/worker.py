@@ -59,7 +59,7 @@ def cpu_reservation_warning(location: str, omp_threads: int, cpus: int, env: Map
             "reserves one core more than without, and this host has none to spare, so it reserved none. Its "
             "scheduler, API server and this connector now wait behind spinning threads (decode 1.5-7x slower on "
             "2 vCPUs). Set VLLM_CPU_NUM_OF_RESERVED_CPU=1 (or VLLM_CPU_OMP_THREADS_BIND) for vLLM's usual "
-            "reservation; see the README's vLLM section.")
+            "reservation; see docs/guides/vllm.md.")
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """``benchmarks/auth_cost.py`` end to end at a tiny size: every setup (an open master, one with a
 secret, one with a secret and TLS; holders in their own processes) serve every put and get, and the summary holds the
-p50s and their ratios. The 5% bar itself is judged on full runs (README), not on this smoke run."""
+p50s and their ratios. The 5% bar itself is judged on full runs (docs/benchmarks), not on this smoke run."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``benchmarks/ha_cost.py`` small: it runs, every system served both loads in every round without a
-stale read, and its JSON holds what the README's table is made of. Real etcd and processes; skips
+stale read, and its JSON holds what the HA page's table is made of. Real etcd and processes; skips
 only without the etcd binary."""
 
 from __future__ import annotations

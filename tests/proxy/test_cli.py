@@ -62,7 +62,7 @@ def test_missing_aiohttp_says_what_to_install() -> None:
     result = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
                             timeout=TIMEOUT_S, cwd=REPO_ROOT)
     assert result.returncode == 2, result.stderr
-    assert "pip install 'tidekv[proxy]'" in result.stderr
+    assert "pip install aiohttp (tidekv's proxy extra)" in result.stderr
 
 
 @pytest.fixture

@@ -120,7 +120,7 @@ def test_over_the_slo_the_request_is_shed() -> None:
 
 
 def test_after_a_slow_spell_with_nothing_in_flight_it_probes_and_recovers() -> None:
-    """Run D's second repeat (README, FAST'25 traces): after a slow spell every estimate was over
+    """Run D's second repeat (docs/guides/traces.md): after a slow spell every estimate was over
     the 250 ms SLO; from then on every request was shed (750 in a row, 55 s), each 429 saying the
     prefill queues were [0, 0] and the estimate 320-329 ms: nothing in flight, so no answer to
     learn from. Replayed: 600-token prompts answered in 320 ms during the spell, then the machine

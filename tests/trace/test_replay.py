@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("aiohttp", reason="tidekv trace replay needs aiohttp (pip install 'tidekv[proxy]')")
+pytest.importorskip("aiohttp", reason="tidekv trace replay needs aiohttp (pip install aiohttp (tidekv's proxy extra))")
 
 from tests.proxy.fakes import LoopThread  # noqa: E402
 from tests.trace.fake_openai import FakeOpenAI  # noqa: E402

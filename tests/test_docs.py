@@ -1,0 +1,102 @@
+"""The README and the docs site: the site builds with warnings as errors (broken links and
+anchors fail), the generated reference pages are current, the README stays a landing page whose
+status table is the status page's and whose quick-start commands are the ones CI runs, the
+getting-started example runs, and no page names an internal issue or a development machine's
+path."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.childproc import REPO_ROOT
+from tests.store.procs import wait_until
+from tidekv.bench.ports import free_port
+
+README = REPO_ROOT / "README.md"
+DOCS = REPO_ROOT / "docs"
+MARKERS = ("<!-- status-table: begin -->", "<!-- status-table: end -->")
+
+
+def _between(text: str, begin: str, end: str) -> str:
+    return text[text.index(begin) + len(begin):text.index(end)]
+
+
+def _code_blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+def test_site_builds_strict(tmp_path: Path) -> None:
+    mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
+    assert mkdocs is not None, "mkdocs is not installed: pip install -e '.[docs]' (the test extra has it)"
+    result = subprocess.run([mkdocs, "build", "--strict", "-d", str(tmp_path / "site")], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=300, env={"NO_MKDOCS_2_WARNING": "1",
+                                                                               "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert (tmp_path / "site" / "reference" / "python-api" / "index.html").read_text().count("doc-heading") > 20, \
+        "the Python API page rendered no docstrings"
+
+
+def test_generated_reference_is_current() -> None:
+    result = subprocess.run([sys.executable, str(DOCS / "gen_reference.py"), "--check"], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_readme_is_a_landing_page() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250
+    status = (DOCS / "status.md").read_text()
+    assert _between(text, *MARKERS) == _between(status, *MARKERS), \
+        "README's status table and docs/status.md differ: the status page is the one source, copy it"
+
+
+def test_quick_start_commands_are_what_ci_runs() -> None:
+    commands = [block.strip() for block in _code_blocks(README.read_text(), "bash")
+                if block.strip().startswith("python3 -m venv .venv")]
+    assert len(commands) == 2, commands
+    assert commands[0].endswith("tidekv up")
+    ci = (REPO_ROOT / ".ci" / "run").read_text().splitlines()
+    assert commands[1] in ci, "the README's test command is not a line of .ci/run"
+    getting_started = (DOCS / "getting-started.md").read_text()
+    assert all(c in getting_started for c in commands), "getting-started.md's quick start differs from the README's"
+
+
+def test_getting_started_example_runs(tmp_path: Path) -> None:
+    [example] = [b for b in _code_blocks((DOCS / "getting-started.md").read_text(), "python") if "Store.connect" in b]
+    port = free_port()
+    up = subprocess.Popen([sys.executable, "-m", "tidekv.cli", "up", "--port", str(port), "--segment-size", "64MiB", "--metrics-port", "0"],
+                          cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        import socket
+
+        def listening() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                return True
+            except OSError:
+                return False
+
+        wait_until(listening, 30.0, "tidekv up to listen")
+        script = example.replace("127.0.0.1:50051", f"127.0.0.1:{port}")
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == "[True, False]", result.stdout
+    finally:
+        up.terminate()
+        up.wait(timeout=30)
+
+
+@pytest.mark.parametrize("page", [README, *sorted((DOCS / "guides").glob("*.md")),
+                                  *sorted((DOCS / "operations").glob("*.md")), DOCS / "getting-started.md",
+                                  DOCS / "index.md", DOCS / "concepts.md", DOCS / "status.md"],
+                         ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_no_internal_references(page: Path) -> None:
+    text = page.read_text()
+    assert not re.search(r"\bissues? #?\d+\b", text, flags=re.I), "names an issue readers cannot see"
+    assert "/work/" not in text and "/tmp/ci" not in text, "names a path of a development machine"
