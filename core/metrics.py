@@ -38,6 +38,7 @@ class Registry:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._collectors: list[_Family | _Read] = []
 
     def counter(self, name: str, help: str, labels: Sequence[str] = ()) -> Counter:
         if not name.endswith("_total"):
@@ -60,8 +61,23 @@ class Registry:
     def render(self) -> str:
         return generate_latest(self.registry).decode()
 
+    def catalogue(self) -> list[tuple[str, str, str, tuple[str, ...]]]:
+        """Every metric this registry exports: (name, type, help, label names), in registration
+        order; a gauge's label names are those of its values now (none while it has none)."""
+        out = []
+        for collector in self._collectors:
+            if isinstance(collector, _Family):
+                kind = "histogram" if isinstance(collector, Histogram) else "counter"
+                out.append((collector.name, kind, collector.help, collector.labelnames))
+            else:
+                [family] = collector.collect()
+                labels = tuple(next((s.labels for s in family.samples), {}))
+                out.append((collector.name, family.type, collector.help, labels))
+        return out
+
     def _add(self, collector):  # type: ignore[no-untyped-def]
         self.registry.register(collector)
+        self._collectors.append(collector)
         return collector
 
 

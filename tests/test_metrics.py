@@ -51,3 +51,17 @@ def test_a_name_taken_twice_in_one_registry_or_a_counter_without_total_is_refuse
         reg.counter("t_lost", "lost")
     with pytest.raises(ValueError, match=r"has labels \('type',\), not \('kind',\)"):
         reg.counter("t_requests_total", "requests", ["type"]).labels(kind="Get")
+
+
+def test_catalogue_lists_every_metric_with_its_type_and_labels() -> None:
+    reg = Registry()
+    reg.counter("t_requests_total", "requests", ["type"])
+    reg.histogram("t_seconds", "latency", ["type", "tenant"])
+    reg.gauge("t_held", "held", lambda: {(("segment", "a"),): 3})
+    reg.gauge("t_lost_total", "lost", lambda: {(): 7}, kind="counter")
+    reg.gauge("t_empty", "nothing yet", lambda: {})
+    assert reg.catalogue() == [("t_requests_total", "counter", "requests", ("type",)),
+                               ("t_seconds", "histogram", "latency", ("type", "tenant")),
+                               ("t_held", "gauge", "held", ("segment",)),
+                               ("t_lost_total", "counter", "lost", ()),
+                               ("t_empty", "gauge", "nothing yet", ())]
