@@ -1,7 +1,8 @@
 """Writes the generated reference pages of the docs site from the code: ``reference/cli.md`` from
 the ``tidekv`` command's argparse parsers, ``reference/metrics.md`` from the servers' metric
-registries, and ``settings.md`` from the settings' declarations (``tidekv.config``). ``--check`` writes nothing and exits 1 naming each page that is not current
-(``tests/test_docs.py`` runs it).
+registries, and ``settings.md`` from the settings' declarations (``tidekv.config``).
+``--check`` writes nothing and exits 1 naming each page that is not current (``tests/test_docs.py``
+runs it).
 
 Run from the repository root: ``python docs/gen_reference.py [--check]``.
 """

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from tidekv.bench.ports import free_port
 
 from tests.childproc import REPO_ROOT
 from tests.store.procs import wait_until
-from tidekv.bench.ports import free_port
 
 README = REPO_ROOT / "README.md"
 DOCS = REPO_ROOT / "docs"
@@ -70,8 +70,8 @@ def test_quick_start_commands_are_what_ci_runs() -> None:
 def test_getting_started_example_runs(tmp_path: Path) -> None:
     [example] = [b for b in _code_blocks((DOCS / "getting-started.md").read_text(), "python") if "Store.connect" in b]
     port = free_port()
-    up = subprocess.Popen([sys.executable, "-m", "tidekv.cli", "up", "--port", str(port), "--segment-size", "64MiB", "--metrics-port", "0"],
-                          cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    up = subprocess.Popen([sys.executable, "-m", "tidekv.cli", "up", "--port", str(port), "--segment-size", "64MiB",
+                           "--metrics-port", "0"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         import socket
 
