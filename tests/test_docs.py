@@ -71,7 +71,8 @@ def test_getting_started_example_runs(tmp_path: Path) -> None:
     [example] = [b for b in _code_blocks((DOCS / "getting-started.md").read_text(), "python") if "Store.connect" in b]
     port = free_port()
     up = subprocess.Popen([sys.executable, "-m", "tidekv.cli", "up", "--port", str(port), "--segment-size", "64MiB",
-                           "--metrics-port", "0"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                           "--metrics-port", "0"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True)
     try:
         import socket
 
