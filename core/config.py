@@ -25,6 +25,7 @@ from tidekv.errors import ConfigError
 from tidekv.values import (  # noqa: F401  (re-exported: tidekv.config is where callers find them)
     ETCD_SCHEME,
     MasterAddress,
+    POOL_SEPARATOR,
     PoolAddress,
     format_size,
     parse_etcd_endpoints,

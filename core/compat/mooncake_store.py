@@ -36,7 +36,7 @@ from tidekv.compat.mooncake_types import (
     SoftPinAction,
     error_code,
 )
-from tidekv.config import ETCD_SCHEME, StoreConfig, TransferConfig, TransportKind, parse_size
+from tidekv.config import ETCD_SCHEME, POOL_SEPARATOR, StoreConfig, TransferConfig, TransportKind, parse_size
 from tidekv.errors import ConfigError, ObjectLeasedError, ObjectNotFoundError, TidekvError
 from tidekv.logs import WarnEvery
 from tidekv.store.client.store import ObjectInfo, Store
@@ -110,7 +110,8 @@ _DICT_ALIASES = {"master_server_address": "master_server_addr", "device_name": "
 def master_address(text: str) -> str:
     """Mooncake's ``master_server_addr`` as a tidekv master address: "host:port" as it is,
     "etcd://H:P;H:P" (Mooncake's HA form) as tidekv's "etcd://H:P,H:P/CLUSTER" with CLUSTER from
-    ``MC_STORE_CLUSTER_ID`` (default "mooncake_cluster").
+    ``MC_STORE_CLUSTER_ID`` (default "mooncake_cluster"); tidekv's own "g0=H:P;g1=..." (a pool
+    sharded over master groups) as it is.
 
     Raises:
         ConfigError: another scheme (Redis and Kubernetes leader election are Mooncake's only).
@@ -118,6 +119,8 @@ def master_address(text: str) -> str:
     if text.startswith(ETCD_SCHEME):
         hosts = ",".join(h.strip() for h in text[len(ETCD_SCHEME):].replace(";", ",").split(",") if h.strip())
         return f"{ETCD_SCHEME}{hosts}/{os.environ.get('MC_STORE_CLUSTER_ID', MOONCAKE_CLUSTER)}"
+    if POOL_SEPARATOR in text:
+        return text  # tidekv's own form: several master groups of a sharded pool (PoolAddress)
     if "://" in text:
         raise ConfigError(f"master_server_addr={text!r}: tidekv masters are found at host:port or through etcd "
                           "(etcd://H:P;H:P); redis:// and k8s:// leader election are not supported")

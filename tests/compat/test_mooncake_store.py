@@ -128,6 +128,8 @@ def test_master_addresses_in_mooncakes_forms(monkeypatch: pytest.MonkeyPatch) ->
     assert master_address("etcd://h1:2379") == "etcd://h1:2379/c7"
     with pytest.raises(ConfigError, match="redis"):
         master_address("redis://h:6379")
+    pool = "g0=h1:50051;g1=etcd://h9:2379/g1"  # tidekv's own: a pool sharded over master groups
+    assert master_address(pool) == pool
 
 
 # ---- setup ------------------------------------------------------------------------------------
