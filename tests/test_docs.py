@@ -101,3 +101,16 @@ def test_no_internal_references(page: Path) -> None:
     text = page.read_text()
     assert not re.search(r"\bissues? #?\d+\b", text, flags=re.I), "names an issue readers cannot see"
     assert "/work/" not in text and "/tmp/ci" not in text, "names a path of a development machine"
+
+
+def test_every_error_class_is_in_the_catalogue() -> None:
+    import inspect
+
+    from tidekv import errors
+
+    catalogue = (DOCS / "operations" / "troubleshooting.md").read_text()
+    classes = [name for name, c in vars(errors).items()
+               if inspect.isclass(c) and issubclass(c, errors.TidekvError) and c.__module__ == errors.__name__
+               and c is not errors.TidekvError]
+    missing = [name for name in classes if f"| `{name}` |" not in catalogue]
+    assert not missing, f"add these to the error table of docs/operations/troubleshooting.md: {missing}"
