@@ -114,3 +114,65 @@ def test_every_error_class_is_in_the_catalogue() -> None:
                and c is not errors.TidekvError]
     missing = [name for name in classes if f"| `{name}` |" not in catalogue]
     assert not missing, f"add these to the error table of docs/operations/troubleshooting.md: {missing}"
+
+
+def _fenced_blocks(text: str) -> list[tuple[str, list[str]]]:
+    out: list[tuple[str, list[str]]] = []
+    language: str | None = None
+    lines: list[str] = []
+    for line in text.splitlines():
+        fence = re.match(r"^\s*```(\w*)", line)
+        if fence and language is None:
+            language, lines = fence.group(1), []
+        elif fence:
+            out.append((language, lines))
+            language = None
+        elif language is not None:
+            lines.append(line)
+    return out
+
+
+def _tidekv_commands(page: Path) -> list[str]:
+    """The ``tidekv ...`` command lines of a page's shell blocks (a block with ``$`` prompts: only
+    the prompted lines), without environment assignments, comments, pipes or redirections."""
+    commands = []
+    for language, lines in _fenced_blocks(page.read_text()):
+        if language not in ("", "bash", "sh", "console", "shell"):
+            continue
+        text = "\n".join(lines).replace("\\\n", " ")
+        prompted = any(re.match(r"^\s*\w*\$ ", line) for line in text.splitlines())
+        for line in text.splitlines():
+            if prompted:
+                prompt = re.match(r"^\s*\w*\$ (.*)", line)
+                if prompt is None:
+                    continue
+                line = prompt.group(1)
+            found = re.search(r"(?:^|&& |; )\s*(?:\w+=\S+ )*(?:\S*/)?tidekv (.*)", line)
+            if found is not None:
+                command = re.split(r"\s+#", found.group(1))[0]
+                commands.append(re.split(r" \| | && | > | >> |; | 2>", command)[0])
+    return commands
+
+
+def test_every_tidekv_command_in_the_docs_parses() -> None:
+    """Each ``tidekv`` command line a page shows is accepted by the command's own parser, so a
+    renamed or removed flag fails here instead of in a reader's terminal."""
+    import contextlib
+    import io
+    import shlex
+
+    from tidekv.cli import build_parser
+
+    failures, seen = [], 0
+    for page in [README, *sorted(DOCS.rglob("*.md"))]:
+        for command in _tidekv_commands(page):
+            args, errors = shlex.split(command), io.StringIO()
+            seen += 1
+            try:
+                with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
+                    build_parser(args).parse_args(args)
+            except SystemExit as exc:
+                if exc.code not in (0, None):
+                    failures.append(f"{page.relative_to(REPO_ROOT)}: tidekv {command}: {errors.getvalue().strip()}")
+    assert seen > 20, f"found only {seen} tidekv commands in the docs: the extraction is broken"
+    assert not failures, "\n".join(failures)
