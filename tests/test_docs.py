@@ -93,14 +93,25 @@ def test_getting_started_example_runs(tmp_path: Path) -> None:
         up.wait(timeout=30)
 
 
-@pytest.mark.parametrize("page", [README, *sorted((DOCS / "guides").glob("*.md")),
-                                  *sorted((DOCS / "operations").glob("*.md")), DOCS / "getting-started.md",
-                                  DOCS / "index.md", DOCS / "concepts.md", DOCS / "status.md"],
+_READER_PAGES = [README, *sorted((DOCS / "guides").glob("*.md")), *sorted((DOCS / "operations").glob("*.md")),
+                 DOCS / "getting-started.md", DOCS / "index.md", DOCS / "concepts.md", DOCS / "status.md"]
+
+
+@pytest.mark.parametrize("page", [README, *sorted(p for p in DOCS.rglob("*.md") if p.name != "benchmark-history.md")],
                          ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_no_internal_references(page: Path) -> None:
     text = page.read_text()
     assert not re.search(r"\bissues? #?\d+\b", text, flags=re.I), "names an issue readers cannot see"
     assert "/work/" not in text and "/tmp/ci" not in text, "names a path of a development machine"
+
+
+@pytest.mark.parametrize("page", _READER_PAGES, ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_no_dated_runs_outside_the_benchmark_pages(page: Path) -> None:
+    """Dated measurements live on the benchmark pages; the status table's dates are its own."""
+    text = page.read_text()
+    if page.name in ("status.md", "README.md"):
+        text = text.replace(_between(text, *MARKERS), "")
+    assert not re.findall(r"\b20\d\d-\d\d-\d\d\b", text), "move dated runs to a page under docs/benchmarks/"
 
 
 def test_every_error_class_is_in_the_catalogue() -> None:
