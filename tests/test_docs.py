@@ -42,8 +42,9 @@ def test_site_builds_strict(tmp_path: Path) -> None:
         "the Python API page rendered no docstrings"
 
 
-def test_generated_reference_is_current() -> None:
-    result = subprocess.run([sys.executable, str(DOCS / "gen_reference.py"), "--check"], cwd=REPO_ROOT,
+@pytest.mark.parametrize("script", ["gen_reference.py", "gen_benchmarks.py"])
+def test_generated_pages_are_current(script: str) -> None:
+    result = subprocess.run([sys.executable, str(DOCS / script), "--check"], cwd=REPO_ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
 

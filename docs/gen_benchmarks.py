@@ -1,0 +1,109 @@
+"""Renders the benchmark pages' tables and plots from the runs kept as data.
+
+Each benchmark whose runs are kept as data has a file ``docs/benchmarks/data/NAME.jsonl``: the
+rows its ``--json`` wrote, one JSON object each, with the run's ``date``, ``commit``,
+``machine``, ``command`` and ``run`` number added. Adding a run is appending its rows; this
+script then writes ``docs/benchmarks/generated/NAME.md`` (a table the area page includes) and,
+where matplotlib is installed, ``docs/benchmarks/img/NAME.png``. ``--check`` writes nothing and
+exits 1 naming each table that is not current (``tests/test_docs.py`` runs it).
+
+Run from the repository root: ``python docs/gen_benchmarks.py [--check]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+BENCHMARKS = Path(__file__).resolve().parent / "benchmarks"
+Rows = list[dict[str, Any]]
+
+
+def _load(name: str) -> Rows:
+    path = BENCHMARKS / "data" / f"{name}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _runs(rows: Rows) -> dict[tuple[str, str, str, int], Rows]:
+    """Rows by run: (date, commit, command, run number)."""
+    out: dict[tuple[str, str, str, int], Rows] = defaultdict(list)
+    for row in rows:
+        out[(row["date"], row["commit"], row["command"], row["run"])].append(row)
+    return out
+
+
+def master_load_groups(rows: Rows) -> tuple[str, Callable[[Path], None]]:
+    """A pool sharded over master groups against one master, per prompt length."""
+    lines = ["| prompts of | date | commit | run | one master, µs CPU/key | sharded, µs CPU/key (all masters) | "
+             "groups | capacity, sharded / one |", "|---|---|---|---|---|---|---|---|"]
+    points: dict[int, list[float]] = defaultdict(list)
+    for (date, commit, _, run), group in sorted(_runs(rows).items(), key=lambda kv: (kv[1][0]["blocks"], kv[0])):
+        one = next(r for r in group if r["groups"] == 1)
+        sharded = next(r for r in group if r["groups"] > 1)
+        blocks = one["blocks"]
+        points[blocks].append(sharded["capacity_vs_one_group"])
+        lines.append(f"| 1–{blocks:,} blocks | {date} | {commit} | {run} | {one['master_cpu_us_per_key']:.2f} | "
+                     f"{sharded['master_cpu_us_per_key']:.2f} | {sharded['groups']} | "
+                     f"{sharded['capacity_vs_one_group']:.2f}× |")
+    commands = sorted({r["command"] for r in rows})
+    text = "\n".join(lines) + "\n\nCommands: " + "; ".join(f"`{c}`" for c in commands) + ".\n"
+
+    def plot(path: Path) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        for blocks, values in sorted(points.items()):
+            ax.scatter([blocks] * len(values), values, color="tab:blue")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("blocks per prompt, at most")
+        ax.set_ylabel("capacity, sharded / one master")
+        ax.set_title("A pool over master groups (each run a point)")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100, metadata={"Software": None})
+        plt.close(fig)
+
+    return text, plot
+
+
+RENDERERS: dict[str, Callable[[Rows], tuple[str, Callable[[Path], None]]]] = {
+    "master-load-groups": master_load_groups,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a table is not current")
+    args = parser.parse_args(argv)
+    stale = []
+    for name, render in RENDERERS.items():
+        text, plot = render(_load(name))
+        table = BENCHMARKS / "generated" / f"{name}.md"
+        if args.check:
+            if not table.is_file() or table.read_text() != text:
+                stale.append(name)
+            continue
+        table.parent.mkdir(exist_ok=True)
+        table.write_text(text)
+        try:
+            image = BENCHMARKS / "img" / f"{name}.png"
+            image.parent.mkdir(exist_ok=True)
+            plot(image)
+        except ImportError:
+            print(f"{name}: matplotlib is not installed; table written, plot not redrawn", file=sys.stderr)
+    if stale:
+        print(f"not current: {', '.join(stale)}; regenerate with python docs/gen_benchmarks.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
