@@ -756,7 +756,8 @@ OTHER_VARIABLES: dict[str, str] = {
     "TIDEKV_MASTER": "the store master engines' plugins use when their config names none (HOST:PORT or etcd://)",
     "TIDEKV_TENANT": "the tenant a store client acts as (``tidekv.store.master.tenants``)",
     "TIDEKV_CONNECTOR_CONFIG": "the vLLM connector's settings as a JSON object (``kvcache.settings``)",
-    "TIDEKV_LOG_LEVEL": "DEBUG, INFO, WARNING or ERROR for tidekv's loggers and the native engine's",
+    "TIDEKV_LOG_LEVEL": "DEBUG, INFO, WARNING or ERROR for tidekv's loggers and the native engine's (default INFO; "
+                        "WARNING in the C ABI, whose stderr is its host program's, TensorRT-LLM's)",
     "TIDEKV_TRANSPORT": "the C ABI's (TensorRT-LLM) forced transport; Python reads it as TransferConfig.transport",
     "TIDEKV_LIBCUDA": "the CUDA driver library to load (default libcuda.so.1)",
     "TIDEKV_LIBFABRIC": "the libfabric library to load (default libfabric.so.1)",

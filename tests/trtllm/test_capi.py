@@ -222,6 +222,39 @@ def test_every_declared_setting_reaches_the_c_abi(library: Path, monkeypatch: py
         assert refusal is not None and expected in refusal, refusal
 
 
+def test_an_engine_without_a_host_listens_where_other_hosts_reach_it(library: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no host given, the engine takes $TIDEKV_HOST, else the default route's interface, as
+    tidekv.hostaddr does for a component with no master (it used to take 127.0.0.1, which a peer
+    on another host cannot reach); a wildcard is refused, naming where it came from."""
+    from tidekv.hostaddr import default_route_source
+
+    lib = _c_api(library)
+    lib.getLocalIpAndPort.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+
+    def host_of_engine(server: bytes, ip: bytes) -> str:
+        engine = lib.createTransferEngine(b"P2PHANDSHAKE", server, ip, 0, 0)
+        assert engine, lib.tidekv_last_error()
+        try:
+            buf = ctypes.create_string_buffer(128)
+            assert lib.getLocalIpAndPort(engine, buf, 128) == 0, lib.tidekv_last_error()
+            return buf.value.decode().rpartition(":")[0].strip("[]")
+        finally:
+            lib.destroyTransferEngine(engine)
+
+    monkeypatch.delenv("TIDEKV_HOST", raising=False)
+    assert host_of_engine(b"", b"") == (default_route_source() or "127.0.0.1")
+    monkeypatch.setenv("TIDEKV_HOST", "127.0.0.1")
+    assert host_of_engine(b"", b"") == "127.0.0.1"
+    assert host_of_engine(b"127.0.0.1", b"") == "127.0.0.1", "the caller's host wins over $TIDEKV_HOST"
+    for server, ip in ((b"0.0.0.0", b""), (b"", b"::")):
+        assert not lib.createTransferEngine(b"P2PHANDSHAKE", server, ip, 0, 0)
+        assert "is a wildcard" in lib.tidekv_last_error().decode()
+    monkeypatch.setenv("TIDEKV_HOST", "0.0.0.0")
+    assert not lib.createTransferEngine(b"P2PHANDSHAKE", b"", b"", 0, 0)
+    assert "$TIDEKV_HOST='0.0.0.0' is a wildcard" in lib.tidekv_last_error().decode()
+
+
 def _create_or_refusal(lib: ctypes.CDLL) -> str | None:
     """Creates (and destroys) an engine from the environment; None, or why createTransferEngine refused."""
     engine = lib.createTransferEngine(b"P2PHANDSHAKE", b"127.0.0.1", b"127.0.0.1", 0, 0)

@@ -1,10 +1,16 @@
 #include "options.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "boundary.h"
 #include "settings.gen.h"
@@ -84,7 +90,58 @@ std::string secret() {
   return s;
 }
 
+bool is_wildcard(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
+// The local address the kernel would send from on the default route (a UDP socket connected to a
+// public address picks the interface without sending anything; vLLM's get_ip() asks the same).
+std::string default_route_source() {
+  for (const char* probe : {"8.8.8.8", "2001:4860:4860::8888"}) {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_DGRAM;
+    hints.ai_flags = AI_NUMERICHOST;
+    addrinfo* found = nullptr;
+    if (getaddrinfo(probe, "9", &hints, &found) != 0) continue;
+    std::string out;
+    int fd = socket(found->ai_family, SOCK_DGRAM, 0);
+    if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
+      sockaddr_storage local{};
+      socklen_t len = sizeof(local);
+      char text[INET6_ADDRSTRLEN] = {};
+      if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+          getnameinfo(reinterpret_cast<sockaddr*>(&local), len, text, sizeof(text), nullptr, 0, NI_NUMERICHOST) == 0)
+        out = text;
+    }
+    if (fd >= 0) close(fd);
+    freeaddrinfo(found);
+    if (!out.empty()) return out;
+  }
+  return {};
+}
+
 }  // namespace
+
+std::string listen_host(const std::string& given) {
+  // The rules of tidekv.hostaddr.advertised_host for a component with no master to route to.
+  const std::pair<const char*, std::string> sources[] = {
+      {"createTransferEngine's local_server_name / ip_or_host_name", given},
+      {"$TIDEKV_HOST", env("TIDEKV_HOST") ? env("TIDEKV_HOST") : ""}};
+  for (const auto& [name, value] : sources) {
+    if (value.empty()) continue;
+    if (is_wildcard(value))
+      refuse(-1, std::string(name) + "='" + value + "' is a wildcard: tidekv advertises the address it listens on, "
+                     "and a peer told to dial a wildcard dials itself; give this host's address (e.g. 10.0.0.5)");
+    return value;
+  }
+  std::string found = default_route_source();
+  if (found.empty()) {
+    log(LogLevel::kWarning, "no host given, no $TIDEKV_HOST and no default route: the engine listens on 127.0.0.1, "
+                            "where peers on other hosts cannot reach it; set TIDEKV_HOST to this host's address");
+    return "127.0.0.1";
+  }
+  return found;
+}
 
 EngineOptions engine_options_from_env(const std::string& host) {
   EngineOptions o;

@@ -14,6 +14,11 @@ namespace tidekv::capi {
 
 // Engine options for an engine bound to `host` (throws ApiError naming a bad variable).
 EngineOptions engine_options_from_env(const std::string& host);
+// The address an engine listens on and advertises: `given` (the caller's host), else
+// $TIDEKV_HOST, else the default route's interface, else 127.0.0.1 with a warning, as
+// tidekv.hostaddr.advertised_host picks it for a component with no master (throws ApiError for a
+// wildcard, which a peer would dial as itself).
+std::string listen_host(const std::string& given);
 // The lowest level logged on stderr (TIDEKV_LOG_LEVEL, default WARNING; read once).
 LogLevel log_threshold();
 

@@ -10,6 +10,7 @@
 
 #include "boundary.h"
 #include "c_engine.h"
+#include "options.h"
 
 using tidekv::capi::CEngine;
 using tidekv::capi::guarded;
@@ -67,8 +68,7 @@ transfer_engine_t createTransferEngine(const char* metadata_conn_string, const c
           if (port == 0) port = std::atoi(host.c_str() + colon + 1);
           host = host.substr(0, colon);
         }
-        if (host.empty()) host = "127.0.0.1";
-        return new CEngine(metadata, host, port);
+        return new CEngine(metadata, tidekv::capi::listen_host(host), port);
       },
       [](int) -> transfer_engine_t { return nullptr; });
 }
