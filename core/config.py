@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 from tidekv.errors import ConfigError
 from tidekv.values import (  # noqa: F401  (re-exported: tidekv.config is where callers find them)
     ETCD_SCHEME,
-    MasterAddress,
     POOL_SEPARATOR,
+    MasterAddress,
     PoolAddress,
     format_size,
     parse_etcd_endpoints,
