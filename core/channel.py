@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import msgspec
+from tidekv import eventloop
 from tidekv.auth import ClientHandshake, ServerHandshake
 from tidekv.errors import (
     AuthenticationError,
@@ -513,7 +514,7 @@ class Server:
         self._tls = tls
         self._max_message = max_message_bytes
         self._decoder = msgspec.msgpack.Decoder(Envelope[spec.body])  # type: ignore[name-defined]
-        self._loop = asyncio.new_event_loop()
+        self._loop = eventloop.new_event_loop()
         self._writers: set[asyncio.StreamWriter] = set()
         try:
             self._server = self._loop.run_until_complete(

@@ -760,6 +760,8 @@ OTHER_VARIABLES: dict[str, str] = {
                         "WARNING in the C ABI, whose stderr is its host program's, TensorRT-LLM's)",
     "TIDEKV_TRANSPORT": "the C ABI's (TensorRT-LLM) forced transport; Python reads it as TransferConfig.transport",
     "TIDEKV_LIBCUDA": "the CUDA driver library to load (default libcuda.so.1)",
+    "TIDEKV_EVENT_LOOP": "auto (default: uvloop where it is installed), uvloop or asyncio: the event loop of "
+                         "tidekv's servers (``tidekv.eventloop``)",
     "TIDEKV_LIBFABRIC": "the libfabric library to load (default libfabric.so.1)",
     "TIDEKV_FABRIC_CONFIRM_BY_READ": "1: confirm fabric writes by a read even where the provider can deliver-complete (testing)",
     "TIDEKV_SHIM": "the Mooncake drop-in's switch (``tidekv.compat``)",

@@ -39,6 +39,7 @@ from tidekv.bench.mooncake_store import (
     _setup,
     check_available,
 )
+from tidekv import eventloop
 from tidekv.helper_process import HelperProcess, send_ready, serve
 
 PREFIXES = 256
@@ -126,29 +127,43 @@ def measure(api: MooncakeApi, clients: int, seconds: float, blocks: int, object_
             "keys_per_busiest_cpu_s": keys / busiest if busiest else None}
 
 
-def request_costs(batches: Sequence[int] = (1, 64), seconds: float = 2.0) -> list[dict[str, Any]]:
+def request_costs(batches: Sequence[int] = (1, 64), seconds: float = 2.0,
+                  loops: Sequence[str] = ("asyncio", "auto")) -> list[dict[str, Any]]:
     """Master CPU per request of one client sending ``Exists`` requests of each batch size in a
-    loop, one at a time: what a request costs before its keys (a sharded pool sends one per group)."""
+    loop, one at a time: what a request costs before its keys (a sharded pool sends one per group),
+    with the master on each event loop of ``loops`` (``TIDEKV_EVENT_LOOP``; "auto" is the default,
+    uvloop where installed)."""
     from tidekv.store.client.master_client import MasterClient
     from tidekv.store.wire import protocol as p
 
     rows = []
-    with tempfile.TemporaryDirectory(prefix="tidekv-bench-master-request-") as log_dir:
-        master = MooncakeMaster(log_dir, MooncakeApi.SHIM, lease_ttl_s=2.0)
-        client = MasterClient(master.address, "bench-request-cost", timeout_s=5.0)
-        try:
-            client.connect()
-            for batch in batches:
-                body = p.Exists([b"request-cost-%d" % i for i in range(batch)])
-                cpu0, t0, n = cpu_seconds(master.pid), time.monotonic(), 0
-                while time.monotonic() - t0 < seconds:
-                    client.call(body)
-                    n += 1
-                cpu = cpu_seconds(master.pid) - cpu0
-                rows.append({"batch": batch, "requests": n, "master_cpu_us_per_request": cpu / n * 1e6})
-        finally:
-            client.close()
-            master.stop()
+    for loop in loops:
+        with tempfile.TemporaryDirectory(prefix="tidekv-bench-master-request-") as log_dir:
+            before = os.environ.get(eventloop.VARIABLE)
+            os.environ[eventloop.VARIABLE] = loop  # the master process inherits it
+            try:
+                master = MooncakeMaster(log_dir, MooncakeApi.SHIM, lease_ttl_s=2.0)
+                kind = eventloop.kind()
+            finally:
+                if before is None:
+                    os.environ.pop(eventloop.VARIABLE, None)
+                else:
+                    os.environ[eventloop.VARIABLE] = before
+            client = MasterClient(master.address, "bench-request-cost", timeout_s=5.0)
+            try:
+                client.connect()
+                for batch in batches:
+                    body = p.Exists([b"request-cost-%d" % i for i in range(batch)])
+                    cpu0, t0, n = cpu_seconds(master.pid), time.monotonic(), 0
+                    while time.monotonic() - t0 < seconds:
+                        client.call(body)
+                        n += 1
+                    cpu = cpu_seconds(master.pid) - cpu0
+                    rows.append({"loop": kind, "batch": batch, "requests": n,
+                                 "master_cpu_us_per_request": cpu / n * 1e6})
+            finally:
+                client.close()
+                master.stop()
     return rows
 
 

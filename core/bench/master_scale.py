@@ -422,8 +422,8 @@ def _load_main(args: argparse.Namespace) -> int:
         from tidekv.bench.master_load import request_costs
 
         costs = request_costs()
-        print("what a request costs before its keys (each group gets one per batch): " + ", ".join(
-            f"Exists of {c['batch']} keys {c['master_cpu_us_per_request']:.1f} us of master CPU" for c in costs))
+        print("what a request costs the master before its keys (each group gets one per batch): " + ", ".join(
+            f"{c['loop']}: Exists of {c['batch']} keys {c['master_cpu_us_per_request']:.1f} us" for c in costs))
         rows += costs
     if args.json:
         write_json_lines(args.json, rows)

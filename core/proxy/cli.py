@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import signal
 
+from tidekv import eventloop
 from tidekv.config import secret_from_env
 from tidekv.proxy.routing import ProxyConfig, RoutingPolicy, normalize_url
 from tidekv.proxy.server import ProxyServer, require_aiohttp
@@ -32,7 +33,7 @@ def _run(args: argparse.Namespace) -> int:
         policy=RoutingPolicy(args.policy), timeout_s=args.timeout_s, prefix_chunk_chars=args.prefix_chunk_chars,
         prefix_capacity=args.prefix_capacity, master=args.master or "", release_grace_s=args.release_grace_s,
         ttft_slo_ms=args.ttft_slo_ms, probe_after_s=args.probe_after_s, secret=secret_from_env())
-    asyncio.run(_serve(config))
+    eventloop.run(_serve(config))
     return 0
 
 

@@ -63,8 +63,7 @@ class MasterConnection(asyncio.BufferedProtocol):
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = transport  # type: ignore[assignment]  (asyncio's Transport or uvloop's)
         if not self._server.admit():
             transport.abort()
             return

@@ -23,6 +23,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from tidekv import eventloop
 from tidekv.config import MasterConfig
 from tidekv.errors import ConfigError
 from tidekv.metrics import CONTENT_TYPE, Counter
@@ -107,7 +108,7 @@ class MasterServer:
         """
         if owns_process:
             self.heap = FrozenHeap()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), name="tidekv-master", daemon=True)
+        self._thread = threading.Thread(target=lambda: eventloop.run(self._main()), name="tidekv-master", daemon=True)
         self._thread.start()
         self._ready.wait(timeout=30)
         if self._error is not None:
@@ -126,7 +127,7 @@ class MasterServer:
         """Serves in the calling thread until interrupted, owning the process (its cycle
         collector is kept off the index: ``collector``). Raises ConfigError if it cannot bind."""
         self.heap = FrozenHeap()
-        asyncio.run(self._main())
+        eventloop.run(self._main())
         if self._error is not None:
             raise self._error
 
