@@ -2,8 +2,8 @@
 
 A small request costs the master's event loop more CPU than the master's own work on it, and
 uvloop's loop (libuv, in C) far less than asyncio's selector loop: ``tidekv bench master --load N
---groups G`` prints the master's CPU per request on both. ``TIDEKV_EVENT_LOOP`` picks: ``auto`` (default: uvloop if importable), ``uvloop``
-(an error if it is not installed) or ``asyncio``. Every tidekv server (the store master, the
+--groups G`` prints the master's CPU per request on both. ``TIDEKV_EVENT_LOOP`` picks: ``auto``
+(default: uvloop if importable), ``uvloop`` (an error if it is not installed) or ``asyncio``. Every tidekv server (the store master, the
 proxy, the control channels' ``channel.Server``) makes its loop here. Measurements:
 docs/benchmarks/master.md.
 """
