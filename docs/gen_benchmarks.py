@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import defaultdict
 from collections.abc import Callable
@@ -39,17 +40,34 @@ def _runs(rows: Rows) -> dict[tuple[str, str, str, int], Rows]:
 
 def master_load_groups(rows: Rows) -> tuple[str, Callable[[Path], None]]:
     """A pool sharded over master groups against one master, per prompt length."""
-    lines = ["| prompts of | date | commit | run | one master, µs CPU/key | sharded, µs CPU/key (all masters) | "
-             "groups | capacity, sharded / one |", "|---|---|---|---|---|---|---|---|"]
-    points: dict[int, list[float]] = defaultdict(list)
-    for (date, commit, _, run), group in sorted(_runs(rows).items(), key=lambda kv: (kv[1][0]["blocks"], kv[0])):
+    lines = ["| prompts of | master's loop | date | commit | run | one master, µs CPU/key | "
+             "sharded, µs CPU/key (all masters) | groups | capacity, sharded / one |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    points: dict[tuple[str, int], list[float]] = defaultdict(list)
+    load = [r for r in rows if "groups" in r]
+    for (date, commit, _, run), group in sorted(_runs(load).items(),
+                                                key=lambda kv: (kv[1][0]["blocks"], kv[1][0]["loop"], kv[0])):
         one = next(r for r in group if r["groups"] == 1)
         sharded = next(r for r in group if r["groups"] > 1)
-        blocks = one["blocks"]
-        points[blocks].append(sharded["capacity_vs_one_group"])
-        lines.append(f"| 1–{blocks:,} blocks | {date} | {commit} | {run} | {one['master_cpu_us_per_key']:.2f} | "
-                     f"{sharded['master_cpu_us_per_key']:.2f} | {sharded['groups']} | "
-                     f"{sharded['capacity_vs_one_group']:.2f}× |")
+        blocks, loop = one["blocks"], one["loop"]
+        points[(loop, blocks)].append(sharded["capacity_vs_one_group"])
+        lines.append(f"| 1–{blocks:,} blocks | {loop} | {date} | {commit} | {run} | "
+                     f"{one['master_cpu_us_per_key']:.2f} | {sharded['master_cpu_us_per_key']:.2f} | "
+                     f"{sharded['groups']} | {sharded['capacity_vs_one_group']:.2f}× |")
+    costs = [r for r in rows if "batch" in r]
+    lines += ["", "What a request costs the master before its keys (the same runs' last line: one client sending "
+              "`Exists` requests one at a time, µs of master CPU per request; each run measures both loops):", "",
+              "| date | commit | after the load run of | run | keys per request | asyncio | uvloop |",
+              "|---|---|---|---|---|---|---|"]
+    by_run: dict[tuple[str, str, str, int, int], dict[str, float]] = defaultdict(dict)
+    for r in costs:
+        by_run[(r["date"], r["commit"], r["command"], r["run"], r["batch"])][r["loop"]] = r["master_cpu_us_per_request"]
+    for (date, commit, command, run, batch), by_loop in sorted(by_run.items(), key=lambda kv: (kv[0][4], kv[0])):
+        blocks = re.search(r"--blocks (\d+)", command)
+        after = f"1–{int(blocks.group(1)):,} blocks" if blocks else "—"
+        after += ", master on asyncio" if "TIDEKV_EVENT_LOOP=asyncio" in command else ""
+        lines.append(f"| {date} | {commit} | {after} | {run} | {batch} | {by_loop.get('asyncio', float('nan')):.1f} | "
+                     f"{by_loop.get('uvloop', float('nan')):.1f} |")
     commands = sorted({r["command"] for r in rows})
     text = "\n".join(lines) + "\n\nCommands: " + "; ".join(f"`{c}`" for c in commands) + ".\n"
 
@@ -60,8 +78,11 @@ def master_load_groups(rows: Rows) -> tuple[str, Callable[[Path], None]]:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(5, 3.2))
-        for blocks, values in sorted(points.items()):
-            ax.scatter([blocks] * len(values), values, color="tab:blue")
+        for loop, color in (("asyncio", "tab:orange"), ("uvloop", "tab:blue")):
+            xs = [b for (lp, b), values in points.items() if lp == loop for _ in values]
+            ys = [v for (lp, _), values in points.items() if lp == loop for v in values]
+            ax.scatter(xs, ys, color=color, label=f"master on {loop}")
+        ax.legend(fontsize=8)
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("blocks per prompt, at most")
