@@ -176,6 +176,16 @@ class RpcError(StoreError, ChannelError):
     """The master refused a request as malformed (a bug or a version skew), or answered garbage."""
 
 
+class TensorFormatError(StoreError):
+    """The object under a key is not a tensor this tidekv can read (not written by ``put_tensor``,
+    a newer format version, or a shard set whose shards disagree); the message says which."""
+
+
+class TensorMismatchError(ConfigError):
+    """``get_tensor_into`` was given a tensor of another dtype, shape or layout than the stored
+    one (the message names both); when the sizes agreed, the bytes were read before the check."""
+
+
 class WeightsError(TidekvError):
     """Base of weight-broadcast errors (``tidekv.weights``)."""
 

@@ -180,6 +180,15 @@ class TransferEngine:
         with self._lock:
             self._regions.pop(region.address, None)
 
+    def region_of(self, address: int, length: int) -> Region | None:
+        """The registered region holding ``[address, address + length)``, or None: lets a call
+        use caller memory in place when it is registered and register it only when not."""
+        with self._lock:
+            for region in self._regions.values():
+                if region.address <= address and address + length <= region.address + region.length:
+                    return region
+        return None
+
     def region_proof(self, region: Region, context: bytes) -> bytes:
         """This process's proof that ``region`` is its own memory, bound to ``context`` (32 bytes).
 

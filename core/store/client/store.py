@@ -14,7 +14,7 @@ groups owning its keys in parallel (``pool``).
 Neighbours: ``object_io`` (moving the bytes), ``membership`` (the segment, mounted and
 heartbeated; re-mounts after the master lost this client), ``master_client`` (the master,
 followed across failovers), ``pool`` (the groups), ``staging`` (scratch memory for bytes
-objects). Thread-safe.
+objects), ``tensors`` (the tensor calls, a base class). Thread-safe.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from tidekv.config import MasterAddress, PoolAddress, StoreConfig, TlsConfig, TransferConfig
@@ -34,6 +34,7 @@ from tidekv.store.client.membership import Member
 from tidekv.store.client.object_io import ObjectIO, Parts, Pieces, Span, batch_error, in_order, span_of, trim
 from tidekv.store.client.pool import Pool, pick
 from tidekv.store.client.staging import StagingArea
+from tidekv.store.client.tensors import TensorCalls
 from tidekv.store.wire import names
 from tidekv.store.wire import protocol as p
 from tidekv.store.wire.keys import Buffer, Key, buffer_span, key_bytes, show_key
@@ -42,6 +43,9 @@ from tidekv.transfer.engine import TransferEngine
 from tidekv.transfer.region import Region
 
 logger = logging.getLogger(__name__)
+
+Allocate = Callable[[bytes, int], Any]
+"""``get_many_allocated``'s callback: (key, object size) -> the buffer or parts to read it into."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,7 +88,7 @@ def _summed(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class Store:
+class Store(TensorCalls):
     """A connection to a tidekv master plus this process's share of the pool.
 
     Use ``Store.connect(...)``; close with ``close()`` or a ``with`` block.
@@ -418,6 +422,40 @@ class Store:
             raise batch_error("get", outside)
         io.read(bkeys, results, pieces, lease_deadline)
         return [r.size if r.status == Status.OK else None for r in results]
+
+    def get_many_allocated(self, keys: Sequence[Key], allocate: Allocate) -> list[Any]:
+        """Reads objects whose sizes the caller does not know, in one lookup and one transfer
+        batch: ``allocate(key, size)`` returns the registered buffer (or parts) to read each found
+        object into, or raises to refuse it. Returns what ``allocate`` returned per key, None for
+        keys that do not exist. The tensor calls read through this.
+
+        Raises:
+            TidekvError: ``allocate`` refused some keys (nothing was read; ``err.failed_keys``
+                names them); else as for get_many_into.
+        """
+        all_keys = [key_bytes(k) for k in keys]
+        return self._pool.fan_out(
+            all_keys, lambda g, pos: self._get_allocated(self._groups[g].io, pick(all_keys, pos), allocate), "get")
+
+    def _get_allocated(self, io: ObjectIO, bkeys: list[bytes], allocate: Allocate) -> list[Any]:
+        lease_deadline, results = io.locate(bkeys)
+        out: list[Any] = [None] * len(bkeys)
+        refused: dict[bytes, StoreError | TransferError] = {}
+        for i, (key, r) in enumerate(zip(bkeys, results)):
+            if r.status == Status.OK:
+                try:
+                    out[i] = allocate(key, r.size)
+                    if sum(n for _, n in span_of(out[i])) < r.size:
+                        raise ConfigError(f"allocate() gave a buffer too small for object {show_key(key)} of "
+                                          f"{r.size} bytes")
+                except (StoreError, TransferError, ConfigError) as exc:
+                    refused[key] = exc  # type: ignore[assignment]
+        if refused:
+            raise batch_error("get", refused)
+        spans: list[Pieces | None] = [None if b is None else in_order(trim(span_of(b), r.size))
+                                      for b, r in zip(out, results)]
+        io.read(bkeys, results, spans, lease_deadline)
+        return out
 
     # ---- metadata API -------------------------------------------------------------------
 
