@@ -248,6 +248,15 @@ class _MooncakeClient:
                               f"first {bad[0]}")
         return [rc == 1 for rc in codes]
 
+    def put_tensor(self, key: str, tensor: Any) -> None:
+        rc = self._store.put_tensor(key, tensor)
+        if rc != 0:
+            raise TidekvError(f"mooncake put_tensor({key!r}, {tuple(tensor.shape)}) returned {rc}")
+
+    def get_tensor(self, key: str) -> int:
+        t = self._store.get_tensor(key)  # None when missing; time_op checks the size
+        return 0 if t is None else t.numel() * t.element_size()
+
     def remove_many(self, keys: Sequence[str]) -> None:
         codes = self._store.batch_remove(list(keys), True)
         bad = [(k, rc) for k, rc in zip(keys, codes) if rc != 0]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from tidekv import report
-from tidekv.bench.store_ops import KeyMaker, OpKind, Span, StoreOp, time_op
+from tidekv.bench.store_ops import TENSOR_OPS, KeyMaker, OpKind, Span, StoreOp, time_op, torch_available
 from tidekv.bench.store_report import evaluate_bars, plot, pyplot, table_columns, table_notes
 from tidekv.bench.timing import Budget, Summary, summarize
 from tidekv.config import MasterConfig, StoreConfig, TransferConfig, TransportKind
@@ -41,6 +41,8 @@ from tidekv.transfer.region import Region
 logger = logging.getLogger(__name__)
 
 DEFAULT_SIZES = (4 << 10, 1 << 20)
+DEFAULT_TENSOR_SIZES = (64 << 20,)
+QUICK_TENSOR_SIZES = (1 << 20,)
 DEFAULT_BATCH_KEYS = 256
 QUICK_BATCH_KEYS = 32
 BATCH_OBJECT_BYTES = 1 << 20
@@ -74,6 +76,8 @@ class StoreBenchOptions:
     """Operations measured in every layout. Default all."""
     sizes: tuple[int, ...] = DEFAULT_SIZES
     """Object sizes of the single-key put/get rows. Default 4 KiB, 1 MiB."""
+    tensor_sizes: tuple[int, ...] = DEFAULT_TENSOR_SIZES
+    """Bytes of the float32 tensors of the put_tensor/get_tensor rows. Default 64 MiB."""
     batch_keys: int = DEFAULT_BATCH_KEYS
     """Keys per put_many_from/get_many_into call (of 1 MiB each). Default 256."""
     exists_keys: int = DEFAULT_EXISTS_KEYS
@@ -96,7 +100,7 @@ class StoreBenchOptions:
             raise ConfigError(f"--batch-keys={self.batch_keys} and --exists-keys={self.exists_keys} must be >= 1")
         if self.rounds < 1:
             raise ConfigError(f"--rounds={self.rounds} must be >= 1")
-        need = max([self.batch_keys * BATCH_OBJECT_BYTES, *self.sizes]) * 2
+        need = max([self.batch_keys * BATCH_OBJECT_BYTES, *self.sizes, *self.tensor_sizes]) * 2
         if self.segment_bytes < need:
             raise ConfigError(f"--segment-size={format_size(self.segment_bytes)} is too small; a batch row needs "
                               f"at least {format_size(need)} (twice one call, for removal to catch up)")
@@ -108,6 +112,8 @@ def plan(opts: StoreBenchOptions) -> list[StoreOp]:
     for kind in opts.ops:
         if kind in (OpKind.PUT, OpKind.GET):
             specs += [StoreOp(kind, size) for size in opts.sizes]
+        elif kind in TENSOR_OPS:
+            specs += [StoreOp(kind, size) for size in opts.tensor_sizes]
         elif kind in (OpKind.PUT_MANY_FROM, OpKind.GET_MANY_INTO):
             specs.append(StoreOp(kind, BATCH_OBJECT_BYTES, opts.batch_keys))
         elif kind == OpKind.EXISTS:
@@ -149,6 +155,13 @@ class _TidekvClient:
 
     def exists_many(self, keys: Sequence[str]) -> list[bool]:
         return self._store.exists_many(keys)
+
+    def put_tensor(self, key: str, tensor: Any) -> None:
+        self._store.put_tensor(key, tensor)
+
+    def get_tensor(self, key: str) -> int:
+        t = self._store.get_tensor(key)
+        return t.numel() * t.element_size()
 
     def remove_many(self, keys: Sequence[str]) -> None:
         statuses = self._store.remove_many(keys, force=True)
@@ -254,7 +267,7 @@ class TidekvStoreDriver:
 
 
 def _is_latency_row(op: StoreOp) -> bool:
-    return op.kind in (OpKind.PUT, OpKind.GET)
+    return op.kind in (OpKind.PUT, OpKind.GET, *TENSOR_OPS)
 
 
 def _ratio_by(op: StoreOp) -> str:
@@ -435,9 +448,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--transports", type=_csv(lambda v: _TRANSPORTS[v.lower()], "transport"), default=None,
                    metavar="LIST", help="shm (shared memory allowed) and/or tcp (forced) (default shm,tcp)")
     p.add_argument("--ops", type=_csv(lambda v: OpKind(v.lower()), "op"), default=None, metavar="LIST",
-                   help="any of " + ",".join(k.value for k in OpKind) + " (default all)")
+                   help="any of " + ",".join(k.value for k in OpKind) + " (default all; the tensor rows only "
+                        "where torch is installed)")
     p.add_argument("--sizes", type=_csv(parse_size, "size"), default=None, metavar="LIST",
                    help="object sizes of the put/get rows (default 4K,1M)")
+    p.add_argument("--tensor-sizes", type=_csv(parse_size, "size"), default=None, metavar="LIST",
+                   help="bytes of the float32 tensors of the put_tensor/get_tensor rows (default 64M; --quick 1M)")
     p.add_argument("--batch-keys", type=int, default=None, metavar="N",
                    help=f"keys of 1 MiB per put_many_from/get_many_into call (default {DEFAULT_BATCH_KEYS})")
     p.add_argument("--exists-keys", type=int, default=DEFAULT_EXISTS_KEYS, metavar="N",
@@ -468,8 +484,9 @@ def options_from_args(args: argparse.Namespace) -> StoreBenchOptions:
     return StoreBenchOptions(
         holders=args.holders or (Holder.SAME, Holder.OTHER),
         transports=args.transports or (TransportKind.AUTO, TransportKind.TCP),
-        ops=args.ops or tuple(OpKind),
+        ops=args.ops or default_ops(),
         sizes=args.sizes or DEFAULT_SIZES,
+        tensor_sizes=args.tensor_sizes or (QUICK_TENSOR_SIZES if args.quick else DEFAULT_TENSOR_SIZES),
         batch_keys=args.batch_keys or (QUICK_BATCH_KEYS if args.quick else DEFAULT_BATCH_KEYS),
         exists_keys=args.exists_keys,
         segment_bytes=args.segment_size or (QUICK_SEGMENT_BYTES if args.quick else DEFAULT_SEGMENT_BYTES),
@@ -479,6 +496,15 @@ def options_from_args(args: argparse.Namespace) -> StoreBenchOptions:
         enable_progress=not args.no_progress,
         transfer_config=TransferConfig.from_env(),
     )
+
+
+def default_ops() -> tuple[OpKind, ...]:
+    """Every operation; the tensor rows only where torch is installed (they are left out with a
+    log line otherwise)."""
+    if torch_available():
+        return tuple(OpKind)
+    logger.info("bench store: torch is not installed, so the put_tensor/get_tensor rows are left out")
+    return tuple(k for k in OpKind if k not in TENSOR_OPS)
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

@@ -1,7 +1,7 @@
 """Timed store operations of ``bench store``: what one row measures, the same way for every store.
 
 A ``StoreOp`` is one row's operation (put, get, put_many_from, get_many_into, exists,
-exists_many) on objects of ``size_bytes``, ``keys`` per call. ``time_op`` times it on any
+exists_many, put_tensor, get_tensor) on objects of ``size_bytes``, ``keys`` per call. ``time_op`` times it on any
 ``KVClient`` (tidekv's ``Store``, Mooncake's ``MooncakeDistributedStore``, each behind a thin
 adapter) with the same keys, sizes, setup and cleanup, so their numbers compare:
 
@@ -24,7 +24,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from tidekv.bench.timing import Budget, measure
 from tidekv.errors import ConfigError, TidekvError
@@ -51,6 +51,12 @@ class OpKind(enum.Enum):
     GET_MANY_INTO = "get_many_into"  #: zero-copy batch into registered memory
     EXISTS = "exists"  #: one key per call
     EXISTS_MANY = "exists_many"  #: a batch of keys per call
+    PUT_TENSOR = "put_tensor"  #: a float32 CPU tensor, one key per call
+    GET_TENSOR = "get_tensor"  #: into a new CPU tensor, one key per call
+
+
+SINGLE_KEY = (OpKind.PUT, OpKind.GET, OpKind.EXISTS, OpKind.PUT_TENSOR, OpKind.GET_TENSOR)
+TENSOR_OPS = (OpKind.PUT_TENSOR, OpKind.GET_TENSOR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +74,10 @@ class StoreOp:
             raise ConfigError(f"size_bytes={self.size_bytes} must be > 0")
         if self.keys < 1:
             raise ConfigError(f"keys={self.keys} must be >= 1")
-        if self.kind in (OpKind.PUT, OpKind.GET, OpKind.EXISTS) and self.keys != 1:
+        if self.kind in SINGLE_KEY and self.keys != 1:
             raise ConfigError(f"{self.kind.value} takes one key per call, not {self.keys}")
+        if self.kind in TENSOR_OPS and self.size_bytes % 4:
+            raise ConfigError(f"{self.kind.value} moves float32 tensors: size {self.size_bytes} is not a multiple of 4")
 
     @property
     def bytes_per_call(self) -> int:
@@ -80,8 +88,9 @@ class StoreOp:
 
     @property
     def buffer_bytes(self) -> int:
-        """Registered client memory the op needs: one call's spans, side by side."""
-        return self.size_bytes * self.keys
+        """Registered client memory the op needs: one call's spans, side by side (none for the
+        tensor rows, which pass tensors)."""
+        return 0 if self.kind in TENSOR_OPS else self.size_bytes * self.keys
 
 
 class KVClient(Protocol):
@@ -110,6 +119,12 @@ class KVClient(Protocol):
 
     def remove_many(self, keys: Sequence[str]) -> None:
         """Removes the keys even if a reader's lease is still on them."""
+        ...
+
+    def put_tensor(self, key: str, tensor: Any) -> None: ...
+
+    def get_tensor(self, key: str) -> int:
+        """Returns the tensor's size in bytes."""
         ...
 
 
@@ -145,6 +160,18 @@ def time_op(client: KVClient, op: StoreOp, budget: Budget, keys: KeyMaker) -> li
     if op.kind == OpKind.PUT:
         value = bytes(range(256)) * (op.size_bytes // 256) + bytes(op.size_bytes % 256)
         return _time_fresh(client, lambda: [keys()], lambda ks: client.put(ks[0], value), op, budget)
+    if op.kind == OpKind.PUT_TENSOR:
+        tensor = _tensor(op.size_bytes)
+        return _time_fresh(client, lambda: [keys()], lambda ks: client.put_tensor(ks[0], tensor), op, budget)
+    if op.kind == OpKind.GET_TENSOR:
+        stored = keys.many(max(1, min(GET_OBJECTS, POOL_CHUNK_BYTES // op.size_bytes)))
+        tensor = _tensor(op.size_bytes)
+        for key in stored:
+            client.put_tensor(key, tensor)
+        try:
+            return measure(_reader(client, op, stored, []), budget)
+        finally:
+            _remove(client, stored)
     if op.kind == OpKind.PUT_MANY_FROM:
         return _time_fresh(client, lambda: keys.many(op.keys), lambda ks: client.put_many_from(ks, spans), op, budget)
     count = {OpKind.GET: max(1, min(GET_OBJECTS, POOL_CHUNK_BYTES // op.size_bytes)),
@@ -170,6 +197,12 @@ def _reader(client: KVClient, op: StoreOp, stored: list[str], spans: list[Span])
             got = client.get(key)
             if got != size:
                 raise TidekvError(f"get of {key!r} returned {got} bytes, expected {size}")
+    elif op.kind == OpKind.GET_TENSOR:
+        def step() -> None:
+            key = next(cycle)
+            got = client.get_tensor(key)
+            if got != size:
+                raise TidekvError(f"get_tensor of {key!r} returned {got} bytes, expected {size}")
     elif op.kind == OpKind.GET_MANY_INTO:
         def step() -> None:
             client.get_many_into(stored, spans)
@@ -226,6 +259,28 @@ def _time_fresh(client: KVClient, new_keys: Callable[[], list[str]], put: Callab
         return samples
     finally:
         flush()
+
+
+def torch_available() -> bool:
+    """Whether the tensor rows can run (they need torch)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _tensor(size_bytes: int) -> Any:
+    """A float32 CPU tensor of ``size_bytes`` (rounded down to whole elements), its pages touched.
+
+    Raises:
+        ConfigError: torch is not installed.
+    """
+    if not torch_available():
+        raise ConfigError("the put_tensor/get_tensor rows need torch: pip install torch")
+    import torch
+
+    return torch.full((max(1, size_bytes // 4),), 1.5, dtype=torch.float32)
 
 
 def _remove(client: KVClient, keys: Sequence[str]) -> None:

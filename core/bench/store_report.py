@@ -90,6 +90,10 @@ STORE_BARS: tuple[Bar, ...] = (
         meaning="get_many_into, holder in another process, tcp forced >= 1.5x Mooncake"),
     Bar({"op": "exists"}, "ratio_mooncake", 2.0, meaning="exists >= 2x Mooncake's ops/s"),
     Bar({"op": "exists_many"}, "ratio_mooncake", 1.0, meaning="exists_many >= 1x Mooncake's keys/s"),
+    Bar({"holder": "other", "op": "put_tensor", "size_bytes": 64 << 20, "transport": "shm"}, "ratio_mooncake", 1.5,
+        meaning="put_tensor 64 MiB, holder in another process, >= 1.5x Mooncake"),
+    Bar({"holder": "other", "op": "get_tensor", "size_bytes": 64 << 20, "transport": "shm"}, "ratio_mooncake", 1.5,
+        meaning="get_tensor 64 MiB, holder in another process, >= 1.5x Mooncake"),
 )
 
 

@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,8 @@ PROG = "mooncake_master"
 _TRUE, _FALSE = ("true", "1", "yes", "t", "y"), ("false", "0", "no", "f", "n")
 
 
-def _bool(name: str, text: str) -> bool:
+def parse_bool(name: str, text: str) -> bool:
+    """A gflags boolean (true/false, 1/0, yes/no, t/f, y/n)."""
     lowered = text.strip().lower()
     if lowered in _TRUE:
         return True
@@ -44,7 +45,7 @@ def _bool(name: str, text: str) -> bool:
     raise ConfigError(f"--{name}={text!r} is not a boolean (true or false)")
 
 
-def _int(name: str, text: str) -> int:
+def parse_int(name: str, text: str) -> int:
     try:
         return int(text, 10)
     except ValueError:
@@ -88,7 +89,7 @@ def _ha_backend(name: str, text: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Flag:
-    """One Mooncake flag: the MasterConfig field it sets (None: consumed here) and its parser."""
+    """One Mooncake flag: the setting it sets (here a MasterConfig field; None: consumed here) and its parser."""
 
     field: str | None
     parse: Callable[[str, str], Any]
@@ -98,16 +99,16 @@ class Flag:
 
 
 FLAGS: dict[str, Flag] = {
-    "port": Flag("port", _int, "RPC port (Mooncake's legacy name of --rpc_port)"),
-    "rpc_port": Flag("port", _int, "RPC port (default 50051)"),
+    "port": Flag("port", parse_int, "RPC port (Mooncake's legacy name of --rpc_port)"),
+    "rpc_port": Flag("port", parse_int, "RPC port (default 50051)"),
     "rpc_address": Flag("host", lambda _, t: t, "address to bind and advertise (default 127.0.0.1; Mooncake: 0.0.0.0)"),
     "default_kv_lease_ttl": Flag("lease_ttl_s", _lease_s, "read lease, ms or with ms/s/m/h (default 10000)"),
     "eviction_high_watermark_ratio": Flag("high_watermark", _float),
     "eviction_ratio": Flag("eviction_ratio", _float),
     "client_ttl": Flag("client_ttl_s", _float),
     "put_start_release_timeout_sec": Flag("put_timeout_s", _float),
-    "metrics_port": Flag("metrics_port", _int),
-    "enable_ha": Flag(None, _bool, "elect a leader among masters through etcd (with --etcd_endpoints)", True),
+    "metrics_port": Flag("metrics_port", parse_int),
+    "enable_ha": Flag(None, parse_bool, "elect a leader among masters through etcd (with --etcd_endpoints)", True),
     "ha_backend_type": Flag(None, _ha_backend, "leader election backend: etcd only"),
     "etcd_endpoints": Flag("etcd", _etcd, "etcd endpoints, host:port separated by ';'"),
     "ha_backend_connstring": Flag("etcd", _etcd, "the same as --etcd_endpoints, for --ha_backend_type=etcd"),
@@ -137,8 +138,9 @@ def usage() -> str:
     return "\n".join(lines)
 
 
-def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
-    """gflags-style arguments -> {flag name: parsed value}.
+def parse_flags(argv: Sequence[str], flags: Mapping[str, Flag] = FLAGS, prog: str = PROG) -> dict[str, Any]:
+    """gflags-style arguments -> {flag name: parsed value}, for ``prog``'s ``flags`` (default:
+    this command's; ``mooncake_client`` passes its own).
 
     Raises:
         ConfigError: naming the first flag that is unknown, unsupported, malformed or lacks a value.
@@ -150,22 +152,22 @@ def parse_flags(argv: Sequence[str]) -> dict[str, Any]:
         arg = args[i]
         i += 1
         if not arg.startswith("-") or arg in ("-", "--"):
-            raise ConfigError(f"{PROG}: unexpected argument {arg!r}; flags look like --name=value")
+            raise ConfigError(f"{prog}: unexpected argument {arg!r}; flags look like --name=value")
         name, has_value, text = arg.lstrip("-").partition("=")
-        flag = FLAGS.get(name)
-        negated = FLAGS.get(name[2:]) if flag is None and name.startswith("no") and not has_value else None
+        flag = flags.get(name)
+        negated = flags.get(name[2:]) if flag is None and name.startswith("no") and not has_value else None
         if negated is not None and negated.is_bool:
             values[name[2:]] = False
             continue
         if flag is None:
-            raise ConfigError(f"{PROG}: flag --{name} is not supported by tidekv's master (supported: "
-                              f"{', '.join('--' + n for n in FLAGS)}; {PROG} --help)")
+            raise ConfigError(f"{prog}: flag --{name} is not supported by tidekv's {prog} (supported: "
+                              f"{', '.join('--' + n for n in flags)}; {prog} --help)")
         if not has_value:
             if flag.is_bool:
                 values[name] = True
                 continue
             if i >= len(args):
-                raise ConfigError(f"{PROG}: flag --{name} needs a value")
+                raise ConfigError(f"{prog}: flag --{name} needs a value")
             text = args[i]
             i += 1
         values[name] = flag.parse(name, text)

@@ -26,6 +26,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tidekv.compat.mooncake import _split_hostname
+from tidekv.compat.mooncake_admin import AdminMethods
+from tidekv.compat.mooncake_config import SETUP_ENV_VARIABLES as _ENV_KEYS
+from tidekv.compat.mooncake_config import SETUP_KEYS as _DICT_ALIASES
+from tidekv.compat.mooncake_tensors import TensorMethods
 from tidekv.compat.mooncake_types import (
     BufferHandle,
     Descriptor,
@@ -33,15 +37,15 @@ from tidekv.compat.mooncake_types import (
     MemoryDescriptor,
     ReplicaDescriptor,
     ReplicateConfig,
-    SoftPinAction,
     error_code,
+    placement,
 )
 from tidekv.config import ETCD_SCHEME, POOL_SEPARATOR, StoreConfig, TransferConfig, TransportKind, parse_size
 from tidekv.errors import ConfigError, ObjectLeasedError, ObjectNotFoundError, TidekvError
 from tidekv.logs import WarnEvery
 from tidekv.store.client.store import ObjectInfo, Store
 from tidekv.store.wire.keys import key_bytes
-from tidekv.store.wire.protocol import Pin, Status
+from tidekv.store.wire.protocol import Status
 from tidekv.transfer.engine import TransferEngine as _TidekvEngine
 
 logger = logging.getLogger(__name__)
@@ -64,20 +68,6 @@ def _log_failure(op: str, exc: TidekvError) -> None:
                        f" ({held_back} similar failures not logged)" if held_back else "")
 
 
-def _placement(config: ReplicateConfig | None) -> dict[str, Any]:
-    """A ReplicateConfig as the keyword arguments of tidekv's put calls."""
-    if config is None:
-        return {}
-    if config.with_hard_pin:
-        pin = Pin.HARD
-    elif config.with_soft_pin or config.soft_pin_action == SoftPinAction.ENABLE:
-        pin = Pin.SOFT
-    else:
-        pin = Pin.NONE
-    preferred = config.preferred_segment or next(iter(config.preferred_segments), "")
-    return {"pin": pin, "replicas": config.replica_num, "preferred_segment": preferred or None}
-
-
 def _replicas(info: ObjectInfo) -> list[ReplicaDescriptor]:
     return [ReplicaDescriptor(MemoryDescriptor(Descriptor(loc.addr, loc.length, loc.engine))) for loc in info.locations]
 
@@ -87,11 +77,6 @@ def _replicas(info: ObjectInfo) -> list[ReplicaDescriptor]:
 MOONCAKE_CLUSTER = "mooncake_cluster"
 """Mooncake's default ``cluster_id`` (``MC_STORE_CLUSTER_ID``): the tidekv cluster name that an
 ``etcd://`` master address means (``mooncake_master --enable_ha`` campaigns under the same)."""
-
-_ENV_KEYS = {"local_hostname": "MOONCAKE_LOCAL_HOSTNAME", "metadata_server": "MOONCAKE_TE_META_DATA_SERVER",
-             "global_segment_size": "MOONCAKE_GLOBAL_SEGMENT_SIZE", "local_buffer_size": "MOONCAKE_LOCAL_BUFFER_SIZE",
-             "protocol": "MOONCAKE_PROTOCOL", "rdma_devices": "MOONCAKE_DEVICE", "master_server_addr": "MOONCAKE_MASTER"}
-"""``setup(config)`` keys and the ``MOONCAKE_*`` variables that fill them when a key is absent."""
 
 _DICT_DEFAULTS: dict[str, Any] = {"global_segment_size": 16 << 20, "local_buffer_size": 16 << 20, "protocol": "tcp",
                                   "rdma_devices": "", "master_server_addr": "127.0.0.1:50051",
@@ -103,7 +88,6 @@ _SETUP_KEYS = {"local_hostname", "metadata_server", "global_segment_size", "loca
                "enable_client_http_server", "client_http_port"}
 """The keys ``setup(config)`` reads (Mooncake's; ``ipc_socket_path`` is its dummy client's)."""
 
-_DICT_ALIASES = {"master_server_address": "master_server_addr", "device_name": "rdma_devices"}
 """Key spellings Mooncake's JSON configs use for ``setup(config)`` keys."""
 
 
@@ -127,7 +111,7 @@ def master_address(text: str) -> str:
     return text
 
 
-class MooncakeDistributedStore:
+class MooncakeDistributedStore(TensorMethods, AdminMethods):
     """Mooncake's store client over ``tidekv.Store``; call ``setup`` (or ``setup_dummy``) first."""
 
     def __init__(self) -> None:
@@ -163,6 +147,7 @@ class MooncakeDistributedStore:
             store, engine, self._store, self._engine = self._store, self._engine, None, None
             self._buffers.clear()
         if store is not None:
+            self._release_all(store)
             store.close()
         if engine is not None:
             engine.close()
@@ -178,6 +163,13 @@ class MooncakeDistributedStore:
         except TidekvError:
             return 2
         return 0
+
+    @property
+    def local_buffer_size(self) -> int:
+        """Bytes of this client's staging buffer (``setup``'s ``local_buffer_size``, at least
+        1 MiB); 0 before setup."""
+        store = self._store
+        return 0 if store is None else store.config.staging_size_bytes
 
     def get_hostname(self) -> str:
         """This client's segment name (its engine's name without a segment): the value to put in
@@ -213,23 +205,36 @@ class MooncakeDistributedStore:
 
     def put(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
         """Stores ``value`` (any buffer); 0 also when the key exists (its bytes stay)."""
-        return self._code("put", lambda s: s.put(key, value, **_placement(config)))
+        return self._code("put", lambda s: s.put(key, value, **placement(config)))
 
     def put_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
         """Stores the concatenation of ``parts``; 0 or a negative code."""
         return self._code("put_parts", lambda s: s.put(key, b"".join(bytes(memoryview(p)) for p in parts),
-                                                       **_placement(config)))
+                                                       **placement(config)))
+
+    def upsert_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
+        """Stores the concatenation of ``parts``, replacing the key's bytes if it exists."""
+        return self._code("upsert_parts", lambda s: s.upsert(key, b"".join(bytes(memoryview(p)) for p in parts),
+                                                          **placement(config)))
+
+    def put_from_with_metadata(self, key: str, buffer_ptr: int, metadata_buffer_ptr: int, size: int,
+                               metadata_size: int, config: ReplicateConfig | None = None) -> int:
+        """Stores [metadata][data] from two registered buffers as one object (Mooncake's order),
+        gathered with no copy; 0 or a negative code."""
+        parts = [(metadata_buffer_ptr, metadata_size), (buffer_ptr, size)]
+        return self._code("put_from_with_metadata", lambda s: s.put_from(key, [p for p in parts if p[1]],
+                                                                         **placement(config)))
 
     def put_batch(self, keys: list[str], values: list[Any], config: ReplicateConfig | None = None) -> int:
         """Stores several objects; 0, or the code of the first key that failed."""
-        return self._code("put_batch", lambda s: s.put_many(keys, values, **_placement(config)))
+        return self._code("put_batch", lambda s: s.put_many(keys, values, **placement(config)))
 
     def upsert(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
         """Stores ``value``, replacing the key's bytes if it exists; 0 or a negative code."""
-        return self._code("upsert", lambda s: s.upsert(key, value, **_placement(config)))
+        return self._code("upsert", lambda s: s.upsert(key, value, **placement(config)))
 
     def upsert_batch(self, keys: list[str], values: list[Any], config: ReplicateConfig | None = None) -> int:
-        return self._code("upsert_batch", lambda s: s.put_many(keys, values, upsert=True, **_placement(config)))
+        return self._code("upsert_batch", lambda s: s.put_many(keys, values, upsert=True, **placement(config)))
 
     def get(self, key: str) -> bytes:
         """The key's bytes; ``b""`` when it is missing or the read failed."""
@@ -501,7 +506,7 @@ class MooncakeDistributedStore:
         def run(store: Store) -> list[int]:
             try:
                 store.put_many_from([keys[i] for i in todo], [buffers[i] for i in todo], upsert=upsert,
-                                    **_placement(config))
+                                    **placement(config))
             except TidekvError as exc:
                 failed = exc.failed_keys
                 if not failed:  # not a batch's per-key failure

@@ -11,8 +11,9 @@ import ctypes
 import enum
 import logging
 import mmap
+import os
 import threading
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from tidekv.errors import (
     ConfigError,
@@ -22,9 +23,11 @@ from tidekv.errors import (
     ObjectNotFoundError,
     OutOfSpaceError,
     RpcError,
+    TensorFormatError,
     TidekvError,
     TransferError,
 )
+from tidekv.store.wire.protocol import Pin
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +53,7 @@ _ERROR_CODES: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     (LeaseExpiredError, ErrorCode.LEASE_EXPIRED),
     (OutOfSpaceError, ErrorCode.NO_AVAILABLE_HANDLE),
     (ConfigError, ErrorCode.INVALID_PARAMS),
+    (TensorFormatError, ErrorCode.INVALID_PARAMS),
     (MasterUnavailableError, ErrorCode.RPC_FAIL),
     (RpcError, ErrorCode.RPC_FAIL),
     (TransferError, ErrorCode.TRANSFER_FAIL),
@@ -65,6 +69,20 @@ def error_code(error: BaseException | type[BaseException]) -> int:
         if issubclass(cls, kind):
             return int(code)
     raise AssertionError(f"no Mooncake code for {cls.__name__}")  # only TidekvErrors reach here
+
+
+def placement(config: ReplicateConfig | None) -> dict[str, Any]:
+    """A ReplicateConfig as the keyword arguments of tidekv's put calls."""
+    if config is None:
+        return {}
+    if config.with_hard_pin:
+        pin = Pin.HARD
+    elif config.with_soft_pin or config.soft_pin_action == SoftPinAction.ENABLE:
+        pin = Pin.SOFT
+    else:
+        pin = Pin.NONE
+    preferred = config.preferred_segment or next(iter(config.preferred_segments), "")
+    return {"pin": pin, "replicas": config.replica_num, "preferred_segment": preferred or None}
 
 
 class SoftPinAction(enum.IntEnum):
@@ -188,3 +206,86 @@ class MooncakeHostMemAllocator:
         except BufferError:  # still exported (a tensor over it): leave it mapped rather than crash
             logger.warning("mooncake store compat: memory at %#x is still in use; it stays mapped", ptr)
         return int(ErrorCode.OK)
+
+
+# ---- parallel tensor I/O and tasks ----------------------------------------------------------
+
+class ParallelAxis:
+    """One axis of a shard's identity: ``kind`` "tp", "dp", "ep" or "pp", ``rank`` of ``size``;
+    ``split_dim`` set for an axis that cuts the tensor (TP, or EP by a dimension), ``expert_id``
+    / ``stage_id`` optional names of an EP / PP coordinate."""
+
+    __slots__ = ("kind", "rank", "size", "split_dim", "expert_id", "stage_id")
+
+    def __init__(self) -> None:
+        self.kind = "tp"
+        self.rank = 0
+        self.size = 1
+        self.split_dim: int | None = None
+        self.expert_id: int | None = None
+        self.stage_id: int | None = None
+
+    def __repr__(self) -> str:
+        return "ParallelAxis(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
+
+
+class TensorParallelism:
+    """The ordered axes identifying a stored or requested shard."""
+
+    __slots__ = ("axes",)
+
+    def __init__(self) -> None:
+        self.axes: list[ParallelAxis] = []
+
+
+class ReadTarget:
+    """What a tensor read returns: ``mode`` "as_stored" (the object under the key), "shard" (the
+    shard ``parallelism`` names) or "full" (the whole, rebuilt from its shards)."""
+
+    __slots__ = ("mode", "parallelism")
+
+    def __init__(self) -> None:
+        self.mode = "as_stored"
+        self.parallelism: TensorParallelism | None = None
+
+
+class TaskType(enum.IntEnum):
+    REPLICA_COPY = 0
+    REPLICA_MOVE = 1
+
+
+class TaskStatus(enum.IntEnum):
+    PENDING = 0
+    PROCESSING = 1
+    SUCCESS = 2
+    FAILED = 3
+
+
+class QueryTaskResponse:
+    """A copy or move task's state (``query_task``)."""
+
+    def __init__(self, id: tuple[int, int], type: TaskType, status: TaskStatus, created_at_ms_epoch: int,
+                 last_updated_at_ms_epoch: int, assigned_client: str = "", message: str = "") -> None:
+        self.id = id
+        self.type = type
+        self.status = status
+        self.created_at_ms_epoch = created_at_ms_epoch
+        self.last_updated_at_ms_epoch = last_updated_at_ms_epoch
+        self.assigned_client = assigned_client
+        self.message = message
+
+
+def bind_to_numa_node(node: int) -> None:
+    """Binds the calling thread's CPUs to NUMA node ``node`` (its CPUs from sysfs); a node this
+    machine does not have is logged and ignored, as Mooncake does."""
+    try:
+        with open(f"/sys/devices/system/node/node{int(node)}/cpulist") as f:
+            text = f.read().strip()
+    except OSError:
+        logger.warning("mooncake store compat: bind_to_numa_node(%r): no such NUMA node here", node)
+        return
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    os.sched_setaffinity(0, cpus)

@@ -79,7 +79,8 @@ def test_quick_run_covers_every_row(quick_run: tuple[list[dict[str, Any]], Path,
     shapes = {(r["holder"], r["transport"], r["op"], r["size_bytes"], r["keys"]) for r in rows}
     per_config = {("put", 4096, 1), ("put", 1 << 20, 1), ("get", 4096, 1), ("get", 1 << 20, 1),
                   ("put_many_from", 1 << 20, QUICK_BATCH_KEYS), ("get_many_into", 1 << 20, QUICK_BATCH_KEYS),
-                  ("exists", 4096, 1), ("exists_many", 4096, 1000)}
+                  ("exists", 4096, 1), ("exists_many", 4096, 1000), ("put_tensor", 1 << 20, 1),
+                  ("get_tensor", 1 << 20, 1)}
     expected = {(h, t, *shape) for h in ("same", "other") for t in ("shm", "tcp") for shape in per_config}
     assert shapes == expected
     assert len(rows) == len(expected)
@@ -98,7 +99,7 @@ def test_quick_rows_schema_and_values(quick_run: tuple[list[dict[str, Any]], Pat
             assert row["gbps"] is None and row["ratio_by"] == "keys_per_s"
         else:
             _check_positive(row, ("gbps",))
-            assert row["ratio_by"] == ("p50" if row["op"] in ("put", "get") else "gbps")
+            assert row["ratio_by"] == ("p50" if row["op"] in ("put", "get", "put_tensor", "get_tensor") else "gbps")
             # keys/s and GB/s come from the same calls: one is the other times the object size.
             assert row["gbps"] * 1e9 == pytest.approx(row["keys_per_s"] * row["size_bytes"], rel=1e-6)
 
@@ -124,12 +125,12 @@ def test_compare_mooncake_adds_its_numbers_and_bars(tmp_path: Path) -> None:
                     "is not installed")
     out = tmp_path / "rows.jsonl"
     done = _bench(["--quick", "--no-progress", "--compare", "mooncake", "--holders", "other",
-                   "--ops", "get,get_many_into,exists", "--sizes", "4K", "--json", str(out)])
+                   "--ops", "get,get_many_into,exists,get_tensor", "--sizes", "4K", "--json", str(out)])
     assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
     assert "performance bars" in done.stdout
     rows = _read_rows(out)
     assert {(r["transport"], r["op"]) for r in rows} == {(t, op) for t in ("shm", "tcp")
-                                                         for op in ("get", "get_many_into", "exists")}
+                                                         for op in ("get", "get_many_into", "exists", "get_tensor")}
     for row in rows:
         assert row.keys() >= REQUIRED | MOONCAKE_KEYS, row
         assert row["mooncake_transport"] == "tcp"
@@ -250,11 +251,18 @@ class _DictStore:
         for key in keys:
             del self.objects[key]
 
+    def put_tensor(self, key: str, tensor: object) -> None:
+        self._add(key, tensor.numel() * tensor.element_size())
+
+    def get_tensor(self, key: str) -> int:
+        return self.objects.get(key, 0)
+
 
 @pytest.mark.parametrize("op", [StoreOp(OpKind.PUT, 4096), StoreOp(OpKind.PUT, 1 << 20),
                                 StoreOp(OpKind.GET, 1 << 20), StoreOp(OpKind.PUT_MANY_FROM, 1 << 20, 8),
                                 StoreOp(OpKind.GET_MANY_INTO, 1 << 20, 8), StoreOp(OpKind.EXISTS, 4096),
-                                StoreOp(OpKind.EXISTS_MANY, 4096, 100)], ids=lambda op: op.kind.value)
+                                StoreOp(OpKind.EXISTS_MANY, 4096, 100), StoreOp(OpKind.PUT_TENSOR, 1 << 20),
+                                StoreOp(OpKind.GET_TENSOR, 1 << 20)], ids=lambda op: op.kind.value)
 def test_time_op_leaves_the_store_empty_and_bounded(op: StoreOp, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(store_ops, "POOL_CHUNK_BYTES", 16 << 20)
     client = _DictStore(8 << 20)

@@ -21,6 +21,8 @@ from tidekv.bench.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM = REPO / "plugins" / "mooncake"
+MODULES = ("__init__", "engine", "store", "master", "mooncake_config", "async_store", "buffer_pool",
+           "http_metadata_server", "cli_client", "structured_object_store", "dataproto_catalog")
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,7 @@ def shim_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         subprocess.run(build, check=True, timeout=300)
     (wheel,) = wheels.glob("tidekv_mooncake_shim-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"mooncake/__init__.py", "mooncake/engine.py", "mooncake/store.py", "mooncake/master.py"} <= set(names), names
+    assert {f"mooncake/{m}.py" for m in MODULES} <= set(names), names
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
                    check=True, timeout=300)
     return site
@@ -100,3 +102,33 @@ def test_the_installed_master_script_refuses_unknown_flags(shim_site: Path) -> N
     out = subprocess.run([str(shim_site / "bin" / "mooncake_master"), "--enable_http_metadata_server=true"],
                          env=shim_env(shim_site), capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 2 and "--enable_http_metadata_server" in out.stderr, out.stderr
+
+
+def test_the_installed_helper_modules_and_commands_are_tidekvs(shim_site: Path) -> None:
+    """``mooncake.mooncake_config``, ``async_store``, ``buffer_pool``, ``http_metadata_server``, the
+    package's ``BufferPool``, the modules not served and the two other commands, as installed."""
+    probe = """
+import mooncake, mooncake.mooncake_config as mc, mooncake.async_store as a, mooncake.buffer_pool as bp
+import mooncake.http_metadata_server as h, mooncake.cli_client as cc, mooncake.store as s
+from tidekv.compat import (mooncake_async, mooncake_buffer_pool, mooncake_client, mooncake_config,
+                           mooncake_metadata_server)
+assert mc.MooncakeConfig is mooncake_config.MooncakeConfig
+assert a.MooncakeDistributedStoreAsync is mooncake_async.MooncakeDistributedStoreAsync
+assert bp.BufferPool is bp.RegisteredBufferPool is s.BufferPool is mooncake.BufferPool
+assert bp.BufferPool is mooncake_buffer_pool.BufferPool
+assert h.KVBootstrapServer is mooncake_metadata_server.KVBootstrapServer and cc.main is mooncake_client.main
+for name in ("mooncake.structured_object_store", "mooncake.dataproto_catalog"):
+    try:
+        __import__(name)
+    except ModuleNotFoundError as exc:
+        assert exc.name == name and "not provided by tidekv" in str(exc) and "Store.put_tensor" in str(exc), exc
+    else:
+        raise AssertionError(name + " imported")
+print("ok")
+"""
+    out = run_with_shim(shim_site, probe)
+    assert out.returncode == 0 and out.stdout.split() == ["ok"], out.stderr + out.stdout
+    for script in ("mooncake_client", "mooncake_http_metadata_server"):
+        out = subprocess.run([str(shim_site / "bin" / script), "--help"], env=shim_env(shim_site), capture_output=True,
+                             text=True, timeout=60, check=False)
+        assert out.returncode == 0 and "--port" in out.stdout and "tidekv" in out.stdout, out.stderr + out.stdout

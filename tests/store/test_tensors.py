@@ -9,12 +9,12 @@ from __future__ import annotations
 import warnings
 
 import pytest
-
-from tests.store.conftest import Connect, SpawnAgent
-from tests.store.procs import MasterProcess
 from tidekv.errors import ConfigError, ObjectNotFoundError, TensorFormatError, TensorMismatchError
 from tidekv.store import Store
 from tidekv.store.client.tensors import TensorHeader, header_size, shard_key
+
+from tests.store.conftest import Connect, SpawnAgent
+from tests.store.procs import MasterProcess
 
 torch = pytest.importorskip("torch", reason="the tensor calls need torch (a test dependency)")
 

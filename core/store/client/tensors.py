@@ -434,7 +434,23 @@ def _read_whole(store: Store, keys: Sequence[Key]) -> list[tuple[TensorHeader, t
         if buf is None:
             out.append(None)
             continue
-        raw = ctypes.string_at(buf.data_ptr(), min(buf.numel(), header_size(255)))
-        header, _ = TensorHeader.decode(raw, buf.numel(), key)
-        out.append((header, _view(buf, header, key)))
+        out.append(read_object(buf, key))
     return out
+
+
+def read_object(buf: torch.Tensor, key: Key) -> tuple[TensorHeader, torch.Tensor]:
+    """The header of the tensor object in uint8 memory ``buf`` (exactly the object) and the
+    tensor, a view of ``buf``.
+
+    Raises:
+        TensorFormatError: ``buf`` does not hold a tensor object.
+    """
+    raw = ctypes.string_at(buf.data_ptr(), min(buf.numel(), header_size(255)))
+    header, _ = TensorHeader.decode(raw, buf.numel(), key)
+    return header, _view(buf, header, key)
+
+
+def to_object(tensor: Any) -> tuple[bytes, torch.Tensor]:
+    """A tensor as an object's two parts: its header and the dense tensor whose memory follows."""
+    dense = _dense(tensor)
+    return _header_of(dense).encode(dense.numel() * dense.element_size()), dense

@@ -1,10 +1,18 @@
 """tidekv's stand-in for Mooncake's Python package (the ``tidekv-mooncake-shim`` distribution).
 
-Provided: ``mooncake.engine`` (``tidekv.compat.mooncake``), ``mooncake.store``
-(``tidekv.compat.mooncake_store``) and the ``mooncake_master`` command (``mooncake.master``,
-over ``tidekv.compat.mooncake_master``). Mooncake's process group, EP and other modules are not
-(importing them fails as if they were absent, which is how engines detect a Mooncake without them).
+Provided, each over ``tidekv.compat``: ``mooncake.engine`` (``mooncake``), ``mooncake.store``
+(``mooncake_store``, with the buffer pool), ``mooncake.mooncake_config`` (``mooncake_config``),
+``mooncake.async_store`` (``mooncake_async``), ``mooncake.buffer_pool`` (``mooncake_buffer_pool``;
+``BufferPool`` and ``RegisteredBufferPool`` are also this package's, as in Mooncake),
+``mooncake.http_metadata_server`` (``mooncake_metadata_server``), and the commands
+``mooncake_master`` (``mooncake.master``), ``mooncake_client`` (``mooncake.cli_client``) and
+``mooncake_http_metadata_server``. ``mooncake.structured_object_store`` and
+``mooncake.dataproto_catalog`` fail to import with a message naming what to use instead
+(``mooncake_unserved``). Mooncake's process group, EP and other modules are absent (importing
+them fails as for any missing module, which is how engines detect a Mooncake without them).
 """
+
+from typing import Any
 
 try:
     import tidekv.compat.mooncake  # noqa: F401
@@ -16,3 +24,14 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 IS_TIDEKV_SHIM = True
 """Marks this package as tidekv's shim, not Mooncake."""
+
+__all__ = ["BufferPool", "IS_TIDEKV_SHIM", "RegisteredBufferPool"]
+
+
+def __getattr__(name: str) -> Any:
+    # Mooncake's package exports its buffer pool; loaded on first use (it brings the store in).
+    if name in ("BufferPool", "RegisteredBufferPool"):
+        from tidekv.compat import mooncake_buffer_pool
+
+        return getattr(mooncake_buffer_pool, name)
+    raise AttributeError(f"module 'mooncake' has no attribute '{name}'")

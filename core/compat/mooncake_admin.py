@@ -1,0 +1,264 @@
+"""Mooncake's session, segment, task and memory-pool calls on the drop-in (``AdminMethods``, a
+base class of ``MooncakeDistributedStore``).
+
+Sessions: a get session leases its keys at start (``Store.lookup_many``) and each ranged read
+reads byte ranges of them into registered buffers (``Store.get_ranges_into``, which looks them up
+again under the same lease rules); a put session holds each object's bytes in engine memory of
+this client from start to end (ranged writes copy into it), and ``end`` puts them as one batch,
+so the master sees a session only when it ends: a master failover in between loses nothing, and
+pool space is taken at the end (a full pool answers then, not at start). Mooncake reserves the
+space at start and writes in place.
+
+Not offered (Mooncake's -1011, ``UNAVAILABLE_IN_CURRENT_MODE``, with a log line naming why):
+extra segments per client (``mount_segment``, ``allocate_and_mount_segment``, ``unmount_*``:
+a tidekv client contributes one segment, sized at ``setup``), copy and move tasks, ``init_all``
+(``setup`` initializes), and the local disk segment (no disk tier).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tidekv.compat.mooncake_types import ErrorCode, QueryTaskResponse, ReplicateConfig, placement
+from tidekv.errors import ConfigError, TidekvError
+from tidekv.store.wire.protocol import Status
+from tidekv.transfer.region import Region
+
+logger = logging.getLogger(__name__)
+
+UNAVAILABLE = int(ErrorCode.UNAVAILABLE_IN_CURRENT_MODE)
+TASK_NOT_FOUND = -1400
+"""Mooncake's code for a task id it does not know (``query_task``)."""
+
+
+def _unavailable(op: str, why: str) -> int:
+    logger.warning("mooncake store compat: %s() is not offered by tidekv: %s", op, why)
+    return UNAVAILABLE
+
+
+_SEGMENTS = "a tidekv client contributes one segment, sized by setup()'s global_segment_size"
+
+
+class AdminMethods:
+    """Mooncake's session, segment, task and memory-pool methods (see the module docstring)."""
+
+    _call: Callable[[str, Callable[[Any], Any]], Any]
+    _code: Callable[[str, Callable[[Any], Any]], int]
+    _lock: threading.Lock
+
+    def _admin(self) -> dict[str, Any]:
+        """This store's session and pool state, made on first use."""
+        state = self.__dict__.get("_admin_state")
+        if state is None:
+            state = self.__dict__.setdefault("_admin_state", {"gets": set(), "puts": {}, "pool": {}})
+        return state
+
+    # ---- get sessions -------------------------------------------------------------------
+
+    def batch_get_session_start(self, keys: list[str]) -> list[int]:
+        """Leases the keys for ranged reads; per key 0 or -704 (missing)."""
+        def run(store: Any) -> list[int]:
+            infos = store.lookup_many(keys)
+            with self._lock:
+                self._admin()["gets"].update(k for k, i in zip(keys, infos) if i is not None)
+            return [int(ErrorCode.OBJECT_NOT_FOUND) if i is None else 0 for i in infos]
+        out = self._call("batch_get_session_start", run)
+        return [out] * len(keys) if isinstance(out, int) else out
+
+    def batch_get_into_multi_buffer_ranges(self, keys: list[str], all_buffer_ptrs: list[list[int]],
+                                           all_sizes: list[list[int]], all_src_offsets: list[list[int]]) -> list[int]:
+        """For key ``i``, object bytes from ``all_src_offsets[i][j]`` go to buffer
+        ``all_buffer_ptrs[i][j]`` (``all_sizes[i][j]`` bytes); per key the bytes read or a code."""
+        try:
+            ranges = [[(off, (ptr, n)) for ptr, n, off in zip(p, s, o, strict=True)]
+                      for p, s, o in zip(all_buffer_ptrs, all_sizes, all_src_offsets, strict=True)]
+            if len(ranges) != len(keys):
+                raise ValueError
+        except ValueError:
+            logger.error("mooncake store compat: batch_get_into_multi_buffer_ranges: its lists differ in shape")
+            return [int(ErrorCode.INVALID_PARAMS)] * len(keys)
+
+        def run(store: Any) -> list[int]:
+            sizes = store.get_ranges_into(keys, ranges)
+            return [int(ErrorCode.OBJECT_NOT_FOUND) if n is None else sum(b[1] for _, b in r)
+                    for n, r in zip(sizes, ranges)]
+        out = self._call("batch_get_into_multi_buffer_ranges", run)
+        return [out] * len(keys) if isinstance(out, int) else out
+
+    def batch_get_session_end(self, keys: list[str]) -> int:
+        """Ends the get session of ``keys`` (their leases run out on the master's clock); 0."""
+        with self._lock:
+            self._admin()["gets"].difference_update(keys)
+        return 0
+
+    # ---- put sessions -------------------------------------------------------------------
+
+    def batch_put_session_start(self, keys: list[str], sizes: list[int],
+                                config: ReplicateConfig | None = None) -> list[int]:
+        """Opens a put session per key for an object of ``sizes[i]`` bytes; per key 0, -600 (a
+        bad size, or a session already open) or another code."""
+        def run(store: Any) -> list[int]:
+            out = []
+            for key, size in zip(keys, sizes, strict=True):
+                with self._lock:
+                    sessions = self._admin()["puts"]
+                    if key in sessions or size <= 0:
+                        out.append(int(ErrorCode.INVALID_PARAMS))
+                        continue
+                    sessions[key] = (store.engine.allocate(size), placement(config))
+                out.append(0)
+            return out
+        out = self._call("batch_put_session_start", run)
+        return [out] * len(keys) if isinstance(out, int) else out
+
+    def batch_put_from_multi_buffer_ranges(self, keys: list[str], all_buffer_ptrs: list[list[int]],
+                                           all_sizes: list[list[int]], all_dst_offsets: list[list[int]]) -> list[int]:
+        """Copies each buffer into its session's object at its offset; per key the bytes written,
+        or -600 (no session, a range past the object's end, lists of unequal shape)."""
+        import ctypes
+
+        out = []
+        for i, key in enumerate(keys):
+            with self._lock:
+                session = self._admin()["puts"].get(key)
+            try:
+                if session is None:
+                    raise ConfigError(f"no put session for {key!r}: batch_put_session_start() it first")
+                region: Region = session[0]
+                written = 0
+                for ptr, n, off in zip(all_buffer_ptrs[i], all_sizes[i], all_dst_offsets[i], strict=True):
+                    if off < 0 or off + n > region.length:
+                        raise ConfigError(f"range [{off}, +{n}) is outside {key!r}'s {region.length} bytes")
+                    ctypes.memmove(region.address + off, ptr, n)
+                    written += n
+                out.append(written)
+            except (ConfigError, ValueError, IndexError) as exc:
+                logger.error("mooncake store compat: batch_put_from_multi_buffer_ranges(%r): %s", key, exc)
+                out.append(int(ErrorCode.INVALID_PARAMS))
+        return out
+
+    def batch_put_session_end(self, keys: list[str]) -> list[int]:
+        """Stores every session's object (one put per placement) and closes the sessions; per key
+        0 or a code (-600: no session)."""
+        with self._lock:
+            sessions = self._admin()["puts"]
+            taken = {k: sessions.pop(k) for k in dict.fromkeys(keys) if k in sessions}
+        codes: dict[str, int] = {}
+        try:
+            for kwargs in {repr(p): p for _, p in taken.values()}.values():
+                batch = [k for k, (_, p) in taken.items() if p == kwargs]
+                codes.update(zip(batch, self._puts(batch, [taken[k][0] for k in batch], kwargs)))
+        finally:
+            for region, _ in taken.values():
+                self._release(region)
+        return [codes.get(k, int(ErrorCode.INVALID_PARAMS)) for k in keys]
+
+    def batch_put_session_revoke(self, keys: list[str]) -> list[int]:
+        """Drops open sessions (nothing reaches the pool); per key 0 or -600 (no session)."""
+        out = []
+        for key in keys:
+            with self._lock:
+                session = self._admin()["puts"].pop(key, None)
+            if session is not None:
+                self._release(session[0])
+            out.append(0 if session is not None else int(ErrorCode.INVALID_PARAMS))
+        return out
+
+    def _puts(self, keys: list[str], regions: Sequence[Region], kwargs: dict[str, Any]) -> list[int]:
+        from tidekv.compat.mooncake_types import error_code
+        from tidekv.store.wire.keys import key_bytes
+
+        def run(store: Any) -> list[int]:
+            try:
+                store.put_many_from(keys, list(regions), **kwargs)
+            except TidekvError as exc:
+                failed = exc.failed_keys
+                if not failed:
+                    raise
+                return [error_code(failed[b]) if (b := key_bytes(k)) in failed else 0 for k in keys]
+            return [0] * len(keys)
+        out = self._call("batch_put_session_end", run)
+        return [out] * len(keys) if isinstance(out, int) else out
+
+    def _release_all(self, store: Any) -> None:
+        """Frees the memory of open put sessions and of ``alloc_from_mem_pool`` (at ``close``)."""
+        with self._lock:
+            state = self._admin()
+            regions = [r for r, _ in state["puts"].values()] + list(state["pool"].values())
+            state["puts"].clear()
+            state["pool"].clear()
+            state["gets"].clear()
+        for region in regions:
+            store.engine.unregister(region)
+
+    def _release(self, region: Region) -> None:
+        store = getattr(self, "_store", None)
+        if store is not None:
+            store.engine.unregister(region)
+
+    # ---- memory pool, replicas ----------------------------------------------------------
+
+    def alloc_from_mem_pool(self, size: int) -> int:
+        """The address of ``size`` bytes of registered memory of this client's engine (valid
+        until ``close``), for the zero-copy calls; 0 when it cannot be had."""
+        def run(store: Any) -> int:
+            region = store.engine.allocate(size)
+            with self._lock:
+                self._admin()["pool"][region.address] = region
+            return region.address
+        out = self._call("alloc_from_mem_pool", run)
+        return out if isinstance(out, int) and out > 0 else 0
+
+    def batch_replica_clear(self, keys: list[str], segment_name: str = "") -> list[str]:
+        """Clears the objects whose replicas are all on ``segment_name`` (any segment when "")
+        and that no reader leases; returns the keys cleared."""
+        def run(store: Any) -> list[str]:
+            if segment_name:
+                infos = store.lookup_many(keys)
+                keys_here = [k for k, i in zip(keys, infos) if i is not None and
+                             all(loc.segment == segment_name for loc in i.locations)]
+            else:
+                keys_here = list(keys)
+            statuses = store.remove_many(keys_here) if keys_here else []
+            return [k for k, s in zip(keys_here, statuses) if s is Status.OK]
+        out = self._call("batch_replica_clear", run)
+        return [] if isinstance(out, int) else out
+
+    # ---- not offered --------------------------------------------------------------------
+
+    def init_all(self, protocol: str, device_name: str, mount_segment_size: int) -> int:
+        return _unavailable("init_all", "setup() initializes the engine and mounts the segment in one call")
+
+    def mount_segment(self, path: str, size: int, offset: int = 0, protocol: str = "tcp",
+                      location: str = "") -> dict[str, Any]:
+        return {"ret": _unavailable("mount_segment", _SEGMENTS), "segment_ids": []}
+
+    def allocate_and_mount_segment(self, size: int, protocol: str = "tcp", location: str = "") -> dict[str, Any]:
+        return {"ret": _unavailable("allocate_and_mount_segment", _SEGMENTS), "segment_ids": [], "allocated_size": 0}
+
+    def unmount_segment(self, segment_ids: list[str], grace_period_seconds: int = 0) -> int:
+        return _unavailable("unmount_segment", _SEGMENTS)
+
+    def unmount_and_free_segment(self, segment_ids: list[str], grace_period_seconds: int = 0) -> int:
+        return _unavailable("unmount_and_free_segment", _SEGMENTS)
+
+    def unmount_local_disk_segment(self, grace_period_seconds: int = 0) -> int:
+        return _unavailable("unmount_local_disk_segment", "tidekv's store has no disk tier yet")
+
+    def get_offload_rpc_read_count(self) -> int:
+        """Reads served from a disk tier: 0, tidekv has none."""
+        return 0
+
+    def create_copy_task(self, key: str, targets: list[str]) -> tuple[tuple[int, int], int]:
+        return (0, 0), _unavailable("create_copy_task", "copy and move tasks between segments are not built")
+
+    def create_move_task(self, key: str, source: str, target: str) -> tuple[tuple[int, int], int]:
+        return (0, 0), _unavailable("create_move_task", "copy and move tasks between segments are not built")
+
+    def query_task(self, task_id: tuple[int, int]) -> tuple[QueryTaskResponse | None, int]:
+        """(None, -1400): no task exists (none can be created)."""
+        return None, TASK_NOT_FOUND
+
