@@ -281,10 +281,10 @@ def _holder_main(conn: Connection, api: MooncakeApi, env: dict[str, str], master
 
 
 def _client_main(conn: Connection, api: MooncakeApi, env: dict[str, str], master: str, segment_bytes: int,
-                 buffer_bytes: int) -> None:
+                 buffer_bytes: int, local_buffer_bytes: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(env)
-    store = _setup(api, master, segment_bytes, LOCAL_BUFFER_BYTES)
+    store = _setup(api, master, segment_bytes, local_buffer_bytes)
     client = _MooncakeClient(store, buffer_bytes)
     keys = KeyMaker(api.value)
 
@@ -346,6 +346,8 @@ class MooncakeStoreDriver:
         buffer_bytes: the client's registered buffer for batch calls.
         log_dir: where every process logs.
         api: Mooncake's own store (default) or tidekv's drop-in.
+        local_buffer_bytes: the client's ``local_buffer_size``: Mooncake serializes a
+            ``put_tensor`` there, so it must exceed the largest tensor.
 
     Raises:
         ConfigError: the wheel or mooncake_master is missing.
@@ -353,7 +355,7 @@ class MooncakeStoreDriver:
     """
 
     def __init__(self, is_holder_in_client: bool, segment_bytes: int, buffer_bytes: int, log_dir: str | Path,
-                 api: MooncakeApi = MooncakeApi.MOONCAKE) -> None:
+                 api: MooncakeApi = MooncakeApi.MOONCAKE, local_buffer_bytes: int = LOCAL_BUFFER_BYTES) -> None:
         self.name = api.value
         with contextlib.ExitStack() as stack:
             # The shortest lease Mooncake's gets work with, on both masters: the rows remove what they
@@ -364,7 +366,8 @@ class MooncakeStoreDriver:
             stack.callback(pool.close)
             self._client = stack.enter_context(HelperProcess(
                 f"{api.value}-client", _client_main,
-                (api, pool.env, pool.master, segment_bytes if is_holder_in_client else 0, buffer_bytes), log_dir))
+                (api, pool.env, pool.master, segment_bytes if is_holder_in_client else 0, buffer_bytes,
+                 local_buffer_bytes), log_dir))
             self._stack = stack.pop_all()
 
     def measure(self, op: StoreOp, budget: Budget) -> list[float]:

@@ -363,7 +363,7 @@ def run_bench(opts: StoreBenchOptions) -> list[Row]:
     ops = plan(opts)
     if not ops or not opts.holders or not opts.transports:
         raise ConfigError("nothing to measure: --holders, --transports and --ops leave no row")
-    buffer_bytes = max(op.buffer_bytes for op in ops)
+    buffer_bytes = max([1 << 20, *(op.buffer_bytes for op in ops)])  # the tensor rows register none
     drivers_per_holder = len(opts.transports) + 2 * opts.enable_mooncake
     log_dir = tempfile.mkdtemp(prefix="tidekv-bench-store-")
     rows: list[Row] = []
@@ -383,12 +383,15 @@ def run_bench(opts: StoreBenchOptions) -> list[Row]:
                     drivers.append((name, processes.enter_context(contextlib.closing(driver))))
                     bar.update(1)
                 if opts.enable_mooncake:
-                    from tidekv.bench.mooncake_store import MooncakeApi, MooncakeStoreDriver
+                    from tidekv.bench.mooncake_store import LOCAL_BUFFER_BYTES, MooncakeApi, MooncakeStoreDriver
+
+                    tensors = [op.size_bytes for op in ops if op.kind in TENSOR_OPS]
+                    local_buffer = max([LOCAL_BUFFER_BYTES, *(2 * n for n in tensors)])  # Mooncake stages tensors
 
                     for api in (MooncakeApi.MOONCAKE, MooncakeApi.SHIM):
                         bar.set_postfix_str(f"starting {api.value} {where}")
                         mooncake = MooncakeStoreDriver(holder == Holder.SAME, opts.segment_bytes, buffer_bytes,
-                                                       log_dir, api)
+                                                       log_dir, api, local_buffer)
                         drivers.append((api.value, processes.enter_context(contextlib.closing(mooncake))))
                         bar.update(1)
                 for op in ops:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from tidekv.errors import ConfigError, ObjectNotFoundError, TensorFormatError, TensorMismatchError
 from tidekv.store.wire.keys import Key, key_bytes, show_key
 from tidekv.store.wire.protocol import Pin
+from tidekv.transfer.memory import advise_huge
 
 if TYPE_CHECKING:
     import torch
@@ -44,6 +45,8 @@ _FIXED = struct.Struct("<4sBBHQ16siHHII")
 """magic, version, ndim, header bytes, data bytes, dtype name, split dim, rank, count, flags, reserved."""
 _ALIGN = 64
 _SHARD = 1  # flag: the object is one shard of a split tensor
+_HUGE_READ_BYTES = 8 << 20
+"""Reads of objects this large go into memory advised onto huge pages (see ``advise_huge``)."""
 SHARD_SEPARATOR = "_tp_"
 """A shard's key is ``<key>_tp_<rank>``, as Mooncake names tensor-parallel shards."""
 
@@ -421,6 +424,8 @@ def _read_whole(store: Store, keys: Sequence[Key]) -> list[tuple[TensorHeader, t
 
     def allocate(key: bytes, size: int) -> torch.Tensor:
         buf = torch.empty(size, dtype=torch.uint8)
+        if size >= _HUGE_READ_BYTES:
+            advise_huge(buf.data_ptr(), size)
         regions.append(store.engine.register(buf))
         return buf
 
