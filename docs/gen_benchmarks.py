@@ -95,8 +95,48 @@ def master_load_groups(rows: Rows) -> tuple[str, Callable[[Path], None]]:
     return text, plot
 
 
+def store_tensors(rows: Rows) -> tuple[str, Callable[[Path], None]]:
+    """put_tensor / get_tensor against Mooncake's wheel, per layout and run."""
+    lines = ["| date | commit | run | holder | op | size | tidekv (shm) p50 ms | GB/s | Mooncake p50 ms | "
+             "GB/s | tidekv vs Mooncake | drop-in vs Mooncake |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    mine = sorted((r for r in rows if r["transport"] == "shm"),
+                  key=lambda r: (r["holder"] != "other", r["op"], r["date"], r["run"]))
+    points: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for r in mine:
+        lines.append(f"| {r['date']} | {r['commit']} | {r['run']} | {r['holder']} | {r['op']} | "
+                     f"{r['size_bytes'] >> 20} MiB | {r['p50_us'] / 1e3:.1f} | {r['gbps']:.1f} | "
+                     f"{r['mooncake_p50_us'] / 1e3:.1f} | {r['mooncake_gbps']:.2f} | {r['ratio_mooncake']:.2f}× | "
+                     f"{r['ratio_shim_mooncake']:.2f}× |")
+        if r["holder"] == "other":
+            points[r["op"]].append((r["run"], r["ratio_mooncake"]))
+    commands = sorted({r["command"] for r in rows})
+    text = "\n".join(lines) + "\n\nCommands: " + "; ".join(f"`{c}`" for c in commands) + ".\n"
+
+    def plot(path: Path) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        for op, color in (("put_tensor", "tab:blue"), ("get_tensor", "tab:orange")):
+            ax.scatter([x for x, _ in points[op]], [y for _, y in points[op]], color=color, label=op)
+        ax.axhline(1.5, color="grey", linewidth=0.8, linestyle="--", label="bar: 1.5×")
+        ax.legend(fontsize=8)
+        ax.set_xlabel("run")
+        ax.set_ylabel("tidekv / Mooncake (p50)")
+        ax.set_title("64 MiB tensors, pool in another process")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100, metadata={"Software": None})
+        plt.close(fig)
+
+    return text, plot
+
+
 RENDERERS: dict[str, Callable[[Rows], tuple[str, Callable[[Path], None]]]] = {
     "master-load-groups": master_load_groups,
+    "store-tensors": store_tensors,
 }
 
 
