@@ -181,6 +181,13 @@ class TensorFormatError(StoreError):
     a newer format version, or a shard set whose shards disagree); the message says which."""
 
 
+class ChannelFullError(StoreError):
+    """A ``TensorChannel`` put found no room within its bound (at once, or within its timeout);
+    ``appended`` counts the tensors of the call that were appended before the refusal."""
+
+    appended: int = 0
+
+
 class TensorMismatchError(ConfigError):
     """``get_tensor_into`` was given a tensor of another dtype, shape or layout than the stored
     one (the message names both); when the sizes agreed, the bytes were read before the check."""

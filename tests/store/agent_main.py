@@ -71,6 +71,18 @@ class Agent:
             return {**churn.verify(self.store, self.books, cmd.get("size", 4096)), **self.books.summary()}
         if op == "put_start_raw":
             return self.put_start_raw(cmd["key"], cmd["size"], cmd["seed"])
+        if op == "chan_put":  # tensors of payload(seed, size) bytes into channel "name"; their seqs
+            import torch
+
+            tensors = [torch.frombuffer(bytearray(payload(seed, cmd["size"])), dtype=torch.uint8)
+                       for seed in cmd["seeds"]]
+            return {"seqs": self.store.tensor_channel(cmd["name"], **cmd.get("options", {})).put_many(tensors)}
+        if op == "chan_take":  # take (and ack unless told not to); each item's seq and digest
+            channel = self.store.tensor_channel(cmd["name"], visibility_s=cmd.get("visibility_s", 60.0))
+            got = channel.take(cmd.get("max_items", 1), cmd.get("wait_s"))
+            if cmd.get("ack", True):
+                channel.ack(got)
+            return {"items": [[d.seq, digest(d.tensor.numpy().tobytes())] for d in got]}
         raise ValueError(f"unknown command {op!r}")
 
     def get_many(self, keys: list[str], rounds: int) -> dict[str, Any]:

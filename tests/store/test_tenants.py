@@ -103,6 +103,7 @@ def test_a_tenant_cannot_touch_another_tenants_objects(rig: ServiceRig, kind: ty
     spare = msgspec.convert(rig.call(p.PutStart("a1", [b"s"], [4096], spare=True), client="a1"), list[p.PutSlot])[0].spare
     assert alice.status == Status.OK and pending.status == Status.OK and spare is not None
     a_base = rig.bases["a-seg"]
+    assert rig.call(p.ChannelPush("c", [b"k"], 10, 1 << 30), client="a1") == [[Status.OK], [0]]  # alice's channel
     before = _alice_state(rig)
     assert before["stats"]["keys"] == 1 and before["stats"]["segments"].keys() == {"a-seg"}
     rig.as_tenant("b2", "bob")  # a connection of bob's that has not said hello yet
@@ -123,6 +124,11 @@ def test_a_tenant_cannot_touch_another_tenants_objects(rig: ServiceRig, kind: ty
         p.StatsRequest: (p.StatsRequest(), None),
         p.ListKeys: (p.ListKeys(True), ([], True)),
         p.Repairs: (p.Repairs("b1", [p.RepairResult(b"k", alice.token, True)]), []),
+        p.ChannelPush: (p.ChannelPush("c", [b"k"], 10, 1 << 30), [[Status.NOT_FOUND], [-1]]),  # bob has no k
+        p.ChannelTake: (p.ChannelTake("c", "me", 10, 5.0), []),  # bob's channel c is empty
+        p.ChannelAck: (p.ChannelAck("c", [0]), [Status.NOT_FOUND]),
+        p.ChannelInfo: (p.ChannelInfo("c"), {"items": 0, "ready": 0, "taken": 0, "bytes": 0, "next_seq": 0,
+                                             "lost": 0}),
     }
     body, expected = examples[kind]
     try:
@@ -386,3 +392,15 @@ def test_an_engine_for_each_tenant_is_its_own(tmp_path: Path) -> None:
         local = b.allocate(4096)
         with pytest.raises(TransferError):
             b.transfer([TransferRequest(TransferOp.READ, local.address, 4096, a.name, region.address)]).wait(5)
+
+
+def test_channels_of_tenants_are_apart(tmp_path: Path) -> None:
+    rig = _rig(tmp_path)
+    for client, key in (("a1", b"x"), ("b1", b"y")):
+        rig.put(client, key, 4096, pin=p.Pin.HARD)
+        assert rig.call(p.ChannelPush("c", [key], 10, 1 << 30), client) == [[Status.OK], [0]]
+    for client, key in (("a1", b"x"), ("b1", b"y")):
+        items = msgspec.convert(rig.call(p.ChannelTake("c", "me", 10, 5.0), client), list[p.ChannelItem])
+        assert [i.key for i in items] == [key]  # its own name back
+    assert rig.call(p.ChannelAck("c", [0]), "a1") == [Status.OK]
+    assert not rig.exists(b"x", client="a1") and rig.exists(b"y", client="b1")

@@ -9,7 +9,12 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from tidekv.errors import ConfigError, ObjectNotFoundError, TensorFormatError, TensorMismatchError
+from tidekv.errors import (
+    ConfigError,
+    ObjectNotFoundError,
+    TensorFormatError,
+    TensorMismatchError,
+)
 from tidekv.store import Store
 from tidekv.store.client.tensors import TensorHeader, header_size, shard_key
 

@@ -37,6 +37,7 @@ from tidekv.transfer.memory import advise_huge
 if TYPE_CHECKING:
     import torch
     from tidekv.store.client.store import Store
+    from tidekv.store.client.tensor_channel import TensorChannel
     from tidekv.transfer.region import Region
 
 MAGIC = b"TKVT"
@@ -287,6 +288,13 @@ class TensorCalls:
                         "overwritten)")
                 out.append(t)
         return out
+
+    def tensor_channel(self: Store, name: str, **options: Any) -> TensorChannel:
+        """A stream of tensors between producers and consumers on this pool (see
+        ``tidekv.store.client.tensor_channel.TensorChannel`` for ``options``)."""
+        from tidekv.store.client.tensor_channel import TensorChannel
+
+        return TensorChannel(self, name, **options)
 
     # ---- shards -------------------------------------------------------------------------
 

@@ -130,8 +130,25 @@ class TokensOp(msgspec.Struct, tag="tokens", array_like=True):
     last: int
 
 
+class ChannelOp(msgspec.Struct, tag="channel", array_like=True):
+    """Items appended to channel ``name`` (``channels``): their seqs and objects' keys, and the
+    channel's counter after them (seqs are never reused)."""
+
+    name: str
+    seqs: list[int]
+    keys: list[bytes]
+    next_seq: int
+
+
+class ChannelAckOp(msgspec.Struct, tag="channel_ack", array_like=True):
+    """Items that left channel ``name`` (acknowledged, or their objects gone)."""
+
+    name: str
+    seqs: list[int]
+
+
 Op = Union[MountOp, UnmountOp, SuspendOp, ResumeOp, StartOp, EndOp, DropOp, RemoveOp, EvictOp, ObjectOp, RetireOp,
-           TokensOp, RepairOp, RepairedOp]
+           TokensOp, RepairOp, RepairedOp, ChannelOp, ChannelAckOp]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(list[Op])
@@ -217,6 +234,7 @@ class Mirror:
     retired: KeptBytes = field(default_factory=KeptBytes)  # freed bytes kept for the leases it cannot know
     repairs: dict[tuple[str, int], RepairOp] = field(default_factory=dict)  # (segment, offset) -> copy under way
     max_token: int = 0
+    channels: dict[str, tuple[int, dict[int, bytes]]] = field(default_factory=dict)  # name -> (next seq, seq -> key)
 
     def apply(self, ops: list[Op], now: float) -> None:
         """Applies ``ops`` in order. The three kinds almost every op is (a snapshot's objects, a
@@ -283,6 +301,15 @@ class Mirror:
             if self.retired:  # placed like a put: on bytes whose leases were over by the leader's clock
                 self.retired.reused(op.size, [op.segment, op.offset])
             self.repairs[(op.segment, op.offset)] = op
+        elif isinstance(op, ChannelOp):
+            next_seq, items = self.channels.get(op.name, (0, {}))
+            items.update(zip(op.seqs, op.keys))
+            self.channels[op.name] = (max(next_seq, op.next_seq), items)
+        elif isinstance(op, ChannelAckOp):
+            held = self.channels.get(op.name)
+            if held is not None:
+                for seq in op.seqs:
+                    held[1].pop(seq, None)
         elif isinstance(op, RepairedOp):
             repair = self.repairs.pop((op.segment, op.offset), None)
             if repair is None:
@@ -367,6 +394,8 @@ class Mirror:
         out += self.pending.values()
         out += [RetireOp(size, replicas) for _, size, replicas in self.retired]
         out += self.repairs.values()
+        out += [ChannelOp(name, list(items), list(items.values()), next_seq)
+                for name, (next_seq, items) in self.channels.items()]
         return out
 
 

@@ -41,6 +41,7 @@ from tidekv.store.allocator import align
 from tidekv.store.master import journal as j
 from tidekv.store.master import mount_check
 from tidekv.store.master import tenants as t
+from tidekv.store.master.channels import ChannelTable
 from tidekv.store.master.listing import KeyListings
 from tidekv.store.master.metrics import index_gauges
 from tidekv.store.master.objects import ObjectTable
@@ -118,6 +119,7 @@ class MasterService:
         self.reply_seq = 0  # with a journal: the batch the last reply depends on (0: none)
         self.segments = SegmentTable()
         self.objects = ObjectTable(self.segments, config.max_key_bytes)
+        self.channels = ChannelTable(self.objects)
         self.metrics = Registry()
         self._requests = self.metrics.counter("tidekv_master_requests_total", "RPC requests by type", ["type"])
         self._items = self.metrics.counter("tidekv_master_request_items_total", "keys carried by RPC requests, by type",
@@ -159,6 +161,10 @@ class MasterService:
             p.Remove: self._remove,
             p.StatsRequest: self._stats,
             p.Repairs: self._repairs,
+            p.ChannelPush: lambda m, now: self.channels.push(m.channel, m.keys, m.max_items, m.max_bytes),
+            p.ChannelTake: lambda m, now: self.channels.take(m.channel, m.consumer, m.max_items, m.visibility_s, now),
+            p.ChannelAck: lambda m, now: self.channels.ack(m.channel, m.seqs, now),
+            p.ChannelInfo: lambda m, now: self.channels.info(m.channel, now),
         }
 
     # ---- entry points -------------------------------------------------------------------
@@ -314,6 +320,7 @@ class MasterService:
             self._drop_suspended(expired, f"its holder did not come back within {self.config.suspend_grace_s:.0f} s")
         self.objects.free_retired(now)
         self.objects.repairs.expire(now)
+        self.channels.tick(now)
         high, low = self.config.high_watermark, self.config.high_watermark - self.config.eviction_ratio
         if self.tenancy is not None:
             self.tenancy.evict(now, high, low)
@@ -642,7 +649,7 @@ class MasterService:
             seg = held.segment
             mounts += [j.MountOp(seg.client_id, name, seg.engine, seg.base, seg.capacity, seg.incarnation),
                        j.SuspendOp([name], max(0.0, held.until - now))]
-        return mounts + self.objects.snapshot()
+        return mounts + self.objects.snapshot() + self.channels.snapshot()
 
     def restore(self, mirror: j.Mirror) -> None:
         """Makes this (empty) master serve the index in ``mirror``: segments with their bytes in
@@ -668,6 +675,7 @@ class MasterService:
                                   op.incarnation, suspended_until=until)
         self.objects.restore(mirror, now)
         self.objects.repairs.restore(list(mirror.repairs.values()), now, self.config.put_timeout_s)
+        self.channels.restore(mirror)
         if self.objects.quotas is not None:  # repairs under way count against their objects' tenants too
             self.objects.usage = self.objects.count_usage()
 

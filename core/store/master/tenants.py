@@ -151,6 +151,8 @@ class Namespace:
             body.segments = [pre + n for n in body.segments]
         elif isinstance(body, p.Repairs) and body.done:
             body.done = [p.RepairResult(kpre + r.key, r.token, r.ok) for r in body.done]
+        if isinstance(getattr(body, "channel", None), str):  # a channel is named in its tenant's namespace
+            body.channel = pre + body.channel
         return ""
 
     def leave(self, body: Any, result: Any) -> Any:
@@ -173,6 +175,10 @@ class Namespace:
             n = len(self._key_prefix)
             for task in result:
                 task.key, task.sources = task.key[n:], self._plain(task.sources)
+        elif isinstance(body, p.ChannelTake):
+            n = len(self._key_prefix)
+            for item in result:
+                item.key = item.key[n:]
         return result
 
     def text(self, message: str) -> str:

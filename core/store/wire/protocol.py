@@ -51,6 +51,7 @@ class Status(enum.IntEnum):
     STALE = 5  # put_end/put_revoke for a put the master already reclaimed
     INVALID = 6  # bad key or size
     QUOTA = 7  # put refused: beyond the tenant's quota even after evicting its own objects (``PutSlot.detail``)
+    FULL = 8  # channel push refused: the queue would pass a bound the producer set
 
 
 class Pin(enum.IntEnum):
@@ -194,6 +195,44 @@ class Repairs(msgspec.Struct, tag="repairs", array_like=True):
     max_bytes: int = 64 << 20  # at most this many bytes of new tasks in the reply
 
 
+class ChannelPush(msgspec.Struct, tag="chan_push", array_like=True):
+    """A producer appends complete objects to channel ``channel`` (``master.channels``), each only
+    if the queue then holds at most ``max_items`` items and ``max_bytes`` bytes."""
+
+    channel: str
+    keys: list[bytes]
+    max_items: int
+    max_bytes: int
+
+
+class ChannelTake(msgspec.Struct, tag="chan_take", array_like=True):
+    """A consumer takes up to ``max_items`` ready items, hidden from other consumers for ``visibility_s``."""
+
+    channel: str
+    consumer: str
+    max_items: int
+    visibility_s: float
+
+
+class ChannelAck(msgspec.Struct, tag="chan_ack", array_like=True):
+    """A consumer is done with items: they and their objects leave the pool."""
+
+    channel: str
+    seqs: list[int]
+
+
+class ChannelInfo(msgspec.Struct, tag="chan_info", array_like=True):
+    channel: str
+
+
+class ChannelItem(msgspec.Struct, array_like=True):
+    """One item a take hands out: its sequence number and its object."""
+
+    seq: int
+    key: bytes
+    size: int
+
+
 Body = Union[
     Hello,
     MountSegment,
@@ -211,6 +250,10 @@ Body = Union[
     StatsRequest,
     ListKeys,
     Repairs,
+    ChannelPush,
+    ChannelTake,
+    ChannelAck,
+    ChannelInfo,
 ]
 
 
@@ -297,6 +340,9 @@ RESULT_TYPES: dict[type, object] = {
     ListKeys: tuple[list[bytes], bool],  # a page of keys, whether it is the last
     MountSegment: MountResult,
     Repairs: list[RepairTask],
+    ChannelPush: tuple[list[int], list[int]],  # Status per key, seq per key (-1 where not appended)
+    ChannelTake: list[ChannelItem],
+    ChannelAck: list[int],  # Status per seq
 }
 """The result type of each request's reply (others: any msgpack value)."""
 

@@ -1,0 +1,172 @@
+"""TensorChannel: a named stream of tensors between producers and consumers that are not in
+lock-step (hidden states from an inference engine to a draft-model trainer, rollout batches to a
+trainer), on the store: each tensor an object, the queue an index on the master
+(``tidekv.store.master.channels``).
+
+A producer puts its tensors (hard-pinned: eviction leaves them) and pushes their keys; a push
+that would pass the channel's bound (``max_items`` items, ``max_bytes`` bytes) is refused, and
+the producer then waits for room (``when_full="block"``, up to ``timeout_s``) or raises
+``ChannelFullError`` at once (``"refuse"``), removing what it had put either way. A consumer
+takes the oldest ready items (they are hidden from other consumers for ``visibility_s``), reads
+their tensors in one batch and acks them when done; an ack removes item and object. Delivery is
+**at least once**: an item not acked within ``visibility_s`` (a consumer that died, or was slow)
+is handed out again, to any consumer. Seqs grow and are never reused, also across master
+restarts and failovers, so a consumer that must act once per item drops seqs it has seen.
+
+A channel lives on the master group its name hashes to, and its producers name their objects so
+they hash to the same group. Neighbours: ``tensors`` (the tensor objects), ``store``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tidekv.errors import ChannelFullError, ConfigError, StoreError
+from tidekv.store.wire import protocol as p
+from tidekv.store.wire.protocol import Pin, Status
+
+if TYPE_CHECKING:
+    import torch
+    from tidekv.store.client.store import Store
+
+logger = logging.getLogger(__name__)
+
+KEY_PREFIX = "tidekv-channel/"
+"""Items' objects are named ``tidekv-channel/<channel>/<unique>``."""
+WHEN_FULL = ("block", "refuse")
+_POLL_S = (0.002, 0.05)
+"""A waiting producer or consumer polls the master from the first to the second interval, doubling."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One item a consumer took: its sequence number (ack it with ``TensorChannel.ack``) and tensor."""
+
+    seq: int
+    tensor: torch.Tensor
+
+
+class TensorChannel:
+    """Producer and consumer ends of channel ``name`` (one object can be both).
+
+    Args:
+        store: the Store whose pool holds the items.
+        name: the channel; every producer and consumer of it names it alike.
+        max_items, max_bytes: the bound a push of this producer respects.
+        when_full: "block" (wait up to ``timeout_s`` for room) or "refuse" (raise at once).
+        timeout_s: how long a blocked put waits before ``ChannelFullError``.
+        visibility_s: how long an item this consumer takes is hidden from others before it is
+            handed out again unless acked.
+        consumer: this consumer's name in the master's bookkeeping (default: host and pid).
+    """
+
+    def __init__(self, store: Store, name: str, *, max_items: int = 1024, max_bytes: int = 1 << 30,
+                 when_full: str = "block", timeout_s: float = 60.0, visibility_s: float = 60.0,
+                 consumer: str | None = None) -> None:
+        if not name or "/" in name:
+            raise ConfigError(f"channel name {name!r}: expected a non-empty name without '/'")
+        if when_full not in WHEN_FULL:
+            raise ConfigError(f"when_full={when_full!r}: expected one of {WHEN_FULL}")
+        if max_items < 1 or max_bytes < 1 or timeout_s < 0 or visibility_s <= 0:
+            raise ConfigError(f"max_items={max_items}, max_bytes={max_bytes}, timeout_s={timeout_s} and "
+                              f"visibility_s={visibility_s}: expected positive values")
+        self.store, self.name = store, name
+        self.max_items, self.max_bytes = max_items, max_bytes
+        self.when_full, self.timeout_s, self.visibility_s = when_full, timeout_s, visibility_s
+        self.consumer = consumer or f"{os.uname().nodename}:{os.getpid()}"
+        self._group = store._pool.map.group_of(name.encode())
+        self._rpc = store._groups[self._group].rpc
+
+    # ---- producing ----------------------------------------------------------------------
+
+    def put(self, tensor: Any) -> int:
+        """Appends one tensor; returns its seq."""
+        return self.put_many([tensor])[0]
+
+    def put_many(self, tensors: Sequence[Any]) -> list[int]:
+        """Appends tensors in order (one put batch, one push); returns their seqs.
+
+        Raises:
+            ChannelFullError: no room within ``timeout_s`` ("block") or now ("refuse"); the
+                tensors not appended were removed from the pool (``err.appended`` counts the
+                ones before them that were).
+        """
+        keys = [self._item_key() for _ in tensors]
+        self.store.put_tensors(keys, tensors, pin=Pin.HARD)
+        seqs = [-1] * len(keys)
+        todo = list(range(len(keys)))
+        deadline = time.monotonic() + self.timeout_s
+        delay = _POLL_S[0]
+        while True:
+            statuses, got = self._rpc.call(p.ChannelPush(self.name, [keys[i] for i in todo], self.max_items,
+                                                         self.max_bytes))
+            full = []
+            for i, status, seq in zip(todo, statuses, got):
+                if status == Status.OK:
+                    seqs[i] = seq
+                elif status == Status.FULL:
+                    full.append(i)
+                else:
+                    self.store.remove_many([keys[j] for j in todo if j >= i], force=True)
+                    raise StoreError(f"channel {self.name!r}: item {keys[i]!r} vanished before it was appended "
+                                     f"({Status(status).name})")
+            todo = full  # in order: only what was refused is retried
+            if not todo:
+                return seqs
+            if self.when_full == "refuse" or time.monotonic() >= deadline:
+                self.store.remove_many([keys[i] for i in todo], force=True)
+                err = ChannelFullError(
+                    f"channel {self.name!r} is full (at most {self.max_items} items and {self.max_bytes} bytes): "
+                    f"{len(todo)} of {len(keys)} tensors not appended"
+                    + ("" if self.when_full == "refuse" else f" after waiting {self.timeout_s:g} s"))
+                err.appended = len(keys) - len(todo)
+                raise err
+            time.sleep(delay)
+            delay = min(delay * 2, _POLL_S[1])
+
+    # ---- consuming ----------------------------------------------------------------------
+
+    def take(self, max_items: int = 1, timeout_s: float | None = None) -> list[Delivery]:
+        """Up to ``max_items`` items, oldest first, waiting up to ``timeout_s`` (None: forever,
+        0: not at all) for the first; [] when none came. Ack each when done with it."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        delay = _POLL_S[0]
+        while True:
+            items = self._rpc.call(p.ChannelTake(self.name, self.consumer, max_items, self.visibility_s))
+            if items:
+                tensors = self.store.get_tensors([it.key for it in items])
+                out = [Delivery(it.seq, t) for it, t in zip(items, tensors) if t is not None]
+                if len(out) < len(items):  # acked by a consumer that outlived its visibility: done already
+                    logger.info("channel %r: %d item(s) taken were acked by another consumer meanwhile",
+                                self.name, len(items) - len(out))
+                if out:
+                    return out
+            if deadline is not None and time.monotonic() >= deadline:
+                return []
+            time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
+            delay = min(delay * 2, _POLL_S[1])
+
+    def ack(self, items: Sequence[Delivery | int]) -> int:
+        """Marks items done (they and their tensors leave the pool); returns how many were still
+        there (the others were acked already, e.g. by a consumer they were handed to again)."""
+        seqs = [it.seq if isinstance(it, Delivery) else int(it) for it in items]
+        if not seqs:
+            return 0
+        return sum(1 for s in self._rpc.call(p.ChannelAck(self.name, seqs)) if s == Status.OK)
+
+    def info(self) -> dict[str, Any]:
+        """The channel on its master: items (ready + taken), bytes, the next seq, items lost."""
+        return dict(self._rpc.call(p.ChannelInfo(self.name)))
+
+    def _item_key(self) -> bytes:
+        """A fresh key that hashes to this channel's master group."""
+        while True:
+            key = f"{KEY_PREFIX}{self.name}/{uuid.uuid4().hex}".encode()
+            if self.store._pool.map.group_of(key) == self._group:
+                return key

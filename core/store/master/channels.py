@@ -1,0 +1,162 @@
+"""Channels: bounded queues of objects on the master, the index behind ``tidekv.TensorChannel``.
+
+A channel is a name, a sequence counter and the items not yet acknowledged: (seq, key, size) of
+complete objects its producers put (hard-pinned, so eviction leaves them) and then pushed. A
+push is refused (``Status.FULL``) when the queue would pass the producer's ``max_items`` or
+``max_bytes``. A take hands a consumer the oldest ready items and hides them for
+``visibility_s``; an ack removes an item and its object. An item not acked in time is ready
+again, so delivery is at least once and in sequence order among ready items; a consumer that
+dies loses nothing it had not acknowledged. Seqs are never reused (the counter is journaled with
+every push), so consumers can drop repeats by seq.
+
+Pushes and acks are journaled (``journal.ChannelOp``, ``ChannelAckOp``); who holds a taken item
+is not: after a restart or a failover every unacknowledged item is ready again. An item whose
+object is gone (removed by force, its holder lost) is dropped at take and counted.
+Neighbours: ``objects`` (the items' objects), ``service`` (the requests), ``journal``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidekv.store.master import journal as j
+from tidekv.store.master.objects import ObjectTable
+from tidekv.store.wire.protocol import ChannelItem, Status
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Channel:
+    next_seq: int = 0
+    items: dict[int, tuple[bytes, int]] = field(default_factory=dict)  # seq -> (key, size), not acked
+    ready: list[int] = field(default_factory=list)  # a heap of seqs that may be taken
+    taken: dict[int, tuple[str, float]] = field(default_factory=dict)  # seq -> (consumer, visible again at)
+    bytes: int = 0
+    lost: int = 0  # items dropped because their object was gone
+
+
+class ChannelTable:
+    """Every channel of one master (see the module docstring)."""
+
+    def __init__(self, objects: ObjectTable) -> None:
+        self.objects = objects
+        self.channels: dict[str, _Channel] = {}
+
+    def push(self, name: str, keys: list[bytes], max_items: int, max_bytes: int) -> tuple[list[int], list[int]]:
+        """Appends complete objects; per key (Status, seq): OK, NOT_FOUND (no complete object),
+        FULL (the queue would pass a bound; nothing of that key was appended)."""
+        ch = self.channels.setdefault(name, _Channel())
+        statuses, seqs, pushed = [], [], []
+        for key in keys:
+            meta = self.objects.objects.get(key)
+            if meta is None or meta.put is not None:
+                statuses.append(int(Status.NOT_FOUND))
+                seqs.append(-1)
+                continue
+            if len(ch.items) + 1 > max_items or ch.bytes + meta.size > max_bytes:
+                statuses.append(int(Status.FULL))
+                seqs.append(-1)
+                continue
+            seq = ch.next_seq
+            ch.next_seq += 1
+            ch.items[seq] = (key, meta.size)
+            ch.bytes += meta.size
+            heapq.heappush(ch.ready, seq)
+            statuses.append(int(Status.OK))
+            seqs.append(seq)
+            pushed.append(key)
+        if pushed and self.objects.journal is not None:
+            done = [s for s in seqs if s >= 0]
+            self.objects.journal.add(j.ChannelOp(name, done, pushed, ch.next_seq), *pushed)
+        return statuses, seqs
+
+    def take(self, name: str, consumer: str, max_items: int, visibility_s: float, now: float) -> list[ChannelItem]:
+        """Up to ``max_items`` ready items, oldest first, hidden from others for ``visibility_s``."""
+        ch = self.channels.get(name)
+        if ch is None:
+            return []
+        self._requeue(ch, now)
+        out: list[ChannelItem] = []
+        gone: list[int] = []
+        while ch.ready and len(out) < max_items:
+            seq = heapq.heappop(ch.ready)
+            key, size = ch.items[seq]
+            meta = self.objects.objects.get(key)
+            if meta is None or meta.put is not None:
+                gone.append(seq)
+                continue
+            ch.taken[seq] = (consumer, now + visibility_s)
+            out.append(ChannelItem(seq, key, size))
+        if gone:
+            ch.lost += len(gone)
+            logger.warning("channel %r: %d item(s) dropped, their objects are gone (removed by force or their holder "
+                           "lost): seqs %s", name, len(gone), gone[:10])
+            self._forget(name, ch, gone)
+        return out
+
+    def ack(self, name: str, seqs: list[int], now: float) -> list[int]:
+        """Removes acknowledged items and their objects; per seq OK or NOT_FOUND (acked before)."""
+        ch = self.channels.get(name)
+        if ch is None:
+            return [int(Status.NOT_FOUND)] * len(seqs)
+        found = [s for s in dict.fromkeys(seqs) if s in ch.items]
+        keys = [ch.items[s][0] for s in found]
+        self._forget(name, ch, found)
+        for key in keys:
+            self.objects.remove(key, True, now)
+        done = set(found)
+        return [int(Status.OK) if s in done else int(Status.NOT_FOUND) for s in seqs]
+
+    def tick(self, now: float) -> None:
+        """Makes items whose visibility ran out ready again."""
+        for ch in self.channels.values():
+            if ch.taken:
+                self._requeue(ch, now)
+
+    def info(self, name: str, now: float) -> dict[str, Any]:
+        ch = self.channels.get(name)
+        if ch is None:
+            return {"items": 0, "ready": 0, "taken": 0, "bytes": 0, "next_seq": 0, "lost": 0}
+        self._requeue(ch, now)
+        return {"items": len(ch.items), "ready": len(ch.ready), "taken": len(ch.taken), "bytes": ch.bytes,
+                "next_seq": ch.next_seq, "lost": ch.lost}
+
+    def snapshot(self) -> list[j.Op]:
+        """Ops that rebuild every channel: its items (all ready again) and its counter."""
+        return [j.ChannelOp(name, list(ch.items), [k for k, _ in ch.items.values()], ch.next_seq)
+                for name, ch in self.channels.items()]
+
+    def restore(self, mirror: j.Mirror) -> None:
+        """Channels from a mirror: every unacknowledged item ready, sizes from the objects."""
+        for name, (next_seq, items) in mirror.channels.items():
+            ch = _Channel(next_seq)
+            for seq, key in sorted(items.items()):
+                meta = self.objects.objects.get(key)
+                ch.items[seq] = (key, meta.size if meta is not None else 0)
+                ch.bytes += ch.items[seq][1]
+                ch.ready.append(seq)
+            self.channels[name] = ch
+
+    def _requeue(self, ch: _Channel, now: float) -> None:
+        late = [s for s, (_, until) in ch.taken.items() if until <= now]
+        for seq in late:
+            del ch.taken[seq]
+            heapq.heappush(ch.ready, seq)
+
+    def _forget(self, name: str, ch: _Channel, seqs: list[int]) -> None:
+        if not seqs:
+            return
+        drop = set(seqs)
+        for seq in seqs:
+            _, size = ch.items.pop(seq)
+            ch.bytes -= size
+            ch.taken.pop(seq, None)
+        if len(drop) and any(s in drop for s in ch.ready):
+            ch.ready = [s for s in ch.ready if s not in drop]
+            heapq.heapify(ch.ready)
+        if self.objects.journal is not None:
+            self.objects.journal.add_everything(j.ChannelAckOp(name, seqs))
