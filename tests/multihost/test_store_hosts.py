@@ -176,3 +176,20 @@ def test_four_groups_one_cut_off_delays_only_its_keys(multihost: Callable[..., R
     hosts[0].heal()
     wait_until(lambda: not reader.call("get_many", keys=keys)["failed"], 20.0, "g0's keys to read again")
     assert reader.call("get_many", keys=keys)["digests"] == expected
+
+
+def test_a_tensor_channel_from_one_host_to_another(multihost: Callable[..., Rig], on: Callable[..., Any]) -> None:
+    """A producer on host 2 (its own segment holds the tensors) streams 1 MiB tensors to a
+    consumer on host 3 through a master on host 1; the consumer reads them over the network."""
+    h1, h2, h3 = multihost(3).hosts
+    master = on(h1, "master")
+    producer = on(h2, "agent", master.address, 64 * MIB, **FAST)
+    consumer = on(h3, "agent", master.address, 0, **FAST)
+    seqs = producer.call("chan_put", name="hidden", seeds=list(range(8)), size=MIB,
+                         options={"max_items": 16})["seqs"]
+    assert seqs == list(range(8))
+    got = []
+    while len(got) < 8:
+        got += consumer.call("chan_take", name="hidden", max_items=8, wait_s=10)["items"]
+    assert got == [[i, digest(payload(i, MIB))] for i in range(8)]
+    assert producer.call("stats")["stats"]["keys"] == 0  # acked: the tensors left the pool

@@ -77,6 +77,41 @@ class Agent:
             tensors = [torch.frombuffer(bytearray(payload(seed, cmd["size"])), dtype=torch.uint8)
                        for seed in cmd["seeds"]]
             return {"seqs": self.store.tensor_channel(cmd["name"], **cmd.get("options", {})).put_many(tensors)}
+        if op == "chan_produce":  # n tensors of `size` bytes in put_many calls of `batch`; seconds taken
+            import torch
+
+            channel = self.store.tensor_channel(cmd["name"], **cmd.get("options", {}))
+            tensors = [torch.full((cmd["size"],), i % 251, dtype=torch.uint8) for i in range(cmd["batch"])]
+            started = time.monotonic()
+            for _ in range(cmd["n"] // cmd["batch"]):
+                channel.put_many(tensors)
+            return {"seconds": time.monotonic() - started}
+        if op == "chan_consume":  # take and ack until n items came, up to `batch` a take; seconds taken
+            channel = self.store.tensor_channel(cmd["name"])
+            got = timed = 0
+            started = time.monotonic() if cmd.get("time_all") else None
+            while got < cmd["n"]:
+                items = channel.take(cmd["batch"], timeout_s=60)
+                got += len(items)
+                channel.ack(items)
+                if started is None and not cmd.get("time_all"):  # from the first batch in hand: not the wait
+                    started = time.monotonic()
+                else:
+                    timed += len(items)
+            return {"seconds": time.monotonic() - started, "items": got, "timed_items": timed}
+        if op == "read_into":  # rounds of get_many_into of `keys` into one registered buffer; each round's seconds
+            size = cmd["size"]
+            buf = self.store.engine.allocate(size * len(cmd["keys"]))
+            try:
+                spans = [(buf.address + i * size, size) for i in range(len(cmd["keys"]))]
+                elapsed = []
+                for _ in range(cmd["rounds"]):
+                    started = time.monotonic()
+                    self.store.get_many_into(cmd["keys"], spans)
+                    elapsed.append(time.monotonic() - started)
+            finally:
+                self.store.engine.unregister(buf)
+            return {"elapsed_s": elapsed}
         if op == "chan_take":  # take (and ack unless told not to); each item's seq and digest
             channel = self.store.tensor_channel(cmd["name"], visibility_s=cmd.get("visibility_s", 60.0))
             got = channel.take(cmd.get("max_items", 1), cmd.get("wait_s"))

@@ -17,7 +17,7 @@ PAGE = 4096
 
 
 def _rig(**config: object) -> ServiceRig:
-    rig = ServiceRig(lease_ttl_s=0.0, **config)
+    rig = ServiceRig(**{"lease_ttl_s": 0.0, **config})
     rig.hello("h")
     rig.hello("w")
     rig.mount("h", "seg-h", 64 * PAGE)
@@ -35,7 +35,8 @@ def _push(rig: ServiceRig, keys: list[bytes], max_items: int = 100, max_bytes: i
 
 def _take(rig: ServiceRig, n: int = 10, consumer: str = "a", visibility_s: float = 5.0,
           client: str = "w") -> list[p.ChannelItem]:
-    return msgspec.convert(rig.call(p.ChannelTake("c", consumer, n, visibility_s), client), list[p.ChannelItem])
+    _, items = rig.call(p.ChannelTake("c", consumer, n, visibility_s), client)
+    return msgspec.convert(items, list[p.ChannelItem])
 
 
 def test_items_come_out_in_order_and_acks_remove_their_objects() -> None:
@@ -107,3 +108,21 @@ def test_unacknowledged_items_and_the_counter_survive_a_journal_replay(tmp_path:
     restored.hello("w")
     assert [(i.seq, i.key) for i in _take(restored, 10)] == [(0, b"k0"), (2, b"k2"), (3, b"k3")]
     assert restored.call(p.ChannelPush("c", [b"k0"], 100, 1 << 30), "w")[1] == [4]  # seqs are not reused
+
+
+def test_a_take_leases_its_items_and_the_holders_ack_frees_their_bytes_at_once() -> None:
+    rig = _rig(lease_ttl_s=3.0)
+    _push(rig, [b"k0", b"k1"])
+    lease_s, raw = rig.call(p.ChannelTake("c", "a", 5, 1.0), "w")
+    items = msgspec.convert(raw, list[p.ChannelItem])
+    assert lease_s == 3.0 and [loc.segment for loc in items[0].locations] == ["seg-h"]
+    assert rig.remove(b"k0") == Status.LEASED  # the take leased them, as a get does
+    rig.advance(1.5)
+    assert _take(rig, consumer="b") == []  # visibility (1 s) is over, the lease (3 s) is not: still hidden
+    assert rig.call(p.ChannelAck("c", [0], "a"), "w") == [Status.OK]  # the holder: freed at once
+    assert rig.stats()["used_bytes"] == PAGE
+    rig.get(b"k1")  # someone else leases k1 too: an ack must not free what another reader may be reading
+    assert rig.call(p.ChannelAck("c", [1], "a"), "w") == [Status.OK]
+    assert rig.stats()["used_bytes"] == PAGE
+    rig.advance(3.1)
+    assert rig.stats()["used_bytes"] == 0

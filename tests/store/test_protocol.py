@@ -61,7 +61,7 @@ def test_probe_header_reads_version_and_id_of_an_undecodable_request() -> None:
 
 def test_status_and_pin_values_are_stable() -> None:
     # These integers are on the wire: changing one is a protocol version bump.
-    assert [s.value for s in p.Status] == list(range(8))  # QUOTA (7) came with v6
+    assert [s.value for s in p.Status] == list(range(9))  # QUOTA (7) came with v6, FULL (8) with v9
     assert (p.Pin.NONE, p.Pin.SOFT, p.Pin.HARD) == (0, 1, 2)
 
 

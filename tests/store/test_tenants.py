@@ -125,7 +125,7 @@ def test_a_tenant_cannot_touch_another_tenants_objects(rig: ServiceRig, kind: ty
         p.ListKeys: (p.ListKeys(True), ([], True)),
         p.Repairs: (p.Repairs("b1", [p.RepairResult(b"k", alice.token, True)]), []),
         p.ChannelPush: (p.ChannelPush("c", [b"k"], 10, 1 << 30), [[Status.NOT_FOUND], [-1]]),  # bob has no k
-        p.ChannelTake: (p.ChannelTake("c", "me", 10, 5.0), []),  # bob's channel c is empty
+        p.ChannelTake: (p.ChannelTake("c", "me", 10, 5.0), [0.0, []]),  # bob's channel c is empty
         p.ChannelAck: (p.ChannelAck("c", [0]), [Status.NOT_FOUND]),
         p.ChannelInfo: (p.ChannelInfo("c"), {"items": 0, "ready": 0, "taken": 0, "bytes": 0, "next_seq": 0,
                                              "lost": 0}),
@@ -400,7 +400,8 @@ def test_channels_of_tenants_are_apart(tmp_path: Path) -> None:
         rig.put(client, key, 4096, pin=p.Pin.HARD)
         assert rig.call(p.ChannelPush("c", [key], 10, 1 << 30), client) == [[Status.OK], [0]]
     for client, key in (("a1", b"x"), ("b1", b"y")):
-        items = msgspec.convert(rig.call(p.ChannelTake("c", "me", 10, 5.0), client), list[p.ChannelItem])
-        assert [i.key for i in items] == [key]  # its own name back
+        items = msgspec.convert(rig.call(p.ChannelTake("c", "me", 10, 5.0), client)[1], list[p.ChannelItem])
+        assert [i.key for i in items] == [key]  # its own names back
+        assert items[0].locations and all("\0" not in loc.segment for loc in items[0].locations)
     assert rig.call(p.ChannelAck("c", [0]), "a1") == [Status.OK]
     assert not rig.exists(b"x", client="a1") and rig.exists(b"y", client="b1")

@@ -7,8 +7,9 @@ A producer puts its tensors (hard-pinned: eviction leaves them) and pushes their
 that would pass the channel's bound (``max_items`` items, ``max_bytes`` bytes) is refused, and
 the producer then waits for room (``when_full="block"``, up to ``timeout_s``) or raises
 ``ChannelFullError`` at once (``"refuse"``), removing what it had put either way. A consumer
-takes the oldest ready items (they are hidden from other consumers for ``visibility_s``), reads
-their tensors in one batch and acks them when done; an ack removes item and object. Delivery is
+takes the oldest ready items with their locations under a read lease (they are hidden from other
+consumers for ``visibility_s``, and until that lease ends), reads their tensors in one batch and
+acks them when done; an ack removes item and object, and frees the bytes at once. Delivery is
 **at least once**: an item not acked within ``visibility_s`` (a consumer that died, or was slow)
 is handed out again, to any consumer. Seqs grow and are never reused, also across master
 restarts and failovers, so a consumer that must act once per item drops seqs it has seen.
@@ -27,9 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tidekv.errors import ChannelFullError, ConfigError, StoreError
+from tidekv.errors import ChannelFullError, ConfigError, LeaseExpiredError, StoreError, TidekvError
+from tidekv.store.client.tensors import read_object, torch_module
 from tidekv.store.wire import protocol as p
 from tidekv.store.wire.protocol import Pin, Status
+from tidekv.transfer.memory import advise_huge
 
 if TYPE_CHECKING:
     import torch
@@ -138,13 +141,10 @@ class TensorChannel:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         delay = _POLL_S[0]
         while True:
-            items = self._rpc.call(p.ChannelTake(self.name, self.consumer, max_items, self.visibility_s))
+            started = time.monotonic()
+            lease_s, items = self._rpc.call(p.ChannelTake(self.name, self.consumer, max_items, self.visibility_s))
             if items:
-                tensors = self.store.get_tensors([it.key for it in items])
-                out = [Delivery(it.seq, t) for it, t in zip(items, tensors) if t is not None]
-                if len(out) < len(items):  # acked by a consumer that outlived its visibility: done already
-                    logger.info("channel %r: %d item(s) taken were acked by another consumer meanwhile",
-                                self.name, len(items) - len(out))
+                out = self._read(items, started + lease_s if lease_s > 0 else float("inf"))
                 if out:
                     return out
             if deadline is not None and time.monotonic() >= deadline:
@@ -158,11 +158,46 @@ class TensorChannel:
         seqs = [it.seq if isinstance(it, Delivery) else int(it) for it in items]
         if not seqs:
             return 0
-        return sum(1 for s in self._rpc.call(p.ChannelAck(self.name, seqs)) if s == Status.OK)
+        return sum(1 for s in self._rpc.call(p.ChannelAck(self.name, seqs, self.consumer)) if s == Status.OK)
 
     def info(self) -> dict[str, Any]:
         """The channel on its master: items (ready + taken), bytes, the next seq, items lost."""
         return dict(self._rpc.call(p.ChannelInfo(self.name)))
+
+    def _read(self, items: list[p.ChannelItem], lease_deadline: float) -> list[Delivery]:
+        """The items' tensors, read where the take said under its lease, into one allocation on
+        huge pages registered once. An item whose replicas could not be read is left out (it is
+        handed out again after ``visibility_s``), and logged; so is one removed meanwhile."""
+        torch = torch_module()
+        keys = [it.key for it in items]
+        whole = torch.empty(max(1, sum(it.size for it in items)), dtype=torch.uint8)
+        advise_huge(whole.data_ptr(), whole.numel())
+        region = self.store.engine.register(whole)
+        bufs, pieces, offset = [], [], 0
+        for it in items:
+            bufs.append(whole[offset:offset + it.size])
+            pieces.append([(whole.data_ptr() + offset, it.size, 0)])
+            offset += it.size
+        failed: set[bytes] = set()
+        try:
+            results = [p.GetResult(Status.OK, it.size, it.locations) for it in items]
+            try:
+                self.store._groups[self._group].io.read(keys, results, pieces, lease_deadline)
+            except LeaseExpiredError:
+                # The bytes of a channel's item are freed only when its object is removed (it is
+                # hard-pinned): one that still exists after the read was read whole.
+                failed = {k for k, ok in zip(keys, self.store.exists_many(keys)) if not ok}
+                logger.info("channel %r: a read outlived its lease; %d of %d item(s) were removed meanwhile "
+                            "(acked elsewhere) and are left out", self.name, len(failed), len(keys))
+            except TidekvError as exc:
+                if not exc.failures:
+                    raise
+                failed = {k for k, _ in exc.failures}
+                logger.warning("channel %r: %d item(s) could not be read (%s); they come back after visibility_s",
+                               self.name, len(failed), exc)
+        finally:
+            self.store.engine.unregister(region)
+        return [Delivery(it.seq, read_object(buf, it.key)[1]) for it, buf in zip(items, bufs) if it.key not in failed]
 
     def _item_key(self) -> bytes:
         """A fresh key that hashes to this channel's master group."""

@@ -121,7 +121,8 @@ class TensorHeader:
         return header, data
 
 
-def _torch() -> Any:
+def torch_module() -> Any:
+    """torch, imported now (the tensor calls' one import of it)."""
     try:
         import torch
     except ImportError as exc:  # pragma: no cover - torch is a test dependency
@@ -130,7 +131,7 @@ def _torch() -> Any:
 
 
 def _dtype(header: TensorHeader, key: Key) -> torch.dtype:
-    torch = _torch()
+    torch = torch_module()
     dtype = getattr(torch, header.dtype, None)
     if not isinstance(dtype, torch.dtype):
         raise TensorFormatError(f"object {show_key(key)} holds dtype {header.dtype!r}, which this torch "
@@ -157,7 +158,7 @@ def _dense(t: Any) -> torch.Tensor:
     Raises:
         ConfigError: not a tensor, or a sparse or quantized one.
     """
-    torch = _torch()
+    torch = torch_module()
     if not isinstance(t, torch.Tensor):
         raise ConfigError(f"expected a torch.Tensor, got {type(t).__name__}")
     if t.layout != torch.strided or t.is_quantized:
@@ -176,10 +177,10 @@ def _header_of(t: torch.Tensor, split_dim: int = -1, rank: int = 0, count: int =
 def _view(buf: torch.Tensor, header: TensorHeader, key: Key) -> torch.Tensor:
     """The tensor in ``buf`` (a whole object read into uint8 memory)."""
     dtype = _dtype(header, key)
-    element = _torch().empty((), dtype=dtype).element_size()
+    element = torch_module().empty((), dtype=dtype).element_size()
     n = header.data_bytes(element)
     if n == 0:
-        return _torch().empty(header.shape, dtype=dtype)
+        return torch_module().empty(header.shape, dtype=dtype)
     if buf.numel() - header.size != n or any(s < 0 for s in header.strides) or \
             (sum((d - 1) * s for d, s in zip(header.shape, header.strides)) + 1) * element > n:
         raise TensorFormatError(f"object {show_key(key)}: shape {header.shape} and strides {header.strides} of "
@@ -227,7 +228,7 @@ class TensorCalls:
 
     def get_tensors(self: Store, keys: Sequence[Key]) -> list[torch.Tensor | None]:
         """Batch ``get_tensor``: None for keys without an object; one lookup, one transfer batch."""
-        return [None if t is None else t[1] for t in _read_whole(self, keys)]
+        return [None if t is None else t[1] for t in read_whole(self, keys)]
 
     def get_tensor_into(self: Store, key: Key, tensor: Any) -> Any:
         """Reads the tensor under ``key`` into ``tensor`` (registered or not, CPU or GPU memory
@@ -305,7 +306,7 @@ class TensorCalls:
         only ``ranks``) under ``<key>_tp_<rank>``, each knowing its place in the whole."""
         whole = _dense(tensor)
         dim = _check_split(whole, shards, dim)
-        pieces = _torch().tensor_split(whole, shards, dim)
+        pieces = torch_module().tensor_split(whole, shards, dim)
         ranks = range(shards) if ranks is None else ranks
         dense = [_dense(pieces[_check_rank(r, shards)]) for r in ranks]
         headers = [_header_of(t, dim, r, shards, tuple(whole.shape)) for r, t in zip(ranks, dense)]
@@ -333,13 +334,13 @@ class TensorCalls:
             TensorFormatError: the shards disagree (dtype, dimension, count).
         """
         _check_rank(rank, shards)
-        found = _read_whole(self, [shard_key(key, rank)])[0]
+        found = read_whole(self, [shard_key(key, rank)])[0]
         if found is not None:
             header, t = found
             if header.count == shards and header.split_dim == _norm_dim(dim, t.dim()) and header.rank == rank:
                 return t
         whole = self.get_tensor_full(key)
-        return _torch().tensor_split(whole, shards, _check_split(whole, shards, dim))[rank]
+        return torch_module().tensor_split(whole, shards, _check_split(whole, shards, dim))[rank]
 
     def get_tensor_full(self: Store, key: Key) -> torch.Tensor:
         """The whole tensor rebuilt from the shards under ``<key>_tp_<rank>`` (one batch after the
@@ -349,12 +350,12 @@ class TensorCalls:
             ObjectNotFoundError: a shard is missing (the message names it).
             TensorFormatError: the shards disagree.
         """
-        first = _read_whole(self, [shard_key(key, 0)])[0]
+        first = read_whole(self, [shard_key(key, 0)])[0]
         if first is None:
             raise ObjectNotFoundError(f"no shard 0 of tensor {show_key(key)} (key {show_key(shard_key(key, 0))})",
                                       key=key)
         header, t0 = first
-        rest = _read_whole(self, [shard_key(key, r) for r in range(1, header.count)])
+        rest = read_whole(self, [shard_key(key, r) for r in range(1, header.count)])
         pieces = [t0]
         for r, got in enumerate(rest, start=1):
             if got is None:
@@ -368,7 +369,7 @@ class TensorCalls:
             pieces.append(t)
         if header.split_dim < 0:
             raise TensorFormatError(f"{show_key(shard_key(key, 0))} is a whole tensor, not a shard", key=key)
-        return _torch().cat(pieces, header.split_dim)
+        return torch_module().cat(pieces, header.split_dim)
 
 
 def _same_layout(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
@@ -424,10 +425,10 @@ def _put_with_headers(store: Store, keys: list[Key], tensors: list[torch.Tensor]
         store.put_many_from(keys, parts, **put)
 
 
-def _read_whole(store: Store, keys: Sequence[Key]) -> list[tuple[TensorHeader, torch.Tensor] | None]:
+def read_whole(store: Store, keys: Sequence[Key]) -> list[tuple[TensorHeader, torch.Tensor] | None]:
     """Reads whole tensor objects into new uint8 tensors (registered for the read); per key
     (header, the tensor viewing its data) or None."""
-    torch = _torch()
+    torch = torch_module()
     regions: list[Region] = []
 
     def allocate(key: bytes, size: int) -> torch.Tensor:

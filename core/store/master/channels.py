@@ -4,7 +4,7 @@ A channel is a name, a sequence counter and the items not yet acknowledged: (seq
 complete objects its producers put (hard-pinned, so eviction leaves them) and then pushed. A
 push is refused (``Status.FULL``) when the queue would pass the producer's ``max_items`` or
 ``max_bytes``. A take hands a consumer the oldest ready items and hides them for
-``visibility_s``; an ack removes an item and its object. An item not acked in time is ready
+``visibility_s`` (and its read lease); an ack removes an item and its object. An item not acked in time is ready
 again, so delivery is at least once and in sequence order among ready items; a consumer that
 dies loses nothing it had not acknowledged. Seqs are never reused (the counter is journaled with
 every push), so consumers can drop repeats by seq.
@@ -34,7 +34,8 @@ class _Channel:
     next_seq: int = 0
     items: dict[int, tuple[bytes, int]] = field(default_factory=dict)  # seq -> (key, size), not acked
     ready: list[int] = field(default_factory=list)  # a heap of seqs that may be taken
-    taken: dict[int, tuple[str, float]] = field(default_factory=dict)  # seq -> (consumer, visible again at)
+    taken: dict[int, tuple[str, float, float]] = field(default_factory=dict)  # seq -> (consumer, ready again at,
+    #                                                                             its read lease's end)
     bytes: int = 0
     lost: int = 0  # items dropped because their object was gone
 
@@ -74,8 +75,11 @@ class ChannelTable:
             self.objects.journal.add(j.ChannelOp(name, done, pushed, ch.next_seq), *pushed)
         return statuses, seqs
 
-    def take(self, name: str, consumer: str, max_items: int, visibility_s: float, now: float) -> list[ChannelItem]:
-        """Up to ``max_items`` ready items, oldest first, hidden from others for ``visibility_s``."""
+    def take(self, name: str, consumer: str, max_items: int, visibility_s: float, lease_s: float,
+             now: float) -> list[ChannelItem]:
+        """Up to ``max_items`` ready items, oldest first, with their locations under a read lease
+        of ``lease_s``; hidden from others for ``visibility_s`` and, whatever that is, until the
+        lease ends (so a consumer reading one is the only one holding a lease from a take)."""
         ch = self.channels.get(name)
         if ch is None:
             return []
@@ -84,13 +88,13 @@ class ChannelTable:
         gone: list[int] = []
         while ch.ready and len(out) < max_items:
             seq = heapq.heappop(ch.ready)
-            key, size = ch.items[seq]
-            meta = self.objects.objects.get(key)
-            if meta is None or meta.put is not None:
+            key, _ = ch.items[seq]
+            found = self.objects.get(key, lease_s, now)
+            if found.status != Status.OK:
                 gone.append(seq)
                 continue
-            ch.taken[seq] = (consumer, now + visibility_s)
-            out.append(ChannelItem(seq, key, size))
+            ch.taken[seq] = (consumer, now + max(visibility_s, lease_s), now + lease_s)
+            out.append(ChannelItem(seq, key, found.size, found.locations))
         if gone:
             ch.lost += len(gone)
             logger.warning("channel %r: %d item(s) dropped, their objects are gone (removed by force or their holder "
@@ -98,13 +102,22 @@ class ChannelTable:
             self._forget(name, ch, gone)
         return out
 
-    def ack(self, name: str, seqs: list[int], now: float) -> list[int]:
-        """Removes acknowledged items and their objects; per seq OK or NOT_FOUND (acked before)."""
+    def ack(self, name: str, seqs: list[int], consumer: str, now: float) -> list[int]:
+        """Removes acknowledged items and their objects; per seq OK or NOT_FOUND (acked before).
+        The consumer holding an item is done reading it: when no lease but its take's is on the
+        object, the bytes are freed at once rather than when that lease would have ended."""
         ch = self.channels.get(name)
         if ch is None:
             return [int(Status.NOT_FOUND)] * len(seqs)
         found = [s for s in dict.fromkeys(seqs) if s in ch.items]
-        keys = [ch.items[s][0] for s in found]
+        keys = []
+        for seq in found:
+            key = ch.items[seq][0]
+            holder = ch.taken.get(seq)
+            meta = self.objects.objects.get(key)
+            if holder is not None and holder[0] == consumer and meta is not None and meta.lease_until <= holder[2]:
+                meta.lease_until = min(meta.lease_until, now)
+            keys.append(key)
         self._forget(name, ch, found)
         for key in keys:
             self.objects.remove(key, True, now)
@@ -142,7 +155,7 @@ class ChannelTable:
             self.channels[name] = ch
 
     def _requeue(self, ch: _Channel, now: float) -> None:
-        late = [s for s, (_, until) in ch.taken.items() if until <= now]
+        late = [s for s, (_, until, _) in ch.taken.items() if until <= now]
         for seq in late:
             del ch.taken[seq]
             heapq.heappush(ch.ready, seq)

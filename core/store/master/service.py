@@ -162,8 +162,9 @@ class MasterService:
             p.StatsRequest: self._stats,
             p.Repairs: self._repairs,
             p.ChannelPush: lambda m, now: self.channels.push(m.channel, m.keys, m.max_items, m.max_bytes),
-            p.ChannelTake: lambda m, now: self.channels.take(m.channel, m.consumer, m.max_items, m.visibility_s, now),
-            p.ChannelAck: lambda m, now: self.channels.ack(m.channel, m.seqs, now),
+            p.ChannelTake: lambda m, now: (self.config.lease_ttl_s, self.channels.take(
+                m.channel, m.consumer, m.max_items, m.visibility_s, self.config.lease_ttl_s, now)),
+            p.ChannelAck: lambda m, now: self.channels.ack(m.channel, m.seqs, m.consumer, now),
             p.ChannelInfo: lambda m, now: self.channels.info(m.channel, now),
         }
 

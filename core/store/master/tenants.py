@@ -177,8 +177,8 @@ class Namespace:
                 task.key, task.sources = task.key[n:], self._plain(task.sources)
         elif isinstance(body, p.ChannelTake):
             n = len(self._key_prefix)
-            for item in result:
-                item.key = item.key[n:]
+            for item in result[1]:
+                item.key, item.locations = item.key[n:], self._plain(item.locations)
         return result
 
     def text(self, message: str) -> str:

@@ -23,7 +23,7 @@ from tidekv.errors import (
     RpcError,
 )
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 """v2: the ``not_ready`` error kind (a recovering master, a standby), idempotent put_end, and the
 replication stream between masters (``journal``). v3: ``MountSegment`` carries the holder's
 incarnation and is answered with a ``MountResult``: a holder declared dead has its segment
@@ -32,7 +32,8 @@ ops). v4: every connection opens with the ``tidekv.auth`` handshake (and the ``a
 v5: ``ListKeys``. v6: tenants (``store.master.tenants``: the Greeting names one; ``Status.QUOTA`` and
 ``PutSlot.detail``), and re-replication (``Repairs``). v7: ``MountSegment.proof``
 (``store.wire.mount_proof``) and the ``unproven`` error kind; ``PutStart.avoid``. v8: spare slots
-(``PutStart.spare``, ``PutBind``, ``PutSlot.spare``): a small put in two round trips."""
+(``PutStart.spare``, ``PutBind``, ``PutSlot.spare``): a small put in two round trips. v9: channels
+(``ChannelPush``, ``ChannelTake``, ``ChannelAck``, ``ChannelInfo``, ``Status.FULL``)."""
 
 MAGIC = b"tkv\x07"
 """First bytes a client sends on a new connection (anything else is not a tidekv store client).
@@ -215,10 +216,12 @@ class ChannelTake(msgspec.Struct, tag="chan_take", array_like=True):
 
 
 class ChannelAck(msgspec.Struct, tag="chan_ack", array_like=True):
-    """A consumer is done with items: they and their objects leave the pool."""
+    """A consumer is done with items: they and their objects leave the pool (their bytes at once
+    when ``consumer`` holds them and nobody else leased them since)."""
 
     channel: str
     seqs: list[int]
+    consumer: str = ""
 
 
 class ChannelInfo(msgspec.Struct, tag="chan_info", array_like=True):
@@ -226,11 +229,13 @@ class ChannelInfo(msgspec.Struct, tag="chan_info", array_like=True):
 
 
 class ChannelItem(msgspec.Struct, array_like=True):
-    """One item a take hands out: its sequence number and its object."""
+    """One item a take hands out: its sequence number, its object and where its replicas are
+    (under a read lease, as ``Get`` gives)."""
 
     seq: int
     key: bytes
     size: int
+    locations: list[Location] = []
 
 
 Body = Union[
@@ -341,7 +346,7 @@ RESULT_TYPES: dict[type, object] = {
     MountSegment: MountResult,
     Repairs: list[RepairTask],
     ChannelPush: tuple[list[int], list[int]],  # Status per key, seq per key (-1 where not appended)
-    ChannelTake: list[ChannelItem],
+    ChannelTake: tuple[float, list[ChannelItem]],  # (lease seconds, as Get), the items
     ChannelAck: list[int],  # Status per seq
 }
 """The result type of each request's reply (others: any msgpack value)."""

@@ -1,0 +1,123 @@
+"""A tensor channel between two hosts against the store's own batch reads of the same bytes.
+
+Three hosts of the multi-host rig (network namespaces on one bridge, ``tests/multihost/rig.py``;
+needs root): a ``tidekv master`` on host 0, a producer on host 1 whose own segment holds what it
+puts, a consumer on host 2. The channel run: the producer puts ``--items`` tensors of ``--size``
+bytes in ``put_many`` calls of ``--batch`` while the consumer takes (``--batch`` a take) and acks
+them; the consumer's rate is counted from its first batch in hand to its last ack. The baseline:
+the producer's host holds ``--batch`` objects of ``--size`` bytes and the consumer reads them with
+``get_many_into`` into one registered buffer, ``--rounds`` times. And draining: the producer fills
+the channel to its bound, then the consumer's take/read/ack of all of it is timed alone
+(``--drain-rounds`` times), which is the channel's own cost without the two processes sharing
+the machine's cores. All as GB/s, with ratios to the baseline (the issue's bar: >= 0.8x).
+
+Usage: .venv/bin/python -m benchmarks.tensor_channel [--items 4096] [--size 1MiB] [--batch 16]
+       [--rounds 32] [--runs 2] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from tidekv.values import format_size, parse_size
+
+from tests.multihost.rig import Rig, missing_prerequisites
+from tests.store.procs import AgentProcess, MasterProcess
+
+FAST = {"heartbeat_interval_s": 0.5}
+
+
+def _run(rig: Rig, work: Path, args: argparse.Namespace, run: int) -> dict[str, float]:
+    h0, h1, h2 = rig.hosts
+    master = MasterProcess({"host": h0.ip, "lease_ttl_s": 1.0}, work / f"master-{run}.log", prefix=h0.command([]))
+    segment = max(256 << 20, 4 * args.batch * args.size)
+    producer = AgentProcess(master.address, segment, FAST, work / f"producer-{run}.log", "producer",
+                            prefix=h1.command([]))
+    consumer = AgentProcess(master.address, 0, FAST, work / f"consumer-{run}.log", "consumer", prefix=h2.command([]))
+    try:
+        # The baseline first: the same bytes, read the store's own fastest way.
+        keys = [f"base/{run}/{i}" for i in range(args.batch)]
+        for i, key in enumerate(keys):
+            producer.call("put", key=key, seed=i, size=args.size)
+        consumer.call("read_into", keys=keys, size=args.size, rounds=3)  # warm-up: connections, pages
+        rounds = consumer.call("read_into", keys=keys, size=args.size, rounds=args.rounds, timeout_s=600)["elapsed_s"]
+        base_gbps = args.batch * args.size / statistics.median(rounds) / 1e9
+        # The channel: producer and consumer at once (torch imported in both beforehand).
+        consumer.call("chan_take", name="warm-up", wait_s=0)
+        producer.call("chan_produce", name="warm-up", n=0, size=args.size, batch=args.batch)
+        name = f"bench{run}"
+        options = {"max_items": 4 * args.batch, "max_bytes": 4 * args.batch * (args.size + 4096),  # + headers
+                   "timeout_s": 20.0}
+        consumer.start_call("chan_consume", name=name, n=args.items, batch=args.batch)
+        producer.start_call("chan_produce", name=name, n=args.items, size=args.size, batch=args.batch,
+                            options=options)
+        produced = producer.read_line(600)
+        consumed = consumer.read_line(600)
+        for who, reply in (("producer", produced), ("consumer", consumed)):
+            if not reply["ok"]:
+                raise RuntimeError(f"the {who} failed: {reply['error_type']}: {reply['error']} (logs: {work})")
+        channel_gbps = consumed["timed_items"] * args.size / consumed["seconds"] / 1e9
+        # Draining a full channel: the consumer's side alone (the producer idle but for serving reads).
+        fill = options["max_items"]
+        drained = 0.0
+        for r in range(args.drain_rounds):
+            producer.call("chan_produce", name=f"drain{run}", n=fill, size=args.size, batch=args.batch,
+                          options=options, timeout_s=600)
+            drained += consumer.call("chan_consume", name=f"drain{run}", n=fill, batch=args.batch, time_all=True,
+                                     timeout_s=600)["seconds"]
+        drain_gbps = args.drain_rounds * fill * args.size / drained / 1e9
+        return {"run": run, "items": args.items, "size_bytes": args.size, "batch": args.batch,
+                "channel_gbps": channel_gbps, "producer_gbps": args.items * args.size / produced["seconds"] / 1e9,
+                "drain_gbps": drain_gbps, "get_many_into_gbps": base_gbps, "ratio": channel_gbps / base_gbps,
+                "drain_ratio": drain_gbps / base_gbps}
+    finally:
+        for child in (consumer, producer, master):
+            child.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--items", type=int, default=4096, help="tensors through the channel per run (default 4096)")
+    p.add_argument("--size", type=lambda v: parse_size(v, "--size"), default=1 << 20,
+                   help="bytes of each tensor (default 1MiB: a hidden-state tensor)")
+    p.add_argument("--batch", type=int, default=16, help="tensors per put_many / take, keys per get_many_into")
+    p.add_argument("--rounds", type=int, default=32, help="get_many_into rounds of the baseline (median taken)")
+    p.add_argument("--drain-rounds", type=int, default=16,
+                   help="rounds of filling the channel to its bound, then timing the consumer draining it")
+    p.add_argument("--runs", type=int, default=2, help="runs, each with fresh processes (default 2)")
+    p.add_argument("--json", default=None, help="write one JSON object per run to FILE")
+    args = p.parse_args(argv)
+    missing = missing_prerequisites(with_pods=False)
+    if missing:
+        print(f"benchmarks.tensor_channel needs the multi-host rig: {missing}", file=sys.stderr)
+        return 2
+    if args.items % args.batch:
+        p.error("--items must be a multiple of --batch")
+    rows = []
+    work = tempfile.mkdtemp(prefix="tidekv-bench-channel-")
+    rig = Rig(3)
+    try:
+        for run in range(1, args.runs + 1):
+            rows.append(_run(rig, Path(work), args, run))
+    finally:
+        rig.close()
+    shutil.rmtree(work)  # kept when a run failed: its logs say why
+    print(f"tensor channel, host 1 -> host 2 ({format_size(args.size)} tensors, {args.batch} a call), against "
+          "get_many_into of the same bytes:")
+    print("run  get_many_into GB/s  streaming GB/s  ratio  producer GB/s  draining GB/s  ratio")
+    for r in rows:
+        print(f"{r['run']:>3}  {r['get_many_into_gbps']:18.2f}  {r['channel_gbps']:14.2f}  {r['ratio']:5.2f}  "
+              f"{r['producer_gbps']:13.2f}  {r['drain_gbps']:13.2f}  {r['drain_ratio']:5.2f}")
+    if args.json:
+        Path(args.json).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
