@@ -134,7 +134,41 @@ def store_tensors(rows: Rows) -> tuple[str, Callable[[Path], None]]:
     return text, plot
 
 
+def tensor_channel(rows: Rows) -> tuple[str, Callable[[Path], None]]:
+    """A tensor channel between two hosts against get_many_into of the same bytes, per run."""
+    lines = ["| date | commit | run | tensors | get_many_into GB/s | streaming GB/s | ratio | producer GB/s | "
+             "draining GB/s | ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["date"], r["run"])):
+        lines.append(f"| {r['date']} | {r['commit']} | {r['run']} | {r['items']} × {r['size_bytes'] >> 20} MiB, "
+                     f"{r['batch']} a call | {r['get_many_into_gbps']:.2f} | {r['channel_gbps']:.2f} | "
+                     f"{r['ratio']:.2f}× | {r['producer_gbps']:.2f} | {r['drain_gbps']:.2f} | {r['drain_ratio']:.2f}× |")
+    commands = sorted({r["command"] for r in rows})
+    text = "\n".join(lines) + "\n\nCommands: " + "; ".join(f"`{c}`" for c in commands) + ".\n"
+
+    def plot(path: Path) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        runs = [r["run"] for r in rows]
+        ax.scatter(runs, [r["ratio"] for r in rows], color="tab:blue", label="streaming")
+        ax.scatter(runs, [r["drain_ratio"] for r in rows], color="tab:orange", label="draining")
+        ax.axhline(0.8, color="grey", linewidth=0.8, linestyle="--", label="bar: 0.8×")
+        ax.legend(fontsize=8)
+        ax.set_xlabel("run")
+        ax.set_ylabel("channel / get_many_into")
+        ax.set_title("1 MiB tensors, host 1 to host 2")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100, metadata={"Software": None})
+        plt.close(fig)
+
+    return text, plot
+
+
 RENDERERS: dict[str, Callable[[Rows], tuple[str, Callable[[Path], None]]]] = {
+    "tensor-channel": tensor_channel,
     "master-load-groups": master_load_groups,
     "store-tensors": store_tensors,
 }

@@ -61,7 +61,8 @@ class TensorChannel:
     Args:
         store: the Store whose pool holds the items.
         name: the channel; every producer and consumer of it names it alike.
-        max_items, max_bytes: the bound a push of this producer respects.
+        max_items: the most items the channel may hold when this producer appends.
+        max_bytes: the most bytes the channel may hold when this producer appends.
         when_full: "block" (wait up to ``timeout_s`` for room) or "refuse" (raise at once).
         timeout_s: how long a blocked put waits before ``ChannelFullError``.
         visibility_s: how long an item this consumer takes is hidden from others before it is
