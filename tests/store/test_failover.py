@@ -219,3 +219,24 @@ def test_health_names_roles(etcd: EtcdServer, spawn_master: SpawnMaster) -> None
     standby = next(m for m in masters if m is not leader)
     wait_until(lambda: role(standby) == "standby", 10.0, "the other master to stand by")
     assert health(leader)["serving"] and not health(standby)["serving"]
+
+
+def test_a_channels_items_survive_the_leaders_death(etcd: EtcdServer, spawn_master: SpawnMaster,
+                                                    spawn_agent: SpawnAgent) -> None:
+    """Items pushed (one taken, not acked) before the leader is SIGKILLed are all there on the
+    new leader, with their seqs, ready again; the counter goes on without reusing a seq."""
+    from tests.store.payload import digest, payload
+
+    masters = _cluster(spawn_master, [etcd.url] * 3)
+    address = _url("t", etcd)
+    spawn_agent(address, HOLDER_BYTES, **CLIENT)
+    producer, first, second = (spawn_agent(address, 0, **CLIENT) for _ in range(3))
+    assert producer.call("chan_put", name="q", seeds=[0, 1, 2], size=65536)["seqs"] == [0, 1, 2]
+    assert [s for s, _ in first.call("chan_take", name="q", wait_s=5, ack=False)["items"]] == [0]
+    in_sync(masters, 2)
+    old = leader_of(masters)
+    old.kill()
+    leader_of([m for m in masters if m.is_alive()])
+    got = second.call("chan_take", name="q", max_items=5, wait_s=30, timeout_s=60)["items"]
+    assert got == [[i, digest(payload(i, 65536))] for i in range(3)]  # the taken one is ready again too
+    assert producer.call("chan_put", name="q", seeds=[3], size=65536, timeout_s=60)["seqs"] == [3]
