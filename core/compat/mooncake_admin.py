@@ -9,10 +9,14 @@ so the master sees a session only when it ends: a master failover in between los
 pool space is taken at the end (a full pool answers then, not at start). Mooncake reserves the
 space at start and writes in place.
 
+Tasks: ``create_copy_task`` / ``create_move_task`` / ``query_task`` over ``Store.copy_to`` /
+``move_to`` / ``task`` (the master's journaled tasks; the copies are made by the target
+segments' holders).
+
 Not offered (Mooncake's -1011, ``UNAVAILABLE_IN_CURRENT_MODE``, with a log line naming why):
 extra segments per client (``mount_segment``, ``allocate_and_mount_segment``, ``unmount_*``:
-a tidekv client contributes one segment, sized at ``setup``), copy and move tasks, ``init_all``
-(``setup`` initializes), and the local disk segment (no disk tier).
+a tidekv client contributes one segment, sized at ``setup``), ``init_all`` (``setup``
+initializes), and the local disk segment (no disk tier).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tidekv.compat.mooncake_types import ErrorCode, QueryTaskResponse, ReplicateConfig, placement
+from tidekv.compat.mooncake_types import ErrorCode, QueryTaskResponse, ReplicateConfig, TaskStatus, TaskType, placement
 from tidekv.errors import ConfigError, TidekvError
 from tidekv.store.wire.protocol import Status
 from tidekv.transfer.region import Region
@@ -252,13 +256,27 @@ class AdminMethods:
         """Reads served from a disk tier: 0, tidekv has none."""
         return 0
 
+    # ---- tasks ----------------------------------------------------------------------------
+
     def create_copy_task(self, key: str, targets: list[str]) -> tuple[tuple[int, int], int]:
-        return (0, 0), _unavailable("create_copy_task", "copy and move tasks between segments are not built")
+        """Copies the object to each target segment (names as ``get_hostname`` gives them):
+        (task id, 0), or ((0, 0), a negative code: -600 for what the master refused)."""
+        out = self._call("create_copy_task", lambda s: s.copy_to(key, targets))
+        return ((0, 0), out) if isinstance(out, int) else (out, 0)
 
     def create_move_task(self, key: str, source: str, target: str) -> tuple[tuple[int, int], int]:
-        return (0, 0), _unavailable("create_move_task", "copy and move tasks between segments are not built")
+        """Moves the object's replica on ``source`` to ``target``: as ``create_copy_task``."""
+        out = self._call("create_move_task", lambda s: s.move_to(key, source, target))
+        return ((0, 0), out) if isinstance(out, int) else (out, 0)
 
     def query_task(self, task_id: tuple[int, int]) -> tuple[QueryTaskResponse | None, int]:
-        """(None, -1400): no task exists (none can be created)."""
-        return None, TASK_NOT_FOUND
+        """(the task's state, 0), or (None, -1400) for an id no master knows."""
+        out = self._call("query_task", lambda s: s.task(task_id))
+        if isinstance(out, int):
+            return None, out
+        if out is None:
+            return None, TASK_NOT_FOUND
+        return QueryTaskResponse(tuple(out["id"]), TaskType[f"REPLICA_{out['type']}"], TaskStatus[out["status"]],
+                                 out["created_at_ms"], out["updated_at_ms"], out["assigned_client"],
+                                 out["message"]), 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -341,8 +342,6 @@ def test_what_the_drop_in_does_not_offer_says_so(shim: MooncakeDistributedStore,
     assert shim.mount_segment("/dev/shm/x", 1 << 20)["ret"] == unavailable
     assert shim.unmount_segment(["x"]) == unavailable and shim.unmount_and_free_segment(["x"]) == unavailable
     assert shim.unmount_local_disk_segment() == unavailable and shim.init_all("tcp", "", 1 << 20) == unavailable
-    assert shim.create_copy_task("k", ["s"]) == ((0, 0), unavailable)
-    assert shim.create_move_task("k", "a", "b") == ((0, 0), unavailable)
     assert shim.query_task((0, 0)) == (None, -1400)  # as Mooncake answers an unknown task
     assert "not offered by tidekv" in caplog.text and "no disk tier" in caplog.text
     ptr = shim.alloc_from_mem_pool(4096)
@@ -351,3 +350,36 @@ def test_what_the_drop_in_does_not_offer_says_so(shim: MooncakeDistributedStore,
     assert shim.put_from("pooled", ptr, 6) == 0 and shim.get("pooled") == b"pooled"  # registered: zero-copy works
     assert shim.batch_put_session_start(["dup", "dup"], [4, 4]) == [0, -600]
     assert shim.batch_put_session_end(["dup", "never-started"]) == [0, -600]
+
+
+def test_copy_and_move_tasks_are_made_by_the_target_holders(shim: MooncakeDistributedStore, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIDEKV_STORE_HEARTBEAT_INTERVAL_S", "0.2")  # holders ask for copies about once a beat
+    other = MooncakeDistributedStore()
+    master = shim._store._pool.address  # the same master
+    assert other.setup("127.0.0.1", "P2PHANDSHAKE", 64 << 20, 16 << 20, "tcp", "", master) == 0
+    try:
+        here, there = shim.get_hostname(), other.get_hostname()
+        config = mooncake_types.ReplicateConfig()
+        config.preferred_segment = here
+        for key in ("c", "m"):
+            assert shim.put(key, key.encode() * 1000, config) == 0
+        copy, rc = shim.create_copy_task("c", [there])
+        move, rc2 = shim.create_move_task("m", here, there)
+        assert rc == rc2 == 0 and copy != (0, 0)
+        for task in (copy, move):
+            deadline = time.monotonic() + 20
+            while (state := shim.query_task(task))[0].status != mooncake_types.TaskStatus.SUCCESS:
+                assert state[0].status != mooncake_types.TaskStatus.FAILED, state[0].message
+                assert time.monotonic() < deadline, "the task did not finish within 20 s"
+                time.sleep(0.1)
+        assert {d.get_memory_descriptor().buffer_descriptor.transport_endpoint
+                for d in shim.get_replica_desc("c")} == {shim.get_hostname().split("/")[0],
+                                                         other.get_hostname().split("/")[0]}
+        assert [d.get_memory_descriptor().buffer_descriptor.transport_endpoint for d in shim.get_replica_desc("m")] \
+            == [other.get_hostname().split("/")[0]]
+        assert other.get("m") == b"m" * 1000 and shim.query_task(move)[0].type == mooncake_types.TaskType.REPLICA_MOVE
+        assert shim.create_copy_task("c", [there]) == ((0, 0), -600)  # it holds one already
+        assert shim.create_move_task("absent", here, there) == ((0, 0), -600)
+    finally:
+        other.close()

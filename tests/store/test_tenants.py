@@ -129,6 +129,8 @@ def test_a_tenant_cannot_touch_another_tenants_objects(rig: ServiceRig, kind: ty
         p.ChannelAck: (p.ChannelAck("c", [0]), [Status.NOT_FOUND]),
         p.ChannelInfo: (p.ChannelInfo("c"), {"items": 0, "ready": 0, "taken": 0, "bytes": 0, "next_seq": 0,
                                              "lost": 0}),
+        p.CreateTask: (p.CreateTask(0, [b"k"], ["a-seg"]), "invalid"),  # bob has no k, nor a segment a-seg
+        p.QueryTask: (p.QueryTask([1, 2]), None),
     }
     body, expected = examples[kind]
     try:

@@ -14,7 +14,7 @@ groups owning its keys in parallel (``pool``).
 Neighbours: ``object_io`` (moving the bytes), ``membership`` (the segment, mounted and
 heartbeated; re-mounts after the master lost this client), ``master_client`` (the master,
 followed across failovers), ``pool`` (the groups), ``staging`` (scratch memory for bytes
-objects), ``tensors`` (the tensor calls, a base class). Thread-safe.
+objects), ``tensors`` and ``tasks`` (the tensor and task calls, base classes). Thread-safe.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from tidekv.store.client.membership import Member
 from tidekv.store.client.object_io import ObjectIO, Parts, Pieces, Span, batch_error, in_order, span_of, trim
 from tidekv.store.client.pool import Pool, pick
 from tidekv.store.client.staging import StagingArea
+from tidekv.store.client.tasks import TaskCalls
 from tidekv.store.client.tensors import TensorCalls
 from tidekv.store.wire import names
 from tidekv.store.wire import protocol as p
@@ -88,7 +89,7 @@ def _summed(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class Store(TensorCalls):
+class Store(TensorCalls, TaskCalls):
     """A connection to a tidekv master plus this process's share of the pool.
 
     Use ``Store.connect(...)``; close with ``close()`` or a ``with`` block.

@@ -147,8 +147,31 @@ class ChannelAckOp(msgspec.Struct, tag="channel_ack", array_like=True):
     seqs: list[int]
 
 
+class TaskOp(msgspec.Struct, tag="task", array_like=True):
+    """A copy or move task as it now stands (``tasks``): the last one of an id is its state."""
+
+    id: list[int]  # two 64-bit halves of a UUID
+    kind: int
+    key: bytes
+    targets: list[str]
+    source: str
+    status: int
+    created_ms: int
+    updated_ms: int
+    assigned: str = ""
+    message: str = ""
+    token: int = 0  # the version of the object the task works on
+
+
+class DropReplicaOp(msgspec.Struct, tag="drop_replica", array_like=True):
+    """An object's replica on ``segment`` dropped (a move's source): its bytes are freed."""
+
+    key: bytes
+    segment: str
+
+
 Op = Union[MountOp, UnmountOp, SuspendOp, ResumeOp, StartOp, EndOp, DropOp, RemoveOp, EvictOp, ObjectOp, RetireOp,
-           TokensOp, RepairOp, RepairedOp, ChannelOp, ChannelAckOp]
+           TokensOp, RepairOp, RepairedOp, ChannelOp, ChannelAckOp, TaskOp, DropReplicaOp]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(list[Op])
@@ -235,6 +258,7 @@ class Mirror:
     repairs: dict[tuple[str, int], RepairOp] = field(default_factory=dict)  # (segment, offset) -> copy under way
     max_token: int = 0
     channels: dict[str, tuple[int, dict[int, bytes]]] = field(default_factory=dict)  # name -> (next seq, seq -> key)
+    tasks: dict[tuple[int, int], TaskOp] = field(default_factory=dict)  # id -> the task's last state
 
     def apply(self, ops: list[Op], now: float) -> None:
         """Applies ``ops`` in order. The three kinds almost every op is (a snapshot's objects, a
@@ -305,6 +329,14 @@ class Mirror:
             next_seq, items = self.channels.get(op.name, (0, {}))
             items.update(zip(op.seqs, op.keys))
             self.channels[op.name] = (max(next_seq, op.next_seq), items)
+        elif isinstance(op, TaskOp):
+            self.tasks[(op.id[0], op.id[1])] = op
+        elif isinstance(op, DropReplicaOp):
+            obj = self.objects.get(op.key)
+            if obj is not None and op.segment in obj.replicas[::2]:
+                i = obj.replicas[::2].index(op.segment) * 2
+                self._retire(obj.size, obj.replicas[i:i + 2], now)
+                obj.replicas = obj.replicas[:i] + obj.replicas[i + 2:]
         elif isinstance(op, ChannelAckOp):
             held = self.channels.get(op.name)
             if held is not None:
@@ -396,6 +428,7 @@ class Mirror:
         out += self.repairs.values()
         out += [ChannelOp(name, list(items), list(items.values()), next_seq)
                 for name, (next_seq, items) in self.channels.items()]
+        out += self.tasks.values()
         return out
 
 

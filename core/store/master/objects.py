@@ -338,6 +338,20 @@ class ObjectTable:
         self.objects.move_to_end(key)
         return GetResult(Status.OK, meta.size, self.locations(meta))
 
+    def drop_replica(self, key: bytes, segment: str) -> None:
+        """Drops ``key``'s replica on ``segment`` (a move's source); its bytes are freed when the
+        reads leased on the object are over."""
+        meta = self.objects.get(key)
+        if meta is None or segment not in meta.replicas[::2]:
+            return
+        i = meta.replicas[::2].index(segment) * 2
+        dropped = meta.replicas[i:i + 2]
+        meta.replicas = meta.replicas[:i] + meta.replicas[i + 2:]
+        free_at = max(meta.lease_until, self.quarantine_until)
+        self.retired.add(free_at, meta.size, dropped, names.tenant_of(key))
+        if self.journal is not None:
+            self.journal.add(j.DropReplicaOp(key, segment), key)
+
     def exists(self, key: bytes) -> bool:
         meta = self.objects.get(key)
         return meta is not None and meta.put is None

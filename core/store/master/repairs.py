@@ -61,6 +61,9 @@ class RepairBook:
         self.under_way: dict[bytes, Repair] = {}  # key -> its repair (one at a time per key)
         self.degraded: dict[bytes, None] = {}  # keys that may have fewer live replicas than wanted
         self.counters = RepairCounters()
+        self.targets: dict[bytes, set[str]] = {}  # key -> the segments a task wants copies on (``tasks``)
+        self.on_handed: Callable[[bytes, str, str], None] = lambda key, segment, client_id: None
+        self.on_finished: Callable[[bytes, str, bool], None] = lambda key, segment, ok: None
 
     def check(self, key: bytes, meta: ObjectMeta) -> None:
         """Notes ``key`` as degraded when it has fewer live replicas than it wants."""
@@ -77,7 +80,8 @@ class RepairBook:
         budget = max_bytes
         for key in list(self.degraded)[:MAX_SCAN]:
             meta = table.objects.get(key)
-            if meta is None or meta.put is not None or len(meta.replicas) // 2 >= meta.want:
+            wanted = self.targets.get(key)
+            if meta is None or meta.put is not None or (len(meta.replicas) // 2 >= meta.want and not wanted):
                 del self.degraded[key]  # gone, replaced (its new version was placed afresh), or whole again
                 continue
             if key in self.under_way or align(meta.size) > budget or now < table.quarantine_until:
@@ -88,6 +92,8 @@ class RepairBook:
             for seg in segments:
                 if seg.name in have or (may_hold is not None and not may_hold(key, seg)):
                     continue
+                if wanted is not None and seg.name not in wanted:
+                    continue  # a task's copy goes where the task says
                 offset = table.segments.allocate_on(seg.name, meta.size)
                 if offset is None:
                     continue
@@ -98,6 +104,7 @@ class RepairBook:
                 if table.journal is not None:
                     table.journal.add(j.RepairOp(key, meta.token, meta.size, seg.name, offset), key)
                 tasks.append(RepairTask(key, meta.token, meta.size, seg.base + offset, table.locations(meta), timeout_s))
+                self.on_handed(key, seg.name, client_id)
                 self.counters.started += 1
                 budget -= align(meta.size)
                 break
@@ -132,6 +139,8 @@ class RepairBook:
             self._abandon(key, repair, now)
         if table.journal is not None:
             table.journal.add(j.RepairedOp(key, token, repair.segment, repair.offset, ok), key)
+        if key in self.targets:
+            self.on_finished(key, repair.segment, ok and current)
 
     def expire(self, now: float) -> None:
         """Gives up on repairs past their deadline."""

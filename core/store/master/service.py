@@ -42,6 +42,7 @@ from tidekv.store.master import journal as j
 from tidekv.store.master import mount_check
 from tidekv.store.master import tenants as t
 from tidekv.store.master.channels import ChannelTable
+from tidekv.store.master.tasks import TaskBook, TaskKind
 from tidekv.store.master.listing import KeyListings
 from tidekv.store.master.metrics import index_gauges
 from tidekv.store.master.objects import ObjectTable
@@ -120,6 +121,7 @@ class MasterService:
         self.segments = SegmentTable()
         self.objects = ObjectTable(self.segments, config.max_key_bytes)
         self.channels = ChannelTable(self.objects)
+        self.tasks = TaskBook(self.objects)
         self.metrics = Registry()
         self._requests = self.metrics.counter("tidekv_master_requests_total", "RPC requests by type", ["type"])
         self._items = self.metrics.counter("tidekv_master_request_items_total", "keys carried by RPC requests, by type",
@@ -166,6 +168,8 @@ class MasterService:
                 m.channel, m.consumer, m.max_items, m.visibility_s, self.config.lease_ttl_s, now)),
             p.ChannelAck: lambda m, now: self.channels.ack(m.channel, m.seqs, m.consumer, now),
             p.ChannelInfo: lambda m, now: self.channels.info(m.channel, now),
+            p.CreateTask: self._create_task,
+            p.QueryTask: lambda m, now: self.tasks.query((m.id[0], m.id[1])) if len(m.id) == 2 else None,
         }
 
     # ---- entry points -------------------------------------------------------------------
@@ -322,6 +326,7 @@ class MasterService:
         self.objects.free_retired(now)
         self.objects.repairs.expire(now)
         self.channels.tick(now)
+        self.tasks.tick()
         high, low = self.config.high_watermark, self.config.high_watermark - self.config.eviction_ratio
         if self.tenancy is not None:
             self.tenancy.evict(now, high, low)
@@ -519,6 +524,11 @@ class MasterService:
         return book.take(m.client_id, mine, may_hold, min(max(m.max_bytes, 0), self.config.max_message_bytes),
                          self.config.max_batch_keys, now, self.config.put_timeout_s)
 
+    def _create_task(self, m: p.CreateTask, now: float) -> list[int]:
+        if len(m.keys) != 1 or m.kind not in (TaskKind.COPY, TaskKind.MOVE):
+            raise ConfigError(f"CreateTask names {len(m.keys)} keys and kind {m.kind}: expected one key, kind 0 or 1")
+        return list(self.tasks.create(TaskKind(m.kind), m.keys[0], m.targets, m.source))
+
     def _stats(self, m: p.StatsRequest, now: float) -> dict[str, Any]:
         if self.tenancy is not None and self._session.tenant:
             return self.tenancy.stats(self._session.namespace, self.master_id)
@@ -650,7 +660,7 @@ class MasterService:
             seg = held.segment
             mounts += [j.MountOp(seg.client_id, name, seg.engine, seg.base, seg.capacity, seg.incarnation),
                        j.SuspendOp([name], max(0.0, held.until - now))]
-        return mounts + self.objects.snapshot() + self.channels.snapshot()
+        return mounts + self.objects.snapshot() + self.channels.snapshot() + self.tasks.snapshot()
 
     def restore(self, mirror: j.Mirror) -> None:
         """Makes this (empty) master serve the index in ``mirror``: segments with their bytes in
@@ -677,6 +687,7 @@ class MasterService:
         self.objects.restore(mirror, now)
         self.objects.repairs.restore(list(mirror.repairs.values()), now, self.config.put_timeout_s)
         self.channels.restore(mirror)
+        self.tasks.restore(mirror.tasks)
         if self.objects.quotas is not None:  # repairs under way count against their objects' tenants too
             self.objects.usage = self.objects.count_usage()
 

@@ -151,6 +151,9 @@ class Namespace:
             body.segments = [pre + n for n in body.segments]
         elif isinstance(body, p.Repairs) and body.done:
             body.done = [p.RepairResult(kpre + r.key, r.token, r.ok) for r in body.done]
+        elif isinstance(body, p.CreateTask):
+            body.targets = [pre + n for n in body.targets]
+            body.source = pre + body.source if body.source else ""
         if isinstance(getattr(body, "channel", None), str):  # a channel is named in its tenant's namespace
             body.channel = pre + body.channel
         return ""

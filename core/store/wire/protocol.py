@@ -33,7 +33,8 @@ v5: ``ListKeys``. v6: tenants (``store.master.tenants``: the Greeting names one;
 ``PutSlot.detail``), and re-replication (``Repairs``). v7: ``MountSegment.proof``
 (``store.wire.mount_proof``) and the ``unproven`` error kind; ``PutStart.avoid``. v8: spare slots
 (``PutStart.spare``, ``PutBind``, ``PutSlot.spare``): a small put in two round trips. v9: channels
-(``ChannelPush``, ``ChannelTake``, ``ChannelAck``, ``ChannelInfo``, ``Status.FULL``)."""
+(``ChannelPush``, ``ChannelTake``, ``ChannelAck``, ``ChannelInfo``, ``Status.FULL``), copy and move
+tasks (``CreateTask``, ``QueryTask``)."""
 
 MAGIC = b"tkv\x07"
 """First bytes a client sends on a new connection (anything else is not a tidekv store client).
@@ -228,6 +229,22 @@ class ChannelInfo(msgspec.Struct, tag="chan_info", array_like=True):
     channel: str
 
 
+class CreateTask(msgspec.Struct, tag="create_task", array_like=True):
+    """A copy (``kind`` 0: replicas of ``keys[0]`` on ``targets``) or move (1: from ``source`` to
+    the one target) task (``master.tasks``); answered with its id."""
+
+    kind: int
+    keys: list[bytes]  # one key (a list, so that tenants' namespaces apply as to every request)
+    targets: list[str]
+    source: str = ""
+
+
+class QueryTask(msgspec.Struct, tag="query_task", array_like=True):
+    """A task's state, or None for an id this master does not know."""
+
+    id: list[int]
+
+
 class ChannelItem(msgspec.Struct, array_like=True):
     """One item a take hands out: its sequence number, its object and where its replicas are
     (under a read lease, as ``Get`` gives)."""
@@ -259,6 +276,8 @@ Body = Union[
     ChannelTake,
     ChannelAck,
     ChannelInfo,
+    CreateTask,
+    QueryTask,
 ]
 
 
