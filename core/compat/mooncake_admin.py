@@ -13,16 +13,21 @@ Tasks: ``create_copy_task`` / ``create_move_task`` / ``query_task`` over ``Store
 ``move_to`` / ``task`` (the master's journaled tasks; the copies are made by the target
 segments' holders).
 
+More segments: ``allocate_and_mount_segment`` / ``mount_segment`` (a file mapped shared) /
+``unmount_segment`` / ``unmount_and_free_segment`` over ``Store.mount_segment`` and
+``unmount_segment``.
+
 Not offered (Mooncake's -1011, ``UNAVAILABLE_IN_CURRENT_MODE``, with a log line naming why):
-extra segments per client (``mount_segment``, ``allocate_and_mount_segment``, ``unmount_*``:
-a tidekv client contributes one segment, sized at ``setup``), ``init_all`` (``setup``
-initializes), and the local disk segment (no disk tier).
+``init_all`` (``setup`` initializes) and the local disk segment (no disk tier).
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
+import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,9 +48,6 @@ def _unavailable(op: str, why: str) -> int:
     return UNAVAILABLE
 
 
-_SEGMENTS = "a tidekv client contributes one segment, sized by setup()'s global_segment_size"
-
-
 class AdminMethods:
     """Mooncake's session, segment, task and memory-pool methods (see the module docstring)."""
 
@@ -57,7 +59,7 @@ class AdminMethods:
         """This store's session and pool state, made on first use."""
         state = self.__dict__.get("_admin_state")
         if state is None:
-            state = self.__dict__.setdefault("_admin_state", {"gets": set(), "puts": {}, "pool": {}})
+            state = self.__dict__.setdefault("_admin_state", {"gets": set(), "puts": {}, "pool": {}, "mapped": {}})
         return state
 
     # ---- get sessions -------------------------------------------------------------------
@@ -198,6 +200,17 @@ class AdminMethods:
         for region in regions:
             store.engine.unregister(region)
 
+    def _close_mapped(self) -> None:
+        """Unmaps the files ``mount_segment`` mapped (after the store let go of them, at ``close``)."""
+        with self._lock:
+            mapped = list(self._admin()["mapped"].values())
+            self._admin()["mapped"].clear()
+        for mapping in mapped:
+            try:
+                mapping.close()
+            except BufferError:  # still exported somewhere: leave it mapped rather than crash
+                logger.warning("mooncake store compat: a mapped segment is still in use; it stays mapped")
+
     def _release(self, region: Region) -> None:
         store = getattr(self, "_store", None)
         if store is not None:
@@ -231,23 +244,73 @@ class AdminMethods:
         out = self._call("batch_replica_clear", run)
         return [] if isinstance(out, int) else out
 
+    # ---- more segments ---------------------------------------------------------------------
+
+    def allocate_and_mount_segment(self, size: int, protocol: str = "tcp", location: str = "") -> dict[str, Any]:
+        """Contributes ``size`` more bytes of this client's memory as a segment:
+        {"ret": 0, "segment_ids": [its name], "allocated_size": size}, or a negative "ret"."""
+        out = self._call("allocate_and_mount_segment", lambda s: s.mount_segment(size))
+        if isinstance(out, int):
+            return {"ret": out, "segment_ids": [], "allocated_size": 0}
+        return {"ret": 0, "segment_ids": [out], "allocated_size": size}
+
+    def mount_segment(self, path: str, size: int, offset: int = 0, protocol: str = "tcp",
+                      location: str = "") -> dict[str, Any]:
+        """Contributes ``size`` bytes of the file at ``path`` from ``offset`` (a file on /dev/shm,
+        a DAX device), mapped shared, as a segment: {"ret": 0, "segment_ids": [its name]}."""
+        def run(store: Any) -> str:
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except OSError as exc:
+                raise ConfigError(f"mount_segment: cannot open {path!r}: {exc}") from None
+            try:
+                if os.fstat(fd).st_size < offset + size:
+                    raise ConfigError(f"mount_segment: {path!r} holds fewer than {offset + size} bytes")
+                mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, offset=offset)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"mount_segment: cannot map {size} bytes of {path!r} at {offset}: {exc}") from None
+            finally:
+                os.close(fd)
+            name = store.mount_segment(memory=mapping)
+            with self._lock:
+                self._admin()["mapped"][name] = mapping
+            return name
+        out = self._call("mount_segment", run)
+        return {"ret": out, "segment_ids": []} if isinstance(out, int) else {"ret": 0, "segment_ids": [out]}
+
+    def unmount_segment(self, segment_ids: list[str], grace_period_seconds: int = 0) -> int:
+        """Takes segments ``mount_segment`` / ``allocate_and_mount_segment`` mounted out of the
+        pool after ``grace_period_seconds`` (their objects go with them); 0, or -600 for an id
+        that is not one of them (the others are unmounted)."""
+        return self._unmount("unmount_segment", segment_ids, grace_period_seconds)
+
+    def unmount_and_free_segment(self, segment_ids: list[str], grace_period_seconds: int = 0) -> int:
+        """As ``unmount_segment``; the memory is freed (tidekv frees it at unmount either way)."""
+        return self._unmount("unmount_and_free_segment", segment_ids, grace_period_seconds)
+
+    def _unmount(self, op: str, segment_ids: list[str], grace_s: int) -> int:
+        if grace_s > 0:
+            time.sleep(grace_s)
+
+        def run(store: Any) -> int:
+            code = 0
+            for name in segment_ids:
+                try:
+                    store.unmount_segment(name)
+                except ConfigError as exc:
+                    logger.error("mooncake store compat: %s: %s", op, exc)
+                    code = int(ErrorCode.INVALID_PARAMS)
+                with self._lock:
+                    mapping = self._admin()["mapped"].pop(name, None)
+                if mapping is not None:
+                    mapping.close()
+            return code
+        return int(self._call(op, run))
+
     # ---- not offered --------------------------------------------------------------------
 
     def init_all(self, protocol: str, device_name: str, mount_segment_size: int) -> int:
         return _unavailable("init_all", "setup() initializes the engine and mounts the segment in one call")
-
-    def mount_segment(self, path: str, size: int, offset: int = 0, protocol: str = "tcp",
-                      location: str = "") -> dict[str, Any]:
-        return {"ret": _unavailable("mount_segment", _SEGMENTS), "segment_ids": []}
-
-    def allocate_and_mount_segment(self, size: int, protocol: str = "tcp", location: str = "") -> dict[str, Any]:
-        return {"ret": _unavailable("allocate_and_mount_segment", _SEGMENTS), "segment_ids": [], "allocated_size": 0}
-
-    def unmount_segment(self, segment_ids: list[str], grace_period_seconds: int = 0) -> int:
-        return _unavailable("unmount_segment", _SEGMENTS)
-
-    def unmount_and_free_segment(self, segment_ids: list[str], grace_period_seconds: int = 0) -> int:
-        return _unavailable("unmount_and_free_segment", _SEGMENTS)
 
     def unmount_local_disk_segment(self, grace_period_seconds: int = 0) -> int:
         return _unavailable("unmount_local_disk_segment", "tidekv's store has no disk tier yet")

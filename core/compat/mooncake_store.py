@@ -149,6 +149,7 @@ class MooncakeDistributedStore(TensorMethods, AdminMethods):
         if store is not None:
             self._release_all(store)
             store.close()
+            self._close_mapped()
         if engine is not None:
             engine.close()
         return int(ErrorCode.OK)

@@ -338,9 +338,6 @@ def test_batch_replica_clear_and_the_memory_pool(store: object) -> None:
 def test_what_the_drop_in_does_not_offer_says_so(shim: MooncakeDistributedStore,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     unavailable = -1011
-    assert shim.allocate_and_mount_segment(1 << 20) == {"ret": unavailable, "segment_ids": [], "allocated_size": 0}
-    assert shim.mount_segment("/dev/shm/x", 1 << 20)["ret"] == unavailable
-    assert shim.unmount_segment(["x"]) == unavailable and shim.unmount_and_free_segment(["x"]) == unavailable
     assert shim.unmount_local_disk_segment() == unavailable and shim.init_all("tcp", "", 1 << 20) == unavailable
     assert shim.query_task((0, 0)) == (None, -1400)  # as Mooncake answers an unknown task
     assert "not offered by tidekv" in caplog.text and "no disk tier" in caplog.text
@@ -383,3 +380,28 @@ def test_copy_and_move_tasks_are_made_by_the_target_holders(shim: MooncakeDistri
         assert shim.create_move_task("absent", here, there) == ((0, 0), -600)
     finally:
         other.close()
+
+
+def test_more_segments_allocated_or_mapped_from_a_file(shim: MooncakeDistributedStore, tmp_path: Path) -> None:
+    got = shim.allocate_and_mount_segment(8 << 20)
+    assert got["ret"] == 0 and got["allocated_size"] == 8 << 20 and len(got["segment_ids"]) == 1
+    path = Path("/dev/shm") / f"tidekv-test-{tmp_path.name}"
+    path.write_bytes(bytes(8 << 20))
+    try:
+        mapped = shim.mount_segment(str(path), 4 << 20, offset=4096)
+        assert mapped["ret"] == 0
+        config = mooncake_types.ReplicateConfig()
+        for i, segment in enumerate(got["segment_ids"] + mapped["segment_ids"]):
+            config.preferred_segment = segment
+            assert shim.put(f"on-{i}", b"x" * 5000, config) == 0
+            assert shim.get(f"on-{i}") == b"x" * 5000
+            assert shim.batch_get_replica_desc([f"on-{i}"])  # found
+        assert b"x" * 5000 in path.read_bytes()  # the object's bytes are in the file
+        assert shim.mount_segment(str(tmp_path / "absent"), 4096)["ret"] == -600
+        assert shim.mount_segment(str(path), 64 << 20)["ret"] == -600  # the file is smaller
+        assert shim.unmount_segment(mapped["segment_ids"]) == 0
+        assert shim.get("on-1") == b""  # its objects left with it
+        assert shim.unmount_and_free_segment(got["segment_ids"] + ["not-mine"]) == -600
+        assert shim.get("on-0") == b"" and shim.put("after", b"y" * 100) == 0
+    finally:
+        path.unlink()

@@ -50,6 +50,12 @@ def _example(kind: type) -> msgspec.Struct:
         p.StatsRequest: p.StatsRequest(),
         p.ListKeys: p.ListKeys(True),
         p.Repairs: p.Repairs("victim", [p.RepairResult(b"k", 1, True)]),
+        p.ChannelPush: p.ChannelPush("c", [b"k"], 10, 1 << 20),
+        p.ChannelTake: p.ChannelTake("c", "me", 10, 5.0),
+        p.ChannelAck: p.ChannelAck("c", [0]),
+        p.ChannelInfo: p.ChannelInfo("c"),
+        p.CreateTask: p.CreateTask(0, [b"k"], ["seg"]),
+        p.QueryTask: p.QueryTask([1, 2]),
     }
     return examples[kind]
 

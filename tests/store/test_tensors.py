@@ -175,3 +175,4 @@ def test_shards_written_per_rank_are_rebuilt(store: Store) -> None:
         store.put_tensor_shard("r", whole, 2, 2)
     with pytest.raises(ConfigError, match="dim=2"):
         store.put_tensor_shards("r", whole, 2, dim=2)
+

@@ -21,7 +21,7 @@ import threading
 import time
 
 from tidekv.config import StoreConfig
-from tidekv.errors import TidekvError
+from tidekv.errors import ConfigError, TidekvError
 from tidekv.store.client.master_client import MasterClient
 from tidekv.store.client.repair_worker import RepairWorker
 from tidekv.store.wire import mount_proof
@@ -75,6 +75,9 @@ class Member:
         self._closed = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self._repairs: RepairWorker | None = None
+        self.extra: dict[str, Region] = {}  # more segments (``mount_extra``): name -> its memory
+        self._extra_count = 0
+        self._lock = threading.Lock()
         if config.segment_size_bytes > 0:
             gib = config.segment_size_bytes / (1 << 30)
             if config.segment_size_bytes >= _SLOW_ALLOCATION_BYTES:
@@ -109,23 +112,64 @@ class Member:
             self._repairs.join(timeout_s=5)
 
     def release(self) -> None:
-        """Gives the segment's memory back to the engine (when the engine is not closed with the store)."""
+        """Gives the segments' memory back to the engine (when the engine is not closed with the store)."""
         if self.segment is not None:
             self._engine.unregister(self.segment)
             self.segment = None
+        with self._lock:
+            extra, self.extra = self.extra, {}
+        for region in extra.values():
+            self._engine.unregister(region)
+
+    def mount_extra(self, region: Region) -> str:
+        """Mounts one more segment of this client's (memory registered with its engine, which
+        ``unmount_extra`` unregisters, freeing it if the engine allocated it); returns its name."""
+        with self._lock:
+            self._extra_count += 1
+            name = f"{self._engine.name}/{self._client_id}/{self._extra_count}"
+        self._mount_region(name, region)
+        with self._lock:
+            self.extra[name] = region
+        if self._repairs is None and self._heartbeat is not None:  # a pure client holds memory now
+            self._repairs = RepairWorker(self._rpc, self._engine, self._client_id, self._interval_s, self._closed)
+            self._repairs.start()
+        return name
+
+    def unmount_extra(self, name: str) -> None:
+        """Unmounts a segment ``mount_extra`` mounted (its objects leave the pool, as with any
+        segment that goes) and unregisters its memory.
+
+        Raises:
+            ConfigError: no such segment of this client's.
+        """
+        with self._lock:
+            held = self.extra.pop(name, None)
+        if held is None:
+            raise ConfigError(f"segment {name!r} is not one this client mounted with mount_segment()")
+        try:
+            self._rpc.call(p.UnmountSegment(self._client_id, name))
+        finally:
+            self._engine.unregister(held)
 
     def _mount(self) -> p.MountResult:
         assert self.segment is not None
-        proof = mount_proof.prove(self._engine, self.segment, self._rpc.tenant, self._client_id, self.segment_name)
-        result: p.MountResult = self._rpc.call(p.MountSegment(self._client_id, self.segment_name, self._engine.name,
-                                                              self.segment.address, self.segment.length,
-                                                              self._incarnation, proof))
+        return self._mount_region(self.segment_name, self.segment)
+
+    def _mount_region(self, name: str, region: Region) -> p.MountResult:
+        proof = mount_proof.prove(self._engine, region, self._rpc.tenant, self._client_id, name)
+        result: p.MountResult = self._rpc.call(p.MountSegment(self._client_id, name, self._engine.name,
+                                                              region.address, region.length, self._incarnation,
+                                                              proof))
         return result
 
     def _remount(self) -> None:
         """The master does not know this client (it declared it dead, or restarted): hello again
         and mount the segment again, saying what became of the objects it held."""
         self._rpc.call(p.Hello(self._client_id, p.PROTOCOL_VERSION))
+        with self._lock:
+            extra = list(self.extra.items())
+        for name, region in extra:
+            self._mount_region(name, region)
         if self.segment is None:
             logger.warning("master %s did not know client %s (restarted, or declared it dead): said hello again",
                            self._rpc.address, self._client_id)
@@ -150,7 +194,8 @@ class Member:
         while not self._closed.wait(self._interval_s):
             expired, self.lease_expired = self.lease_expired, 0
             try:
-                mounted = [self.segment_name] if self.segment is not None else []
+                with self._lock:
+                    mounted = ([self.segment_name] if self.segment is not None else []) + list(self.extra)
                 need_remount = self._rpc.call(p.Heartbeat(self._client_id, expired, mounted), failover_timeout_s=0)
                 if need_remount:
                     self._remount()

@@ -14,7 +14,8 @@ groups owning its keys in parallel (``pool``).
 Neighbours: ``object_io`` (moving the bytes), ``membership`` (the segment, mounted and
 heartbeated; re-mounts after the master lost this client), ``master_client`` (the master,
 followed across failovers), ``pool`` (the groups), ``staging`` (scratch memory for bytes
-objects), ``tensors`` and ``tasks`` (the tensor and task calls, base classes). Thread-safe.
+objects), ``tensors``, ``tasks`` and ``segments`` (base classes: the tensor, task and
+extra-segment calls). Thread-safe.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from tidekv.store.client.master_client import MasterClient
 from tidekv.store.client.membership import Member
 from tidekv.store.client.object_io import ObjectIO, Parts, Pieces, Span, batch_error, in_order, span_of, trim
 from tidekv.store.client.pool import Pool, pick
+from tidekv.store.client.segments import SegmentCalls
 from tidekv.store.client.staging import StagingArea
 from tidekv.store.client.tasks import TaskCalls
 from tidekv.store.client.tensors import TensorCalls
@@ -89,7 +91,7 @@ def _summed(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class Store(TensorCalls, TaskCalls):
+class Store(TensorCalls, TaskCalls, SegmentCalls):
     """A connection to a tidekv master plus this process's share of the pool.
 
     Use ``Store.connect(...)``; close with ``close()`` or a ``with`` block.
