@@ -13,7 +13,8 @@ Mooncake's flags without a counterpart here (offload, the client HTTP server, te
 refused, naming the flag, when set to anything but their defaults; ``--threads``,
 ``--http_port``, ``--start_offload_rpc_server``, ``--protocol``, ``--device_names`` and
 ``--metadata_server`` are accepted and select nothing. Differences: ``--host`` defaults to
-127.0.0.1 (Mooncake: 0.0.0.0; tidekv refuses to advertise a wildcard), ``--port=0`` takes a free
+``$TIDEKV_HOST``, else the address that routes to the master (Mooncake: 0.0.0.0; tidekv
+refuses to advertise a wildcard), ``--port=0`` takes a free
 port (logged), and with an ``etcd://`` master or a sharded pool there is no relay (a dummy client
 then names the master itself; likewise with TLS to the master, which a byte relay cannot vouch for).
 Neighbours: ``tidekv.compat.mooncake_store`` (the client this runs; ``setup_dummy``),
@@ -34,6 +35,7 @@ from typing import Any
 from tidekv.compat.mooncake_master import Flag, parse_bool, parse_flags, parse_int
 from tidekv.compat.mooncake_store import MooncakeDistributedStore, master_address
 from tidekv.errors import ConfigError
+from tidekv.hostaddr import advertised_host
 from tidekv.values import PoolAddress, format_size, parse_host_port, parse_size
 
 logger = logging.getLogger(__name__)
@@ -45,8 +47,9 @@ PROG = "mooncake_client"
 class ClientSettings:
     """What ``mooncake_client``'s flags ask for (defaults: Mooncake's, but ``host``)."""
 
-    host: str = "127.0.0.1"
-    """This client's address: its engine's, and where dummy clients attach (Mooncake: 0.0.0.0)."""
+    host: str = ""
+    """This client's address: its engine's, and where dummy clients attach ("": ``$TIDEKV_HOST``,
+    else the address that routes to the master; loopback when the master is on loopback)."""
     port: int = 50052
     """Port dummy clients attach to (0: a free one)."""
     master_server_address: str = "127.0.0.1:50051"
@@ -73,7 +76,7 @@ def _size(name: str, text: str) -> int:
 
 FLAGS: dict[str, Flag] = {
     "host": Flag("host", _text, "address of this client's engine and of the port dummy clients attach to "
-                 "(default 127.0.0.1; Mooncake: 0.0.0.0)"),
+                 "(default: $TIDEKV_HOST, else the address that routes to the master; Mooncake: 0.0.0.0)"),
     "port": Flag("port", parse_int, "port dummy clients attach to, relayed to the master (default 50052; 0: free)"),
     "master_server_address": Flag("master_server_address", _text, "the master (default 127.0.0.1:50051)"),
     "metadata_server": Flag("metadata_server", _text, "accepted, not used (tidekv's engines handshake directly)"),
@@ -122,7 +125,8 @@ def client_settings(argv: Sequence[str]) -> ClientSettings:
     settings = dataclasses.replace(ClientSettings(), **values)
     if not 0 <= settings.port < 65536:
         raise ConfigError(f"{PROG}: --port={settings.port} is out of range; allowed 0 to 65535")
-    return settings
+    master = PoolAddress.parse(master_address(settings.master_server_address), "--master_server_address")
+    return dataclasses.replace(settings, host=advertised_host(settings.host, master.hosts, setting="--host"))
 
 
 def join_pool(settings: ClientSettings) -> MooncakeDistributedStore:

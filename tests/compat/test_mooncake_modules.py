@@ -520,3 +520,15 @@ def test_unserved_modules_say_what_to_use(module: str) -> None:
     assert isinstance(error, ImportError) and error.name == module
     assert "not provided by tidekv's Mooncake drop-in" in str(error)
     assert "Store.put_tensor" in str(error) and "MooncakeDistributedStore" in str(error)
+
+
+def test_mooncake_clients_host_is_the_one_peers_can_reach(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tidekv.compat.mooncake_client import client_settings
+
+    monkeypatch.delenv("TIDEKV_HOST", raising=False)
+    assert client_settings(["--master_server_address=127.0.0.1:50051"]).host == "127.0.0.1"  # every peer on loopback
+    monkeypatch.setenv("TIDEKV_HOST", "10.1.2.3")
+    assert client_settings(["--master_server_address=10.9.9.9:50051"]).host == "10.1.2.3"
+    assert client_settings(["--host=10.4.5.6"]).host == "10.4.5.6"
+    with pytest.raises(ConfigError, match="wildcard"):
+        client_settings(["--host=0.0.0.0"])
