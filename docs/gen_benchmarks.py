@@ -38,6 +38,31 @@ def _runs(rows: Rows) -> dict[tuple[str, str, str, int], Rows]:
     return out
 
 
+def _scatter(path: Path, series: dict[str, tuple[list[Any], list[float], str]],
+             line: tuple[float, str | None, str], xlabel: str, ylabel: str, title: str, log2_x: bool = False) -> None:
+    """A benchmark page's plot: a scatter per series (label -> xs, ys, color) and a horizontal
+    line (y, label, style), saved as a PNG without a timestamp, so an unchanged plot is unchanged."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for label, (xs, ys, color) in series.items():
+        ax.scatter(xs, ys, color=color, label=label)
+    y, label, style = line
+    ax.axhline(y, color="grey", linewidth=0.8, linestyle=style, label=label)
+    ax.legend(fontsize=8)
+    if log2_x:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+
+
 def master_load_groups(rows: Rows) -> tuple[str, Callable[[Path], None]]:
     """A pool sharded over master groups against one master, per prompt length."""
     lines = ["| prompts of | master's loop | date | commit | run | one master, µs CPU/key | "
@@ -72,25 +97,11 @@ def master_load_groups(rows: Rows) -> tuple[str, Callable[[Path], None]]:
     text = "\n".join(lines) + "\n\nCommands: " + "; ".join(f"`{c}`" for c in commands) + ".\n"
 
     def plot(path: Path) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        for loop, color in (("asyncio", "tab:orange"), ("uvloop", "tab:blue")):
-            xs = [b for (lp, b), values in points.items() if lp == loop for _ in values]
-            ys = [v for (lp, _), values in points.items() if lp == loop for v in values]
-            ax.scatter(xs, ys, color=color, label=f"master on {loop}")
-        ax.legend(fontsize=8)
-        ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("blocks per prompt, at most")
-        ax.set_ylabel("capacity, sharded / one master")
-        ax.set_title("A pool over master groups (each run a point)")
-        fig.tight_layout()
-        fig.savefig(path, dpi=100, metadata={"Software": None})
-        plt.close(fig)
+        series = {f"master on {loop}": ([b for (lp, b), values in points.items() if lp == loop for _ in values],
+                                        [v for (lp, _), values in points.items() if lp == loop for v in values],
+                                        color) for loop, color in (("asyncio", "tab:orange"), ("uvloop", "tab:blue"))}
+        _scatter(path, series, (1.0, None, "-"), "blocks per prompt, at most", "capacity, sharded / one master",
+                 "A pool over master groups (each run a point)", log2_x=True)
 
     return text, plot
 
@@ -114,22 +125,10 @@ def store_tensors(rows: Rows) -> tuple[str, Callable[[Path], None]]:
     text = "\n".join(lines) + "\n\nCommands: " + "; ".join(f"`{c}`" for c in commands) + ".\n"
 
     def plot(path: Path) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        for op, color in (("put_tensor", "tab:blue"), ("get_tensor", "tab:orange")):
-            ax.scatter([x for x, _ in points[op]], [y for _, y in points[op]], color=color, label=op)
-        ax.axhline(1.5, color="grey", linewidth=0.8, linestyle="--", label="bar: 1.5×")
-        ax.legend(fontsize=8)
-        ax.set_xlabel("run")
-        ax.set_ylabel("tidekv / Mooncake (p50)")
-        ax.set_title("64 MiB tensors, pool in another process")
-        fig.tight_layout()
-        fig.savefig(path, dpi=100, metadata={"Software": None})
-        plt.close(fig)
+        series = {op: ([x for x, _ in points[op]], [y for _, y in points[op]], color)
+                  for op, color in (("put_tensor", "tab:blue"), ("get_tensor", "tab:orange"))}
+        _scatter(path, series, (1.5, "bar: 1.5×", "--"), "run", "tidekv / Mooncake (p50)",
+                 "64 MiB tensors, pool in another process")
 
     return text, plot
 
@@ -141,28 +140,17 @@ def tensor_channel(rows: Rows) -> tuple[str, Callable[[Path], None]]:
     for r in sorted(rows, key=lambda r: (r["date"], r["run"])):
         lines.append(f"| {r['date']} | {r['commit']} | {r['run']} | {r['items']} × {r['size_bytes'] >> 20} MiB, "
                      f"{r['batch']} a call | {r['get_many_into_gbps']:.2f} | {r['channel_gbps']:.2f} | "
-                     f"{r['ratio']:.2f}× | {r['producer_gbps']:.2f} | {r['drain_gbps']:.2f} | {r['drain_ratio']:.2f}× |")
+                     f"{r['ratio']:.2f}× | {r['producer_gbps']:.2f} | {r['drain_gbps']:.2f} | "
+                     f"{r['drain_ratio']:.2f}× |")
     commands = sorted({r["command"] for r in rows})
     text = "\n".join(lines) + "\n\nCommands: " + "; ".join(f"`{c}`" for c in commands) + ".\n"
 
     def plot(path: Path) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(5, 3.2))
         runs = [r["run"] for r in rows]
-        ax.scatter(runs, [r["ratio"] for r in rows], color="tab:blue", label="streaming")
-        ax.scatter(runs, [r["drain_ratio"] for r in rows], color="tab:orange", label="draining")
-        ax.axhline(0.8, color="grey", linewidth=0.8, linestyle="--", label="bar: 0.8×")
-        ax.legend(fontsize=8)
-        ax.set_xlabel("run")
-        ax.set_ylabel("channel / get_many_into")
-        ax.set_title("1 MiB tensors, host 1 to host 2")
-        fig.tight_layout()
-        fig.savefig(path, dpi=100, metadata={"Software": None})
-        plt.close(fig)
+        series = {"streaming": (runs, [r["ratio"] for r in rows], "tab:blue"),
+                  "draining": (runs, [r["drain_ratio"] for r in rows], "tab:orange")}
+        _scatter(path, series, (0.8, "bar: 0.8×", "--"), "run", "channel / get_many_into",
+                 "1 MiB tensors, host 1 to host 2")
 
     return text, plot
 

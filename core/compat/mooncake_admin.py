@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tidekv.compat.mooncake_types import ErrorCode, QueryTaskResponse, ReplicateConfig, TaskStatus, TaskType, placement
-from tidekv.errors import ConfigError, TidekvError
+from tidekv.errors import ConfigError
 from tidekv.store.wire.protocol import Status
 from tidekv.transfer.region import Region
 
@@ -53,6 +53,7 @@ class AdminMethods:
 
     _call: Callable[[str, Callable[[Any], Any]], Any]
     _code: Callable[[str, Callable[[Any], Any]], int]
+    _per_key: Callable[[str, Sequence[str], Callable[[Any], Any]], list[int]]
     _lock: threading.Lock
 
     def _admin(self) -> dict[str, Any]:
@@ -174,20 +175,7 @@ class AdminMethods:
         return out
 
     def _puts(self, keys: list[str], regions: Sequence[Region], kwargs: dict[str, Any]) -> list[int]:
-        from tidekv.compat.mooncake_types import error_code
-        from tidekv.store.wire.keys import key_bytes
-
-        def run(store: Any) -> list[int]:
-            try:
-                store.put_many_from(keys, list(regions), **kwargs)
-            except TidekvError as exc:
-                failed = exc.failed_keys
-                if not failed:
-                    raise
-                return [error_code(failed[b]) if (b := key_bytes(k)) in failed else 0 for k in keys]
-            return [0] * len(keys)
-        out = self._call("batch_put_session_end", run)
-        return [out] * len(keys) if isinstance(out, int) else out
+        return self._per_key("batch_put_session_end", keys, lambda s: s.put_many_from(keys, list(regions), **kwargs))
 
     def _release_all(self, store: Any) -> None:
         """Frees the memory of open put sessions and of ``alloc_from_mem_pool`` (at ``close``)."""

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tidekv.compat.mooncake_master import Flag, parse_bool, parse_flags, parse_int
+from tidekv.compat.mooncake_master import Flag, parse_bool, parse_flags, parse_int, read_command_line
 from tidekv.compat.mooncake_store import MooncakeDistributedStore, master_address
 from tidekv.errors import ConfigError
 from tidekv.hostaddr import advertised_host
@@ -209,18 +209,10 @@ async def _run(settings: ClientSettings) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the client until SIGINT or SIGTERM; 2 for refused flags, 1 when it cannot join or listen."""
     from tidekv import eventloop
-    from tidekv.logs import configure_logging
 
-    args = sys.argv[1:] if argv is None else list(argv)
-    if any(a.lstrip("-") in ("help", "helpfull", "h") for a in args):
-        print(usage())
-        return 0
-    configure_logging()
-    try:
-        settings = client_settings(args)
-    except ConfigError as exc:
-        print(f"{exc}" if str(exc).startswith(PROG) else f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+    settings = read_command_line(argv, PROG, usage, client_settings)
+    if isinstance(settings, int):
+        return settings
     try:
         store = join_pool(settings)
     except ConfigError as exc:

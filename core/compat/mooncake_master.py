@@ -22,13 +22,15 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tidekv.compat.mooncake_store import MOONCAKE_CLUSTER
 from tidekv.config import ENV_PREFIX, MasterConfig, field_docs, parse_etcd_endpoints
 from tidekv.errors import ConfigError
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 PROG = "mooncake_master"
 
@@ -197,22 +199,32 @@ def master_config(argv: Sequence[str], environ: dict[str, str] | None = None) ->
     return MasterConfig.from_env(env, **{k: v for k, v in overrides.items() if k in names})
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Runs a tidekv master in the foreground from Mooncake's flags; 2 for refused flags."""
+def read_command_line(argv: Sequence[str] | None, prog: str, usage_text: Callable[[], str],
+                      parse: Callable[[list[str]], T]) -> T | int:
+    """What a Mooncake command's flags ask for (``parse``), after logging is set up; or its exit
+    status: 0 once ``--help`` printed the usage, 2 once a refused flag was named on stderr."""
     from tidekv.logs import configure_logging
-    from tidekv.store.cli import exposure_warning
-    from tidekv.store.master.server import MasterServer
 
     args = sys.argv[1:] if argv is None else list(argv)
     if any(a.lstrip("-") in ("help", "helpfull", "h") for a in args):
-        print(usage())
+        print(usage_text())
         return 0
     configure_logging()
     try:
-        config = master_config(args)
+        return parse(args)
     except ConfigError as exc:
-        print(f"{exc}" if str(exc).startswith(PROG) else f"{PROG}: {exc}", file=sys.stderr)
+        print(f"{exc}" if str(exc).startswith(prog) else f"{prog}: {exc}", file=sys.stderr)
         return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs a tidekv master in the foreground from Mooncake's flags; 2 for refused flags."""
+    from tidekv.store.cli import exposure_warning
+    from tidekv.store.master.server import MasterServer
+
+    config = read_command_line(argv, PROG, usage, master_config)
+    if isinstance(config, int):
+        return config
     warning = exposure_warning(config.host, PROG, config.secret)
     if warning:
         logger.warning(warning)

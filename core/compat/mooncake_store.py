@@ -495,6 +495,26 @@ class MooncakeDistributedStore(TensorMethods, AdminMethods):
         out = self._call(op, run)
         return out if isinstance(out, int) else int(ErrorCode.OK)
 
+    def _one(self, op: str, run: Callable[[Store], Any]) -> Any:
+        """``run``'s tensor, or None when it failed (Mooncake's get convention)."""
+        out = self._call(op, run)
+        return None if isinstance(out, int) else out
+
+    def _per_key(self, op: str, keys: Sequence[str], run: Callable[[Store], Any]) -> list[int]:
+        """Per key 0, or the code of its entry in the batch error ``run`` raised."""
+        def codes(store: Store) -> list[int]:
+            try:
+                run(store)
+            except TidekvError as exc:
+                failed = exc.failed_keys
+                if not failed:  # not a batch's per-key failure
+                    raise
+                _log_failure(op, exc)
+                return [error_code(failed[b]) if (b := key_bytes(k)) in failed else 0 for k in keys]
+            return [0] * len(keys)
+        out = self._call(op, codes)
+        return [out] * len(keys) if isinstance(out, int) else out
+
     def _put_many(self, keys: list[str], buffers: Sequence[Any] | None, config: ReplicateConfig | None,
                   upsert: bool) -> list[int]:
         if buffers is None:
@@ -504,19 +524,10 @@ class MooncakeDistributedStore(TensorMethods, AdminMethods):
         empty = {i for i, b in enumerate(buffers) if not any(n for _, n in (b if isinstance(b, list) else [b]))}
         todo = [i for i in range(len(keys)) if i not in empty]
 
-        def run(store: Store) -> list[int]:
-            try:
-                store.put_many_from([keys[i] for i in todo], [buffers[i] for i in todo], upsert=upsert,
-                                    **placement(config))
-            except TidekvError as exc:
-                failed = exc.failed_keys
-                if not failed:  # not a batch's per-key failure
-                    raise
-                _log_failure("batch_put_from", exc)
-                return [error_code(failed[b]) if (b := key_bytes(keys[i])) in failed else 0 for i in todo]
-            return [0] * len(todo)
-        out = self._call("batch_put_from", run) if todo else []
-        done = dict(zip(todo, [out] * len(todo) if isinstance(out, int) else out))
+        some = [keys[i] for i in todo]
+        out = self._per_key("batch_put_from", some, lambda s: s.put_many_from(
+            some, [buffers[i] for i in todo], upsert=upsert, **placement(config))) if todo else []
+        done = dict(zip(todo, out))
         return [done.get(i, int(ErrorCode.INVALID_PARAMS)) for i in range(len(keys))]
 
     def _get_many(self, keys: list[str], buffers: Sequence[Any] | None) -> list[int]:

@@ -25,7 +25,6 @@ from tidekv.compat.mooncake_types import ParallelAxis, ReadTarget, ReplicateConf
 from tidekv.compat.mooncake_types import placement as _placement
 from tidekv.errors import ConfigError, ObjectNotFoundError, TidekvError
 from tidekv.store.client.tensors import read_object, to_object
-from tidekv.store.wire.keys import key_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -196,6 +195,8 @@ class TensorMethods:
 
     _call: Callable[[str, Callable[[Store], Any]], Any]
     _code: Callable[[str, Callable[[Store], Any]], int]
+    _one: Callable[[str, Callable[[Store], Any]], Any]
+    _per_key: Callable[[str, Sequence[str], Callable[[Store], Any]], list[int]]
 
     # ---- whole tensors ------------------------------------------------------------------
 
@@ -423,25 +424,6 @@ class TensorMethods:
                                                                                   {key: s.get_tensor(key)}))
 
     # ---- internals ----------------------------------------------------------------------
-
-    def _one(self, op: str, run: Callable[[Store], Any]) -> Any:
-        """``run``'s tensor, or None when it failed (Mooncake's get convention)."""
-        out = self._call(op, run)
-        return None if isinstance(out, int) else out
-
-    def _per_key(self, op: str, keys: Sequence[str], run: Callable[[Store], Any]) -> list[int]:
-        """Per key 0, or the code of its entry in the batch error ``run`` raised."""
-        def codes(store: Store) -> list[int]:
-            try:
-                run(store)
-            except TidekvError as exc:
-                failed = exc.failed_keys
-                if not failed:
-                    raise
-                return [error_code(failed[b]) if (b := key_bytes(k)) in failed else 0 for k in keys]
-            return [0] * len(keys)
-        out = self._call(op, codes)
-        return [out] * len(keys) if isinstance(out, int) else out
 
     def _raw_puts(self, op: str, keys: list[str], ptrs: list[int], sizes: list[int], upsert: bool) -> list[int]:
         triples = _zip3(keys, ptrs, sizes)

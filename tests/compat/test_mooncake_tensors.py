@@ -9,6 +9,7 @@ uneven splits, dtypes Mooncake refuses), the test says so and checks each side's
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 import time
@@ -48,17 +49,24 @@ def api(request: pytest.FixtureRequest) -> MooncakeApi:
     return request.param
 
 
-@pytest.fixture
-def store(api: MooncakeApi, tmp_path: Path) -> Iterator[object]:
+@contextlib.contextmanager
+def _opened(api: MooncakeApi, tmp_path: Path, segment: int) -> Iterator[object]:
+    """A master of ``api`` and a store set up on it with a segment (and local buffer) of ``segment`` bytes."""
     master = MooncakeMaster(tmp_path, api)
     try:
-        s = _setup(api, master.address, 128 << 20, 128 << 20)
+        s = _setup(api, master.address, segment, segment)
         try:
             yield s
         finally:
             s.close()
     finally:
         master.stop()
+
+
+@pytest.fixture
+def store(api: MooncakeApi, tmp_path: Path) -> Iterator[object]:
+    with _opened(api, tmp_path, 128 << 20) as s:
+        yield s
 
 
 def _types(api: MooncakeApi) -> object:
@@ -206,15 +214,8 @@ def store_api(store: object) -> MooncakeApi:
 
 @pytest.fixture
 def shim(tmp_path: Path) -> Iterator[MooncakeDistributedStore]:
-    master = MooncakeMaster(tmp_path, SHIM)
-    try:
-        s = _setup(SHIM, master.address, 64 << 20, 64 << 20)
-        try:
-            yield s
-        finally:
-            s.close()
-    finally:
-        master.stop()
+    with _opened(SHIM, tmp_path, 64 << 20) as s:
+        yield s  # type: ignore[misc]
 
 
 def test_what_the_drop_in_stores_that_mooncake_refuses(shim: MooncakeDistributedStore) -> None:

@@ -8,10 +8,12 @@ only moves when a test calls ``advance``. Neighbours: ``test_master_service`` us
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import msgspec
 from tidekv.config import MasterConfig
+from tidekv.store.master.journal import JournalFile, Mirror
 from tidekv.store.master.mount_check import PendingMount
 from tidekv.store.master.service import MasterService, Session
 from tidekv.store.wire import protocol as p
@@ -123,3 +125,22 @@ class ServiceRig:
 
     def alive(self, *keys: bytes) -> set[bytes]:
         return {k for k in keys if self.exists(k)}
+
+
+def flush_journal(rig: ServiceRig, journal: JournalFile) -> None:
+    """Appends what ``rig``'s master changed since the last call to ``journal``."""
+    _, ops = rig.service.take_ops()
+    if ops:
+        journal.append(ops)
+
+
+def reloaded(path: Path) -> ServiceRig:
+    """A master (lease 0) serving what the journal in ``path`` holds, as after a restart."""
+    journal = JournalFile(path)
+    mirror = Mirror(0.0)
+    journal.load(mirror, 0.0)
+    journal.resume()
+    journal.close()
+    restored = ServiceRig(lease_ttl_s=0.0)
+    restored.service.restore(mirror)
+    return restored

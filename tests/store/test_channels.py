@@ -11,7 +11,7 @@ from tidekv.store.master.journal import JournalFile, Mirror
 from tidekv.store.wire import protocol as p
 from tidekv.store.wire.protocol import Pin, Status
 
-from tests.store.rig import ServiceRig
+from tests.store.rig import ServiceRig, flush_journal, reloaded
 
 PAGE = 4096
 
@@ -91,20 +91,13 @@ def test_unacknowledged_items_and_the_counter_survive_a_journal_replay(tmp_path:
     _push(rig, [b"k0", b"k1", b"k2"])
     _take(rig, 1)  # taken, not acked: ready again after the replay
     rig.call(p.ChannelAck("c", [1]), "w")
-    _, ops = rig.service.take_ops()
-    journal.append(ops)
+    flush_journal(rig, journal)
     journal.rewrite(rig.service.snapshot())  # compaction keeps them too
     _push(rig, [b"k3"])
-    _, ops = rig.service.take_ops()
-    journal.append(ops)
+    flush_journal(rig, journal)
     journal.close()
 
-    mirror = Mirror(0.0)
-    reread = JournalFile(tmp_path)
-    reread.load(mirror, 0.0)
-    reread.close()
-    restored = ServiceRig(lease_ttl_s=0.0)
-    restored.service.restore(mirror)
+    restored = reloaded(tmp_path)
     restored.hello("w")
     assert [(i.seq, i.key) for i in _take(restored, 10)] == [(0, b"k0"), (2, b"k2"), (3, b"k3")]
     assert restored.call(p.ChannelPush("c", [b"k0"], 100, 1 << 30), "w")[1] == [4]  # seqs are not reused

@@ -12,7 +12,7 @@ from tidekv.store.master.journal import JournalFile, Mirror
 from tidekv.store.wire import protocol as p
 from tidekv.store.wire.protocol import Status
 
-from tests.store.rig import RpcFailed, ServiceRig
+from tests.store.rig import RpcFailed, ServiceRig, flush_journal, reloaded
 
 PAGE = 4096
 PENDING, PROCESSING, SUCCESS, FAILED = 0, 1, 2, 3
@@ -105,15 +105,9 @@ def test_a_task_and_its_outcome_survive_a_journal_replay(tmp_path: Path) -> None
     _repairs(rig, "h2", [p.RepairResult(b"k", copy.token, True)])
     assert rig.put("w", b"k2", PAGE, preferred="seg-1").status == Status.OK
     open_task = rig.call(p.CreateTask(0, [b"k2"], ["seg-3"]), "w")
-    _, ops = rig.service.take_ops()
-    journal.append(ops)
+    flush_journal(rig, journal)
     journal.close()
-    mirror = Mirror(0.0)
-    reread = JournalFile(tmp_path)
-    reread.load(mirror, 0.0)
-    reread.close()
-    restored = ServiceRig(lease_ttl_s=0.0)
-    restored.service.restore(mirror)
+    restored = reloaded(tmp_path)
     for n in (1, 2, 3):
         restored.hello(f"h{n}")
     restored.hello("w")

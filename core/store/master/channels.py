@@ -33,9 +33,10 @@ logger = logging.getLogger(__name__)
 class _Channel:
     next_seq: int = 0
     items: dict[int, tuple[bytes, int]] = field(default_factory=dict)  # seq -> (key, size), not acked
-    ready: list[int] = field(default_factory=list)  # a heap of seqs that may be taken
+    ready: list[int] = field(default_factory=list)  # a heap of seqs that may be taken (acked ones are skipped)
     taken: dict[int, tuple[str, float, float]] = field(default_factory=dict)  # seq -> (consumer, ready again at,
     #                                                                             its read lease's end)
+    hidden: list[tuple[float, int]] = field(default_factory=list)  # a heap of (ready again at, seq) of taken ones
     bytes: int = 0
     lost: int = 0  # items dropped because their object was gone
 
@@ -88,12 +89,16 @@ class ChannelTable:
         gone: list[int] = []
         while ch.ready and len(out) < max_items:
             seq = heapq.heappop(ch.ready)
+            if seq not in ch.items:
+                continue  # acked while ready
             key, _ = ch.items[seq]
             found = self.objects.get(key, lease_s, now)
             if found.status != Status.OK:
                 gone.append(seq)
                 continue
-            ch.taken[seq] = (consumer, now + max(visibility_s, lease_s), now + lease_s)
+            until = now + max(visibility_s, lease_s)
+            ch.taken[seq] = (consumer, until, now + lease_s)
+            heapq.heappush(ch.hidden, (until, seq))
             out.append(ChannelItem(seq, key, found.size, found.locations))
         if gone:
             ch.lost += len(gone)
@@ -127,16 +132,15 @@ class ChannelTable:
     def tick(self, now: float) -> None:
         """Makes items whose visibility ran out ready again."""
         for ch in self.channels.values():
-            if ch.taken:
-                self._requeue(ch, now)
+            self._requeue(ch, now)
 
     def info(self, name: str, now: float) -> dict[str, Any]:
         ch = self.channels.get(name)
         if ch is None:
             return {"items": 0, "ready": 0, "taken": 0, "bytes": 0, "next_seq": 0, "lost": 0}
         self._requeue(ch, now)
-        return {"items": len(ch.items), "ready": len(ch.ready), "taken": len(ch.taken), "bytes": ch.bytes,
-                "next_seq": ch.next_seq, "lost": ch.lost}
+        return {"items": len(ch.items), "ready": len(ch.items) - len(ch.taken), "taken": len(ch.taken),
+                "bytes": ch.bytes, "next_seq": ch.next_seq, "lost": ch.lost}
 
     def snapshot(self) -> list[j.Op]:
         """Ops that rebuild every channel: its items (all ready again) and its counter."""
@@ -155,21 +159,21 @@ class ChannelTable:
             self.channels[name] = ch
 
     def _requeue(self, ch: _Channel, now: float) -> None:
-        late = [s for s, (_, until, _) in ch.taken.items() if until <= now]
-        for seq in late:
-            del ch.taken[seq]
-            heapq.heappush(ch.ready, seq)
+        hidden = ch.hidden
+        while hidden and hidden[0][0] <= now:
+            until, seq = heapq.heappop(hidden)
+            held = ch.taken.get(seq)
+            if held is not None and held[1] == until:  # else acked, or taken again since
+                del ch.taken[seq]
+                heapq.heappush(ch.ready, seq)
 
     def _forget(self, name: str, ch: _Channel, seqs: list[int]) -> None:
+        """Items gone (acked, or their objects lost): their heap entries are skipped when reached."""
         if not seqs:
             return
-        drop = set(seqs)
         for seq in seqs:
             _, size = ch.items.pop(seq)
             ch.bytes -= size
             ch.taken.pop(seq, None)
-        if len(drop) and any(s in drop for s in ch.ready):
-            ch.ready = [s for s in ch.ready if s not in drop]
-            heapq.heapify(ch.ready)
-        if self.objects.journal is not None:
-            self.objects.journal.add_everything(j.ChannelAckOp(name, seqs))
+        if self.objects.journal is not None:  # no key changes with it: the objects' removals name theirs
+            self.objects.journal.add(j.ChannelAckOp(name, seqs))
