@@ -445,6 +445,16 @@ class MasterConfig:
     """Usage ratio that starts background eviction."""
     eviction_ratio: float = setting(0.05, 0.0, 0.5)
     """Fraction of capacity freed below the watermark per eviction round."""
+    disk_spill_at: float = setting(0.85, 0.0, 1.0)
+    """Usage ratio of the pool's memory from which holders with disks spill their oldest objects
+    to disk ahead of eviction (``store.master.disks``): an evicted object with a disk copy stays in
+    the pool."""
+    disk_write_through: str = setting("pinned", choices=("off", "pinned", "all"))
+    """Which objects go to their holder's disk as soon as they are put, pressure or not: pinned
+    ones, all (a holder's restart then loses none of its objects), or only spills under pressure."""
+    disk_grace_s: float = setting(3600.0, 0.0, 30 * 86400)
+    """How long the disks of a holder that went silent stay indexed (their objects misses) for it
+    to come back and report them; dropped after."""
     max_key_bytes: int = setting(4096, 1, 1 << 20)
     """Longest key accepted."""
     max_message_bytes: int = setting(64 << 20, 1024, 1 << 31)
@@ -648,6 +658,14 @@ class StoreConfig:
     ~20 µs, and waking a sleeping thread on a VM costs about as much again."""
     prefer_local_segment: bool = True
     """Put replicas in this client's own segment first when it has room."""
+    disk_paths: str = ""
+    """Directories (comma-separated, one per device) where this holder keeps a disk tier: objects
+    the master evicts from memory spill to a file in each (``store.client.disk``) and stay in the
+    pool; a restart with the same paths keeps them. Needs a segment. "" = no disk tier."""
+    disk_size_bytes: int = setting(0, 0, 1 << 50)
+    """Bytes of each of ``disk_paths`` the disk tier takes (preallocated)."""
+    disk_io_threads: int = setting(4, 1, 256)
+    """Disk I/Os a holder keeps in flight (spills, and reads of its records)."""
     segment_memory: str = setting("auto", choices=SEGMENT_MEMORY)
     """What backs the segment: "shared" (a memfd that same-host peers map), "huge" (private memory
     on transparent huge pages that same-host peers read by cross-memory attach; reads stay fast

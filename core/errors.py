@@ -134,6 +134,11 @@ class OutOfSpaceError(StoreError):
     """No segment has room even after evicting everything evictable."""
 
 
+class DiskCorruptError(StoreError):
+    """A record read from a store holder's disk failed its checksum or did not name the object asked
+    for: the read is a miss, its bytes never returned."""
+
+
 class LimitExceededError(StoreError):
     """The master refused a request of this client: it is at one of its per-client limits (the
     message names it); nothing of the request was done."""

@@ -17,8 +17,11 @@ More segments: ``allocate_and_mount_segment`` / ``mount_segment`` (a file mapped
 ``unmount_segment`` / ``unmount_and_free_segment`` over ``Store.mount_segment`` and
 ``unmount_segment``.
 
+SSD offload: ``unmount_local_disk_segment`` and ``get_offload_rpc_read_count`` over the disk
+tier (``Store.unmount_disks``, ``disk_reads_served``).
+
 Not offered (Mooncake's -1011, ``UNAVAILABLE_IN_CURRENT_MODE``, with a log line naming why):
-``init_all`` (``setup`` initializes) and the local disk segment (no disk tier).
+``init_all`` (``setup`` initializes).
 """
 
 from __future__ import annotations
@@ -301,11 +304,15 @@ class AdminMethods:
         return _unavailable("init_all", "setup() initializes the engine and mounts the segment in one call")
 
     def unmount_local_disk_segment(self, grace_period_seconds: int = 0) -> int:
-        return _unavailable("unmount_local_disk_segment", "tidekv's store has no disk tier yet")
+        """Takes this client's SSD offload tier out of the pool (``Store.unmount_disks``): its
+        objects leave with it, reads under way are served for the grace period, its files go. 0,
+        or a negative code (-600 without a tier)."""
+        return self._code("unmount_local_disk_segment", lambda s: s.unmount_disks(float(grace_period_seconds)))
 
     def get_offload_rpc_read_count(self) -> int:
-        """Reads served from a disk tier: 0, tidekv has none."""
-        return 0
+        """Reads of this client's SSD records it served to other clients (its disk server)."""
+        store = getattr(self, "_store", None)
+        return store.disk_reads_served if store is not None else 0
 
     # ---- tasks ----------------------------------------------------------------------------
 

@@ -64,6 +64,9 @@ class ClientSettings:
     """Mooncake's transport; tidekv picks shm or tcp per peer (``MC_FORCE_TCP=1``: tcp)."""
     device_names: str = ""
     """RDMA devices; not used."""
+    enable_offload: bool = False
+    """Keep what the master evicts on local disk (tidekv's disk tier, in
+    ``MOONCAKE_OFFLOAD_FILE_STORAGE_PATH``: ``mooncake_config.offload_disk``)."""
 
 
 def _text(_: str, text: str) -> str:
@@ -85,8 +88,10 @@ FLAGS: dict[str, Flag] = {
     "protocol": Flag("protocol", _text, "accepted; tidekv picks shm or tcp per peer (default tcp)"),
     "device_names": Flag("device_names", _text, "accepted, not used"),
     "tenant_id": Flag(None, _text, "\"default\" only"),
-    "enable_offload": Flag(None, parse_bool, "false only", True),
-    "start_offload_rpc_server": Flag(None, parse_bool, "accepted, no effect (an offload flag)", True),
+    "enable_offload": Flag("enable_offload", parse_bool, "keep evicted objects on local disk, in "
+                           "$MOONCAKE_OFFLOAD_FILE_STORAGE_PATH (tidekv's disk tier)", True),
+    "start_offload_rpc_server": Flag(None, parse_bool, "accepted; with --enable_offload tidekv always serves "
+                                     "other clients' reads of its disk", True),
     "enable_http_server": Flag(None, parse_bool, "false only", True),
     "http_port": Flag(None, parse_int, "accepted, no effect (with --enable_http_server)"),
     "threads": Flag(None, parse_int, "accepted, no effect"),
@@ -95,7 +100,6 @@ FLAGS: dict[str, Flag] = {
 
 _ONLY_DEFAULT: dict[str, tuple[Any, str]] = {
     "tenant_id": ("default", "tidekv's Mooncake drop-in has no tenants"),
-    "enable_offload": (False, "tidekv has no SSD tier"),
     "enable_http_server": (False, "tidekv's store client has no HTTP server (the master exports metrics)"),
 }
 """Flags served at their default only: the value, and why another is refused."""
@@ -138,7 +142,7 @@ def join_pool(settings: ClientSettings) -> MooncakeDistributedStore:
     store = MooncakeDistributedStore()
     code = store.setup(settings.host, settings.metadata_server, settings.global_segment_size,
                        settings.local_buffer_size, settings.protocol, settings.device_names,
-                       settings.master_server_address)
+                       settings.master_server_address, enable_ssd_offload=settings.enable_offload)
     if code != 0:
         raise ConfigError(f"{PROG}: could not join the pool of master {settings.master_server_address} "
                           f"(Mooncake code {code}; the log above says why)")

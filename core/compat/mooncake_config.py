@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -86,6 +87,40 @@ def _bool(name: str, value: Any) -> bool:
     if text in _TRUE:
         return True
     raise ConfigError(f"{name}={value!r} is not a boolean; allowed: {', '.join(_TRUE + _FALSE)}")
+
+
+OFFLOAD_PATH = "/data/file_storage"
+"""Mooncake's default SSD offload directory (``MOONCAKE_OFFLOAD_FILE_STORAGE_PATH``)."""
+OFFLOAD_MAX_BYTES = 2 << 40
+"""Mooncake's default disk limit (``MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES``)."""
+
+
+def offload_enabled(value: Any) -> bool:
+    """``enable_ssd_offload`` as given to setup (a bool, or a config file's word)."""
+    return _bool("enable_ssd_offload", value)
+
+
+def offload_disk(path: str, environ: Any = None) -> tuple[str, int]:
+    """Mooncake's SSD offload as tidekv's disk tier: (``disk_paths``, ``disk_size_bytes``).
+
+    The directory is ``path``, else ``MOONCAKE_OFFLOAD_FILE_STORAGE_PATH``, else Mooncake's
+    default. The size is ``MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES`` if set; Mooncake's 2 TB
+    default is a cap, but tidekv preallocates its file, so without the variable it takes half the
+    file system's free space, at most 2 TB (logged).
+    """
+    env = os.environ if environ is None else environ
+    directory = path or env.get("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH") or OFFLOAD_PATH
+    limit = env.get("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES")
+    if limit:
+        return directory, _size("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES", limit)
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError as exc:
+        raise ConfigError(f"SSD offload directory {directory!r}: {exc.strerror or exc}; create it first") from None
+    size = min(free // 2, OFFLOAD_MAX_BYTES)
+    logger.info("mooncake compat: SSD offload in %s takes %d bytes (half its free space; set "
+                "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES to choose)", directory, size)
+    return directory, size
 
 
 def _port(name: str, value: Any) -> int:

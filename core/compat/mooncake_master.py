@@ -115,10 +115,14 @@ FLAGS: dict[str, Flag] = {
     "etcd_endpoints": Flag("etcd", _etcd, "etcd endpoints, host:port separated by ';'"),
     "ha_backend_connstring": Flag("etcd", _etcd, "the same as --etcd_endpoints, for --ha_backend_type=etcd"),
     "cluster_id": Flag("cluster", lambda _, t: t),
+    "enable_offload": Flag(None, parse_bool, "accepted: tidekv's master always indexes its holders' disks", True),
+    "offload_on_evict": Flag(None, parse_bool, "spill to disk only under memory pressure (default false: every "
+                             "put goes to its holder's disk; tidekv's disk_write_through off / all)", True),
 }
 """The Mooncake flags tidekv's master serves; every other flag is refused."""
 
-MOONCAKE_DEFAULTS: dict[str, Any] = {"lease_ttl_s": 10.0, "high_watermark": 0.90, "cluster": MOONCAKE_CLUSTER}
+MOONCAKE_DEFAULTS: dict[str, Any] = {"lease_ttl_s": 10.0, "high_watermark": 0.90, "cluster": MOONCAKE_CLUSTER,
+                                     "disk_write_through": "all"}
 """Mooncake's defaults where they differ from MasterConfig's (a TIDEKV_MASTER_* variable wins over them)."""
 
 
@@ -190,7 +194,11 @@ def master_config(argv: Sequence[str], environ: dict[str, str] | None = None) ->
     elif "etcd_endpoints" in flags or "ha_backend_connstring" in flags:
         raise ConfigError(f"{PROG}: --etcd_endpoints is used only with --enable_ha")
     flags.pop("ha_backend_type", None)
+    flags.pop("enable_offload", None)
     overrides = {k: v for k, v in MOONCAKE_DEFAULTS.items() if f"{ENV_PREFIX}MASTER_{k.upper()}" not in env}
+    on_evict = flags.pop("offload_on_evict", None)
+    if on_evict is not None:
+        overrides["disk_write_through"] = "off" if on_evict else "all"
     for name, value in flags.items():
         field = FLAGS[name].field
         assert field is not None

@@ -29,10 +29,12 @@ from tidekv.compat.mooncake import _split_hostname
 from tidekv.compat.mooncake_admin import AdminMethods
 from tidekv.compat.mooncake_config import SETUP_ENV_VARIABLES as _ENV_KEYS
 from tidekv.compat.mooncake_config import SETUP_KEYS as _DICT_ALIASES
+from tidekv.compat.mooncake_config import offload_disk, offload_enabled
 from tidekv.compat.mooncake_tensors import TensorMethods
 from tidekv.compat.mooncake_types import (
     BufferHandle,
     Descriptor,
+    DiskDescriptor,
     ErrorCode,
     MemoryDescriptor,
     ReplicaDescriptor,
@@ -69,7 +71,11 @@ def _log_failure(op: str, exc: TidekvError) -> None:
 
 
 def _replicas(info: ObjectInfo) -> list[ReplicaDescriptor]:
-    return [ReplicaDescriptor(MemoryDescriptor(Descriptor(loc.addr, loc.length, loc.engine))) for loc in info.locations]
+    out = [ReplicaDescriptor(MemoryDescriptor(Descriptor(loc.addr, loc.length, loc.engine))) for loc in info.locations]
+    if info.disk is not None:
+        d = info.disk
+        out.append(ReplicaDescriptor(None, DiskDescriptor(f"{d.disk}@{d.offset}", info.size_bytes, d.address)))
+    return out
 
 
 # ---- the store ----------------------------------------------------------------------------
@@ -417,9 +423,7 @@ class MooncakeDistributedStore(TensorMethods, AdminMethods):
                protocol: str, rdma_devices: str, master_server_addr: str, engine: Any = None,
                enable_ssd_offload: bool = False, ssd_offload_path: str = "", tenant_id: str = "default",
                enable_client_http_server: bool = False, client_http_port: int = 9300) -> int:
-        for name, asked, why in (("enable_ssd_offload", enable_ssd_offload, "no SSD offload"),
-                                 ("ssd_offload_path", ssd_offload_path, "no SSD offload"),
-                                 ("tenant_id", tenant_id != "default", "no tenants"),
+        for name, asked, why in (("tenant_id", tenant_id != "default", "no tenants"),
                                  ("enable_client_http_server", enable_client_http_server, "no client HTTP server")):
             if asked:
                 raise TypeError(f"setup() got an unsupported keyword argument '{name}': tidekv's Mooncake "
@@ -431,7 +435,9 @@ class MooncakeDistributedStore(TensorMethods, AdminMethods):
         if engine is not None and shared is None:
             logger.warning("mooncake store compat: engine %r is not a tidekv TransferEngine; starting one", engine)
         host, port = _split_hostname(local_hostname)
-        return self._connect("setup", master_server_addr, host, port, global_segment_size, local_buffer_size, shared)
+        disk = ssd_offload_path if offload_enabled(enable_ssd_offload) else None
+        return self._connect("setup", master_server_addr, host, port, global_segment_size, local_buffer_size, shared,
+                             disk)
 
     def _setup_from_dict(self, config: dict[str, Any]) -> int:
         values: dict[str, Any] = {}
@@ -453,14 +459,15 @@ class MooncakeDistributedStore(TensorMethods, AdminMethods):
             return int(ErrorCode.INVALID_PARAMS)
 
     def _connect(self, op: str, master: str, host: str, port: int, segment_size: Any, buffer_size: Any,
-                 engine: _TidekvEngine | None) -> int:
+                 engine: _TidekvEngine | None, offload: str | None = None) -> int:
         if self._store is not None:
             logger.error("mooncake store compat: %s() called on a store that is set up; close() it first", op)
             return int(ErrorCode.INVALID_PARAMS)
         own: _TidekvEngine | None = None
         try:
             config = StoreConfig.from_env(segment_size_bytes=parse_size(segment_size, "global_segment_size"),
-                                          staging_size_bytes=max(parse_size(buffer_size, "local_buffer_size"), 1 << 20))
+                                          staging_size_bytes=max(parse_size(buffer_size, "local_buffer_size"), 1 << 20),
+                                          **self._disk_settings(offload))
             address = master_address(master)
             if engine is None:
                 transfer = TransferConfig.from_env()
@@ -478,6 +485,14 @@ class MooncakeDistributedStore(TensorMethods, AdminMethods):
         logger.info("mooncake store compat: %s() connected to master %s (segment %s, %d bytes)", op, address,
                     store.segment_name or "none", config.segment_size_bytes)
         return int(ErrorCode.OK)
+
+    @staticmethod
+    def _disk_settings(offload: str | None) -> dict[str, Any]:
+        """StoreConfig fields of SSD offload in ``offload`` ("": Mooncake's variable), or none."""
+        if offload is None:
+            return {}
+        path, size = offload_disk(offload)
+        return {"disk_paths": path, "disk_size_bytes": size}
 
     def _call(self, op: str, run: Callable[[Store], Any]) -> Any:
         """``run(store)``, or the Mooncake code of the tidekv error it raised."""

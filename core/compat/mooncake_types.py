@@ -146,24 +146,40 @@ class MemoryDescriptor:
         self.buffer_descriptor = buffer_descriptor
 
 
-class ReplicaDescriptor:
-    """One replica (``batch_get_replica_desc``); tidekv's replicas are all in memory."""
+class DiskDescriptor:
+    """An object on a holder's disk (Mooncake's ``LOCAL_DISK`` replica): ``transport_endpoint`` is
+    the holder's disk server, ``file_path`` names the disk and the record's offset."""
 
-    def __init__(self, memory: MemoryDescriptor) -> None:
+    def __init__(self, file_path: str, object_size: int, transport_endpoint: str) -> None:
+        self.file_path = file_path
+        self.object_size = object_size
+        self.transport_endpoint = transport_endpoint
+
+
+class ReplicaDescriptor:
+    """One replica (``batch_get_replica_desc``): in a holder's memory, or on its disk (the disk tier)."""
+
+    def __init__(self, memory: MemoryDescriptor | None, disk: DiskDescriptor | None = None) -> None:
         self._memory = memory
+        self._disk = disk
         self.status = ReplicaStatus.COMPLETE
 
     def is_memory_replica(self) -> bool:
-        return True
+        return self._memory is not None
 
     def is_disk_replica(self) -> bool:
         return False
 
     def is_local_disk_replica(self) -> bool:
-        return False
+        return self._disk is not None
 
-    def get_memory_descriptor(self) -> MemoryDescriptor:
+    def get_memory_descriptor(self) -> MemoryDescriptor | None:
         return self._memory
+
+    def get_disk_descriptor(self) -> DiskDescriptor | None:
+        return self._disk
+
+    get_local_disk_descriptor = get_disk_descriptor
 
 
 class BufferHandle(bytearray):

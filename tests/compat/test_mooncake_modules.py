@@ -451,7 +451,6 @@ def test_client_flags() -> None:
 
 
 @pytest.mark.parametrize(("argv", "needle"), [
-    (["--enable_offload"], "--enable_offload=True is refused: tidekv has no SSD tier"),
     (["--enable_http_server=true"], "--enable_http_server=True is refused"),
     (["--tenant_id=t1"], "--tenant_id='t1' is refused"),
     (["--use_mmap_arena_allocator"], "flag --use_mmap_arena_allocator is not supported"),

@@ -137,7 +137,7 @@ def test_master_addresses_in_mooncakes_forms(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_setup_takes_sglangs_eight_positionals_and_refuses_its_extras_by_name(master: MasterProcess) -> None:
     store = MooncakeDistributedStore()
-    kwargs = {"enable_ssd_offload": True, "ssd_offload_path": "/tmp/x"}
+    kwargs = {"tenant_id": "t1", "enable_client_http_server": True}
     # SGLang's loop: drop each keyword the TypeError names, retry.
     while True:
         try:
@@ -195,7 +195,8 @@ def test_setup_from_a_config_dict_with_human_readable_sizes(spawn_master: SpawnM
     finally:
         store.close()
     assert MooncakeDistributedStore().setup({**config, "global_segment_size": "sixteen"}) == INVALID
-    assert MooncakeDistributedStore().setup({**config, "enable_ssd_offload": True}) == INVALID
+    missing = {**config, "enable_ssd_offload": True, "ssd_offload_path": "/nonexistent/ssd"}
+    assert MooncakeDistributedStore().setup(missing) == INVALID, "an SSD offload directory that does not exist"
 
 
 def test_setup_dict_falls_back_to_mooncake_variables(master: MasterProcess, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -531,3 +532,34 @@ def test_get_into_ranges_reads_fragments_of_several_objects(store: MooncakeDistr
     assert store.get_into_ranges([mem.addr], [["b", "a"]], [[[0], [10]]], [[[4090], [0]]], [[[10], [5]]]) == \
         [[[INVALID], [5]]]
     assert store.get_into_ranges([mem.addr], [["a"]], [[[0]]], [[[0, 1]]], [[[1]]]) == [[[INVALID]]]
+
+
+def test_ssd_offload_keeps_evicted_objects_and_unmounts(spawn_master: SpawnMaster, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """setup(enable_ssd_offload=True, ssd_offload_path=...) is tidekv's disk tier: what the master
+    evicts from a 1 MiB segment stays readable; a second client's reads of it are counted by the
+    holder (get_offload_rpc_read_count); unmount_local_disk_segment takes the tier away."""
+    master = spawn_master(disk_write_through="all")
+    monkeypatch.setenv("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES", "16MB")
+    holder, reader = MooncakeDistributedStore(), MooncakeDistributedStore()
+    assert holder.setup("127.0.0.1", "P2PHANDSHAKE", MIB, 4 * MIB, "tcp", "", master.address,
+                        enable_ssd_offload=True, ssd_offload_path=str(tmp_path)) == 0
+    assert reader.setup("127.0.0.1", "P2PHANDSHAKE", 0, 4 * MIB, "tcp", "", master.address) == 0
+    try:
+        assert list(tmp_path.glob("tidekv-*.disk")), "the tier's file is in ssd_offload_path"
+        values = {f"k{i}": bytes([i]) * (64 << 10) for i in range(32)}
+        for first in range(0, 32, 8):
+            for i in range(first, first + 8):
+                assert holder.put(f"k{i}", values[f"k{i}"]) == 0
+            wait_until(lambda n=first + 8: holder._store.stats()["disk"]["keys"] == n, 10, "objects on disk")
+        assert [reader.get(k) == v for k, v in values.items()] == [True] * 32
+        assert holder.get_offload_rpc_read_count() > 0, "some objects were read from the holder's disk"
+        on_disk = [d for k in values for d in holder.get_replica_desc(k) if d.is_local_disk_replica()]
+        assert on_disk and all(not d.is_memory_replica() and d.get_disk_descriptor().object_size == 64 << 10
+                               for d in on_disk)
+        assert holder.unmount_local_disk_segment() == 0
+        assert not list(tmp_path.glob("tidekv-*.disk")), "unmounted: the files are gone"
+        assert sum(reader.is_exist(k) == 1 for k in values) < 32, "objects only the disk held left the pool"
+    finally:
+        reader.close()
+        holder.close()

@@ -193,3 +193,25 @@ def test_a_tensor_channel_from_one_host_to_another(multihost: Callable[..., Rig]
         got += consumer.call("chan_take", name="hidden", max_items=8, wait_s=10)["items"]
     assert got == [[i, digest(payload(i, MIB))] for i in range(8)]
     assert producer.call("stats")["stats"]["keys"] == 0  # acked: the tensors left the pool
+
+
+def test_a_disk_only_object_reads_on_another_host(multihost: Callable[..., Rig], on: Callable[..., Any],
+                                                   tmp_path: Path) -> None:
+    """A holder on host 2 with a disk tier, its memory too small for what is put: the objects
+    evicted from memory are read by a client on host 3 through the holder's disk server, byte
+    for byte."""
+    h1, h2, h3 = multihost(3).hosts
+    master = on(h1, "master", disk_write_through="all", lease_ttl_s=0.5)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    holder = on(h2, "agent", master.address, MIB, disk_paths=str(disk), disk_size_bytes=16 * MIB, **FAST)
+    client = on(h3, "agent", master.address, 0, **FAST)
+    keys = [f"obj-{i}" for i in range(32)]
+    for first in range(0, 32, 8):  # 32 x 64 KiB through a 1 MiB segment, each batch on disk first
+        for i in range(first, first + 8):
+            holder.call("put", key=keys[i], seed=i, size=64 * 1024)
+        wait_until(lambda n=first + 8: holder.call("stats")["stats"]["disk"]["keys"] == n, 15.0,
+                   f"{first + 8} objects on the holder's disk")
+    disk_only = client.call("stats")["stats"]["disk"]["disk_only_keys"]
+    assert disk_only >= 16, f"only {disk_only} objects left memory"
+    assert client.call("get_many", keys=keys)["digests"] == [digest(payload(i, 64 * 1024)) for i in range(32)]

@@ -56,6 +56,7 @@ def _example(kind: type) -> msgspec.Struct:
         p.ChannelInfo: p.ChannelInfo("c"),
         p.CreateTask: p.CreateTask(0, [b"k"], ["seg"]),
         p.QueryTask: p.QueryTask([1, 2]),
+        p.Spills: p.Spills("victim", [p.DiskInfo("d", "e:1", "e:2", 1 << 20)]),
     }
     return examples[kind]
 

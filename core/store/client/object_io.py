@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tidekv.errors import (
     ConfigError,
@@ -40,6 +41,9 @@ from tidekv.store.wire.keys import Buffer, buffer_span, show_key
 from tidekv.store.wire.protocol import Pin, Status
 from tidekv.transfer.batch import TransferOp, TransferRequest, TransferState
 from tidekv.transfer.engine import TransferEngine
+
+if TYPE_CHECKING:
+    from tidekv.store.client.disk_reads import DiskReader
 from tidekv.values import parse_host_port
 
 logger = logging.getLogger(__name__)
@@ -138,6 +142,7 @@ class ObjectIO:
         self._spare_lock = threading.Lock()
         self._spare: _HeldSpare | None = None
         self._spare_ticket = False
+        self.disk_reader: DiskReader | None = None  # reads disk-only objects (the Store sets it)
 
     def put(self, keys: list[bytes], spans: list[Span], pin: Pin, replicas: int | None, upsert: bool,
             preferred_segment: str, avoid: tuple[str, ...] = ()) -> None:
@@ -179,7 +184,8 @@ class ObjectIO:
         owners: list[int] = []
         for i, (key, slot, span, n) in enumerate(zip(keys, slots, spans, sizes)):
             if slot.status == Status.OUT_OF_SPACE:
-                failures[key] = OutOfSpaceError(f"no room for object {show_key(key)} ({n} bytes) even after eviction", key=key)
+                failures[key] = OutOfSpaceError(f"no room for object {show_key(key)} ({n} bytes) even after eviction"
+                                                + (f"; {slot.detail}" if slot.detail else ""), key=key)
             elif slot.status == Status.QUOTA:
                 failures[key] = OutOfSpaceError(f"object {show_key(key)} ({n} bytes) is beyond this tenant's quota: "
                                                 f"{slot.detail}", key=key)
@@ -244,6 +250,10 @@ class ObjectIO:
         pending = [i for i, s in enumerate(pieces) if s is not None]
         attempt = 0
         failures: Failures = {}
+        on_disk = [i for i in pending if results[i].disk is not None and not results[i].locations]
+        if on_disk:
+            self._read_disk(keys, results, pieces, on_disk, failures)
+            pending = [i for i in pending if results[i].locations]
         while pending:
             reads, owners, next_pending = [], [], []
             for i in pending:
@@ -283,6 +293,20 @@ class ObjectIO:
             raise batch_error("get", failures)
 
     # ---- internals ----------------------------------------------------------------------
+
+    def _read_disk(self, keys: list[bytes], results: list[p.GetResult], pieces: list[Pieces | None],
+                   which: list[int], failures: Failures) -> None:
+        """Reads the disk-only objects ``which`` through their holders (``disk_reads``)."""
+        if self.disk_reader is None:
+            for i in which:
+                failures[keys[i]] = StoreError(f"object {show_key(keys[i])} is on a holder's disk only, and this "
+                                               "client cannot read the disk tier")
+            return
+        errors = self.disk_reader.read([keys[i] for i in which], [results[i].disk for i in which],  # type: ignore[misc]
+                                       [results[i].size for i in which], [pieces[i] for i in which])  # type: ignore[misc]
+        for i, error in zip(which, errors, strict=True):
+            if error is not None:
+                failures[keys[i]] = error  # type: ignore[assignment]
 
     def _unreachable(self, locations: list[p.Location]) -> ConfigError | None:
         """A refusal of the first location whose engine is on loopback, another process's, while

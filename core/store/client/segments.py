@@ -51,3 +51,21 @@ class SegmentCalls:
     def extra_segments(self: Store) -> list[str]:
         """The names of the segments ``mount_segment`` mounted and that are still mounted."""
         return list(self._groups[0].member.extra)
+
+    def unmount_disks(self: Store, grace_s: float = 0.0) -> None:
+        """Takes this holder's disk tier (``disk_paths``) out of the pool: the master drops its
+        disks and every object only they held, reads already handed out are served for ``grace_s``
+        more, then the tier's files are removed. Memory stays as it is.
+
+        Raises:
+            ConfigError: this store has no disk tier (or unmounted it already).
+        """
+        if self._disk is None or self._disk.closed:
+            raise ConfigError("this store has no disk tier to unmount (disk_paths is not set, or it was unmounted)")
+        self._reader.tier = None
+        self._disk.unmount(grace_s)
+
+    @property
+    def disk_reads_served(self: Store) -> int:
+        """Reads of this holder's disk records it served to other clients (its disk server)."""
+        return self._disk.server.served if self._disk is not None else 0

@@ -30,6 +30,8 @@ from typing import Any
 from tidekv.config import MasterAddress, PoolAddress, StoreConfig, TlsConfig, TransferConfig
 from tidekv.errors import ConfigError, ObjectLeasedError, ObjectNotFoundError, StoreError, TransferError
 from tidekv.hostaddr import advertised_host
+from tidekv.store.client.disk_reads import DiskReader
+from tidekv.store.client.disk_tier import DiskTierParts
 from tidekv.store.client.master_client import MasterClient
 from tidekv.store.client.membership import Member
 from tidekv.store.client.object_io import ObjectIO, Parts, Pieces, Span, batch_error, in_order, span_of, trim
@@ -59,6 +61,8 @@ class ObjectInfo:
     """The object's size."""
     locations: tuple[p.Location, ...]
     """Its replicas: segment, holder engine, address and length of each."""
+    disk: p.DiskCopy | None = None
+    """Where it is on a holder's disk, when memory no longer holds it (``locations`` empty)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -116,6 +120,7 @@ class Store(TensorCalls, TaskCalls, SegmentCalls):
         self._closed = threading.Event()
         self._groups: list[_Group] = []
         self._staging: StagingArea | None = None
+        self._disk: DiskTierParts | None = None
         n = len(self._pool)
         group_config = config if n == 1 else dataclasses.replace(
             config, segment_size_bytes=config.segment_size_bytes // n // _CARVE_ALIGN * _CARVE_ALIGN)
@@ -131,10 +136,19 @@ class Store(TensorCalls, TaskCalls, SegmentCalls):
                 self._groups.append(_Group(rpc, member, ObjectIO(rpc, engine, self.client_id, config.replicas,
                                                                  member.count_lease_expiry)))
             self._staging = StagingArea(engine, config.staging_size_bytes)
+            if config.disk_paths:
+                self._disk = DiskTierParts.open(config, engine, self._staging, n)
+            reader = DiskReader(engine, self._staging, config.rpc_timeout_s, engine.config.secret,
+                                self._disk.tier if self._disk is not None else None)
+            for group in self._groups:
+                group.io.disk_reader = reader
+            self._reader = reader
             self._pool.connect()
             for group in self._groups:
                 group.member.mount()
         except BaseException:
+            if self._disk is not None:
+                self._disk.close()
             self._pool.close()
             if owns_engine:
                 engine.close()
@@ -143,6 +157,8 @@ class Store(TensorCalls, TaskCalls, SegmentCalls):
             raise
         for group in self._groups:
             group.member.start()
+        if self._disk is not None:
+            self._disk.start(self._groups[0].rpc, self.client_id, config.heartbeat_interval_s)
 
     @property
     def segment_name(self) -> str:
@@ -482,7 +498,7 @@ class Store(TensorCalls, TaskCalls, SegmentCalls):
 
         def share(group: int, positions: list[int]) -> list[ObjectInfo | None]:
             _, results = self._groups[group].io.locate(pick(all_keys, positions))
-            return [ObjectInfo(r.size, tuple(r.locations)) if r.status == Status.OK else None for r in results]
+            return [ObjectInfo(r.size, tuple(r.locations), r.disk) if r.status == Status.OK else None for r in results]
 
         return self._pool.fan_out(all_keys, share, "lookup")
 
@@ -553,6 +569,9 @@ class Store(TensorCalls, TaskCalls, SegmentCalls):
         self._closed.set()
         for group in self._groups:
             group.member.stop()
+        if self._disk is not None:
+            self._disk.close()
+        self._reader.close()
         for group in self._groups:
             try:
                 group.rpc.call(p.Disconnect(self.client_id), timeout_s=min(self.config.rpc_timeout_s, 2.0),

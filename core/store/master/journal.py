@@ -170,8 +170,42 @@ class DropReplicaOp(msgspec.Struct, tag="drop_replica", array_like=True):
     segment: str
 
 
+class DiskMountOp(msgspec.Struct, tag="disk_mount", array_like=True):
+    """A holder's disk registered, or back with it (``disks``)."""
+
+    client_id: str
+    name: str
+    engine: str
+    address: str
+    capacity: int
+
+
+class DiskUnmountOp(msgspec.Struct, tag="disk_unmount", array_like=True):
+    """Disks dropped with every record on them."""
+
+    names: list[str]
+
+
+class DiskPutOp(msgspec.Struct, tag="disk_put", array_like=True):
+    """An object's copy on a disk: the record at ``offset`` (replacing any other copy of ``key``)."""
+
+    key: bytes
+    disk: str
+    offset: int
+    size: int
+    token: int
+    crc: int
+
+
+class DiskDropOp(msgspec.Struct, tag="disk_drop", array_like=True):
+    """Disk copies dropped (evicted from their disk, removed, superseded)."""
+
+    keys: list[bytes]
+
+
 Op = Union[MountOp, UnmountOp, SuspendOp, ResumeOp, StartOp, EndOp, DropOp, RemoveOp, EvictOp, ObjectOp, RetireOp,
-           TokensOp, RepairOp, RepairedOp, ChannelOp, ChannelAckOp, TaskOp, DropReplicaOp]
+           TokensOp, RepairOp, RepairedOp, ChannelOp, ChannelAckOp, TaskOp, DropReplicaOp, DiskMountOp, DiskUnmountOp,
+           DiskPutOp, DiskDropOp]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(list[Op])
@@ -259,6 +293,8 @@ class Mirror:
     max_token: int = 0
     channels: dict[str, tuple[int, dict[int, bytes]]] = field(default_factory=dict)  # name -> (next seq, seq -> key)
     tasks: dict[tuple[int, int], TaskOp] = field(default_factory=dict)  # id -> the task's last state
+    disks: dict[str, DiskMountOp] = field(default_factory=dict)
+    disk_entries: dict[bytes, DiskPutOp] = field(default_factory=dict)  # key -> its disk copy, in LRU order
 
     def apply(self, ops: list[Op], now: float) -> None:
         """Applies ``ops`` in order. The three kinds almost every op is (a snapshot's objects, a
@@ -342,6 +378,19 @@ class Mirror:
             if held is not None:
                 for seq in op.seqs:
                     held[1].pop(seq, None)
+        elif isinstance(op, DiskPutOp):
+            self.disk_entries.pop(op.key, None)
+            self.disk_entries[op.key] = op
+        elif isinstance(op, DiskDropOp):
+            for key in op.keys:
+                self.disk_entries.pop(key, None)
+        elif isinstance(op, DiskMountOp):
+            self.disks[op.name] = op
+        elif isinstance(op, DiskUnmountOp):
+            gone = set(op.names)
+            for name in gone:
+                self.disks.pop(name, None)
+            self.disk_entries = {k: e for k, e in self.disk_entries.items() if e.disk not in gone}
         elif isinstance(op, RepairedOp):
             repair = self.repairs.pop((op.segment, op.offset), None)
             if repair is None:
@@ -429,6 +478,8 @@ class Mirror:
         out += [ChannelOp(name, list(items), list(items.values()), next_seq)
                 for name, (next_seq, items) in self.channels.items()]
         out += self.tasks.values()
+        out += self.disks.values()
+        out += self.disk_entries.values()
         return out
 
 

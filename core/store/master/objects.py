@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from tidekv.store.allocator import align
 from tidekv.store.master import eviction
 from tidekv.store.master import journal as j
+from tidekv.store.master.disks import DiskTable
 from tidekv.store.master.repairs import RepairBook
 from tidekv.store.master.retired import RetiredBytes
 from tidekv.store.master.segments import SegmentTable
@@ -138,6 +139,7 @@ class ObjectTable:
         self.quotas: dict[str, int] | None = None
         self.usage: dict[str, int] = {}
         self.repairs = RepairBook(self)
+        self.disks = DiskTable(self)  # copies on holders' disks (the disk tier)
         self.spares: dict[str, int] = {}  # writer -> the token of its spare (absent from pending once ended)
 
     # ---- writes -------------------------------------------------------------------------
@@ -173,6 +175,8 @@ class ObjectTable:
             existing = None
         if existing is not None and not upsert:
             return PutSlot(Status.EXISTS)
+        if existing is None and not upsert and key in self.disks.entries:
+            return PutSlot(Status.EXISTS)  # complete, on a disk only
         older = self.upserts.get(key)
         if older is not None and older.put is not None:
             self._drop_pending(older.put.token)
@@ -247,7 +251,8 @@ class ObjectTable:
             return Status.INVALID
         if is_spare(key) or not key or len(key) > self.max_key_bytes or pin not in (0, 1, 2):
             return Status.INVALID
-        if key not in self.objects and key not in self.upserts and key not in self.suspended:
+        if key not in self.objects and key not in self.upserts and key not in self.suspended \
+                and key not in self.disks.entries:
             # A new key (the common case): the spare's entry becomes the object, token and all.
             self._take_spare(spare)
             meta.put, meta.pin = None, pin
@@ -255,6 +260,8 @@ class ObjectTable:
             self.repairs.check(key, meta)  # a replica of the spare's may have gone with its holder
             if self.journal is not None:
                 self.journal.add(j.ObjectOp(key, size, list(meta.replicas), pin, token, meta.want), key)
+            if self.disks.disks:
+                self.disks.published(key, meta)
             return Status.OK
         slot = self._start(writer, key, size, meta.want, "", pin, upsert, now, spare=spare)
         if slot.status != Status.OK:
@@ -291,6 +298,8 @@ class ObjectTable:
         self.objects[key] = meta  # newest at the LRU end
         if self.journal is not None:
             self.journal.add(j.EndOp(key, token), key)
+        if self.disks.disks:
+            self.disks.published(key, meta)
         return Status.OK
 
     def put_revoke(self, key: bytes, token: int, writer: str) -> Status:
@@ -317,13 +326,15 @@ class ObjectTable:
             table = self.suspended
             meta = table.get(key)
         if meta is None or meta.put is not None:
-            return Status.NOT_FOUND
+            return self.disks.remove(key, force, now) if self.disks.entries else Status.NOT_FOUND
         if meta.lease_until > now and not force:
             return Status.LEASED
         del table[key]
         self._retire(key, meta, now)
         if self.journal is not None:
             self.journal.add(j.RemoveOp(key), key)
+        if self.disks.entries:
+            self.disks.forget(key)
         return Status.OK
 
     # ---- reads --------------------------------------------------------------------------
@@ -331,7 +342,7 @@ class ObjectTable:
     def get(self, key: bytes, lease_s: float, now: float) -> GetResult:
         meta = self.objects.get(key)
         if meta is None or meta.put is not None:
-            return GetResult(Status.NOT_FOUND)
+            return self.disks.get(key, lease_s, now) if self.disks.entries else GetResult(Status.NOT_FOUND)
         until = now + lease_s
         if until > meta.lease_until:
             meta.lease_until = until
@@ -354,14 +365,17 @@ class ObjectTable:
 
     def exists(self, key: bytes) -> bool:
         meta = self.objects.get(key)
-        return meta is not None and meta.put is None
+        if meta is None or meta.put is not None:
+            return bool(self.disks.entries) and self.disks.engine(key) is not None
+        return True
 
     def engines(self, key: bytes) -> list[str]:
         """Transfer engines whose segments hold a replica of the complete object ``key``
         (none if absent); no lease, no LRU touch."""
         meta = self.objects.get(key)
         if meta is None or meta.put is not None:
-            return []
+            engine = self.disks.engine(key) if self.disks.entries else None
+            return [engine] if engine is not None else []
         return list(dict.fromkeys(loc.engine for loc in self.locations(meta)))
 
     # ---- housekeeping -------------------------------------------------------------------
@@ -502,13 +516,16 @@ class ObjectTable:
         if now < self.quarantine_until:
             return 0  # any object may be read under a lease granted before the restore
         candidates = self.objects.by_age()
-        if keep is not None or only is not None:
+        spilling = self.disks.under_way  # kept in memory until their holder has written them to disk
+        if keep is not None or only is not None or spilling:
             candidates = ((k, m) for k, m in self.objects.by_age()
-                          if k != keep and (only is None or only(k)))
+                          if k != keep and (only is None or only(k)) and k not in spilling)
         victims = eviction.select_victims(candidates, now, bytes_needed)
         freed = 0
         for key in victims:
             meta = self.objects.pop(key)
+            if self.disks.disks:
+                self.disks.evicted(key, meta)  # it may stay in the pool, disk-only
             if meta.held:
                 self.counters.objects_superseded += 1
             n = len(meta.replicas) // 2
@@ -580,7 +597,7 @@ class ObjectTable:
                     out.append(j.StartOp(meta.put.token, key, meta.size, list(meta.replicas), meta.pin,
                                          meta.put.is_upsert, meta.put.writer, meta.want))
         out += [j.RetireOp(size, list(replicas)) for _, size, replicas, _ in self.retired]
-        return out + self.repairs.snapshot()
+        return out + self.repairs.snapshot() + self.disks.snapshot()
 
     def count_usage(self) -> dict[str, int]:
         """Each tenant's bytes counted from scratch (what ``usage`` keeps up to date)."""

@@ -20,6 +20,7 @@ on the way back (``Namespace.leave``); what lies between sees plain internal nam
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -42,11 +43,11 @@ from tidekv.store.master import journal as j
 from tidekv.store.master import mount_check
 from tidekv.store.master import tenants as t
 from tidekv.store.master.channels import ChannelTable
-from tidekv.store.master.tasks import TaskBook, TaskKind
 from tidekv.store.master.listing import KeyListings
 from tidekv.store.master.metrics import index_gauges
 from tidekv.store.master.objects import ObjectTable
 from tidekv.store.master.segments import SegmentTable, SuspendedSegment
+from tidekv.store.master.tasks import TaskBook, TaskKind
 from tidekv.store.wire import names
 from tidekv.store.wire import protocol as p
 
@@ -122,6 +123,7 @@ class MasterService:
         self.objects = ObjectTable(self.segments, config.max_key_bytes)
         self.channels = ChannelTable(self.objects)
         self.tasks = TaskBook(self.objects)
+        self.objects.disks.write_through = config.disk_write_through
         self.metrics = Registry()
         self._requests = self.metrics.counter("tidekv_master_requests_total", "RPC requests by type", ["type"])
         self._items = self.metrics.counter("tidekv_master_request_items_total", "keys carried by RPC requests, by type",
@@ -163,6 +165,7 @@ class MasterService:
             p.Remove: self._remove,
             p.StatsRequest: self._stats,
             p.Repairs: self._repairs,
+            p.Spills: self._spills,
             p.ChannelPush: lambda m, now: self.channels.push(m.channel, m.keys, m.max_items, m.max_bytes),
             p.ChannelTake: lambda m, now: (self.config.lease_ttl_s, self.channels.take(
                 m.channel, m.consumer, m.max_items, m.visibility_s, self.config.lease_ttl_s, now)),
@@ -325,6 +328,7 @@ class MasterService:
             self._drop_suspended(expired, f"its holder did not come back within {self.config.suspend_grace_s:.0f} s")
         self.objects.free_retired(now)
         self.objects.repairs.expire(now)
+        self.objects.disks.tick(now, self.config.disk_grace_s)
         self.channels.tick(now)
         self.tasks.tick()
         high, low = self.config.high_watermark, self.config.high_watermark - self.config.eviction_ratio
@@ -431,6 +435,10 @@ class MasterService:
             slots = [put(m.client_id, key, size, m.replicas, m.preferred_segment, m.pin, m.upsert, now, pool, avoid)
                      for key, size in zip(m.keys, m.sizes)]
             self.tenancy.refused(tenant, slots)
+        if self.objects.disks.disks:
+            for slot in slots:
+                if slot.status == p.Status.OUT_OF_SPACE and not slot.detail:
+                    slot.detail = self._tiers_full()
         if m.spare and len(m.keys) == 1 and slots[0].status == p.Status.OK:
             slots[0].spare = self._spare(m.client_id, m.keys[0], m.sizes[0], m.replicas, m.preferred_segment, now,
                                          pool)
@@ -524,6 +532,18 @@ class MasterService:
         return book.take(m.client_id, mine, may_hold, min(max(m.max_bytes, 0), self.config.max_message_bytes),
                          self.config.max_batch_keys, now, self.config.put_timeout_s)
 
+    def _spills(self, m: p.Spills, now: float) -> p.SpillWork:
+        """A holder's disks and finished spills, and its next spills (``disks``)."""
+        info = self.segments.clients.get(m.client_id)
+        if info is None:
+            return p.SpillWork()
+        info.last_seen = now
+        mine = [(n, self.segments.segments[n].base) for n in sorted(info.segments) if n in self.segments.segments]
+        cap = self.segments.capacity
+        pressure = bool(cap) and self.segments.used >= self.config.disk_spill_at * cap
+        return self.objects.disks.spills(m, mine, pressure, min(max(m.max_bytes, 0), self.config.max_message_bytes),
+                                         now, max(4 * self.config.lease_ttl_s, 10.0))
+
     def _create_task(self, m: p.CreateTask, now: float) -> list[int]:
         if len(m.keys) != 1 or m.kind not in (TaskKind.COPY, TaskKind.MOVE):
             raise ConfigError(f"CreateTask names {len(m.keys)} keys and kind {m.kind}: expected one key, kind 0 or 1")
@@ -587,7 +607,25 @@ class MasterService:
             "lease_expiries": self._lease_expiries,
             "repairs": {"under_way": len(self.objects.repairs.under_way), "done": r.done, "failed": r.failed,
                         "stale": r.stale, "started": r.started},
+            "disk": self._disk_stats(),
         }
+
+    def _tiers_full(self) -> str:
+        """Why a put found no room, with a disk tier: both tiers' usage."""
+        disks = self.objects.disks.disks.values()
+        return (f"memory: {self.segments.used} of {self.segments.capacity} bytes used, the rest pinned, leased, being "
+                f"written or being spilled; disk tier: {sum(d.used for d in disks)} of {sum(d.capacity for d in disks)} "
+                f"bytes on {len(disks)} disk(s) (a put needs memory: disks take only what memory evicts)")
+
+    def _disk_stats(self) -> dict[str, Any]:
+        d = self.objects.disks
+        on_disk_only = sum(1 for k in d.entries if k not in self.objects.objects)
+        return {"keys": len(d.entries), "disk_only_keys": on_disk_only, "spills_under_way": len(d.under_way),
+                "capacity_bytes": sum(x.capacity for x in d.disks.values()),
+                "used_bytes": sum(x.used for x in d.disks.values()),
+                "disks": {x.name: {"client": x.client_id, "engine": x.engine, "capacity": x.capacity, "used": x.used,
+                                   "online": x.online} for x in d.disks.values()},
+                **dataclasses.asdict(d.counters)}
 
     def _engine_secret(self) -> str | None:
         """The secret the engines of the requesting client's tenant hold."""
@@ -598,6 +636,7 @@ class MasterService:
         return self.tenancy.secrets() if self.tenancy is not None else None
 
     def _forget_client(self, client_id: str) -> None:
+        self.objects.disks.lapsed(client_id, self.clock())
         names = self.segments.remove_client(client_id)
         self._dropped(names)
         self.objects.reclaim_stale_puts(self.clock(), self.config.put_timeout_s, {client_id})
@@ -605,6 +644,7 @@ class MasterService:
     def _lapsed(self, client_id: str, now: float) -> None:
         """A client missed its heartbeats: its puts are reclaimed (by the caller) and its segments
         suspended (or, without an incarnation or a grace, unmounted)."""
+        self.objects.disks.lapsed(client_id, now)
         grace = self.config.suspend_grace_s
         if grace > 0:
             suspended, dropped = self.segments.suspend_client(client_id, now + grace)
@@ -685,6 +725,7 @@ class MasterService:
             self.segments.restore(op.client_id, name, op.engine, op.base, op.capacity, used[name], now,
                                   op.incarnation, suspended_until=until)
         self.objects.restore(mirror, now)
+        self.objects.disks.restore(mirror, now)
         self.objects.repairs.restore(list(mirror.repairs.values()), now, self.config.put_timeout_s)
         self.channels.restore(mirror)
         self.tasks.restore(mirror.tasks)

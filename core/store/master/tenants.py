@@ -38,6 +38,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from tidekv.config import parse_size, read_secret_file
 from tidekv.errors import ConfigError
 from tidekv.store.wire import protocol as p
@@ -151,6 +152,10 @@ class Namespace:
             body.segments = [pre + n for n in body.segments]
         elif isinstance(body, p.Repairs) and body.done:
             body.done = [p.RepairResult(kpre + r.key, r.token, r.ok) for r in body.done]
+        elif isinstance(body, p.Spills):
+            body.disks = [msgspec.structs.replace(d, name=pre + d.name) for d in body.disks]
+            body.done = [msgspec.structs.replace(d, key=kpre + d.key, disk=pre + d.disk) for d in body.done]
+            body.failed = [kpre + k for k in body.failed]
         elif isinstance(body, p.CreateTask):
             body.targets = [pre + n for n in body.targets]
             body.source = pre + body.source if body.source else ""
@@ -171,6 +176,12 @@ class Namespace:
         elif isinstance(body, p.Get):
             for r in result[1]:
                 r.locations = self._plain(r.locations)
+                if r.disk is not None:
+                    r.disk.disk = r.disk.disk[len(pre):]
+        elif isinstance(body, p.Spills):
+            n = len(self._key_prefix)
+            for item in [*result.tasks, *result.drops]:
+                item.key, item.disk = item.key[n:], item.disk[len(pre):]
         elif isinstance(body, p.ListKeys):
             n = len(self._key_prefix)
             result = [k[n:] for k in result[0]], result[1]

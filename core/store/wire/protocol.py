@@ -23,7 +23,7 @@ from tidekv.errors import (
     RpcError,
 )
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 """v2: the ``not_ready`` error kind (a recovering master, a standby), idempotent put_end, and the
 replication stream between masters (``journal``). v3: ``MountSegment`` carries the holder's
 incarnation and is answered with a ``MountResult``: a holder declared dead has its segment
@@ -34,7 +34,7 @@ v5: ``ListKeys``. v6: tenants (``store.master.tenants``: the Greeting names one;
 (``store.wire.mount_proof``) and the ``unproven`` error kind; ``PutStart.avoid``. v8: spare slots
 (``PutStart.spare``, ``PutBind``, ``PutSlot.spare``): a small put in two round trips. v9: channels
 (``ChannelPush``, ``ChannelTake``, ``ChannelAck``, ``ChannelInfo``, ``Status.FULL``), copy and move
-tasks (``CreateTask``, ``QueryTask``)."""
+tasks (``CreateTask``, ``QueryTask``). v10: the disk tier (``Spills``, ``GetResult.disk``)."""
 
 MAGIC = b"tkv\x07"
 """First bytes a client sends on a new connection (anything else is not a tidekv store client).
@@ -197,6 +197,51 @@ class Repairs(msgspec.Struct, tag="repairs", array_like=True):
     max_bytes: int = 64 << 20  # at most this many bytes of new tasks in the reply
 
 
+DISK_BLOCK = 4096
+"""A disk record is a header block then its data padded to whole blocks (``store.client.disk``)."""
+
+
+def disk_footprint(size: int) -> int:
+    """Bytes a disk record of ``size`` data bytes occupies (header and padding included)."""
+    return DISK_BLOCK + (size + DISK_BLOCK - 1) // DISK_BLOCK * DISK_BLOCK
+
+
+class DiskInfo(msgspec.Struct, array_like=True):
+    """One disk a holder contributes (``store.master.disks``): ``name`` is the disk file's own
+    id, so a restarted holder names it again; ``address`` its disk server (``store.client.disk_server``)."""
+
+    name: str
+    engine: str
+    address: str
+    capacity: int
+
+
+class SpillDone(msgspec.Struct, array_like=True):
+    """An object (version ``token``) a holder's disk holds: the record at ``offset`` of ``disk``."""
+
+    key: bytes
+    token: int
+    disk: str
+    offset: int
+    size: int
+    crc: int
+
+
+class Spills(msgspec.Struct, tag="spills", array_like=True):
+    """A holder with a disk tier reports and asks for work, about once a heartbeat: its disks
+    (registered when the master lacks them), the spills it finished (``done``; with ``report``,
+    everything its disks hold, sent after the master asked for it) and the keys whose spill
+    failed, and asks for up to ``max_bytes`` of new spills (``SpillWork``)."""
+
+    client_id: str
+    disks: list[DiskInfo] = []
+    done: list[SpillDone] = []
+    failed: list[bytes] = []
+    report: bool = False
+    max_bytes: int = 64 << 20
+    unmount: bool = False  # the holder leaves the tier: ``disks`` and every record on them are dropped
+
+
 class ChannelPush(msgspec.Struct, tag="chan_push", array_like=True):
     """A producer appends complete objects to channel ``channel`` (``master.channels``), each only
     if the queue then holds at most ``max_items`` items and ``max_bytes`` bytes."""
@@ -278,6 +323,7 @@ Body = Union[
     ChannelInfo,
     CreateTask,
     QueryTask,
+    Spills,
 ]
 
 
@@ -327,10 +373,52 @@ class RepairTask(msgspec.Struct, array_like=True):
     deadline_s: float  # the master gives up on it this long after handing it out
 
 
+class SpillTask(msgspec.Struct, array_like=True):
+    """Write object ``key`` (version ``token``, ``size`` bytes at ``source`` in the holder's own
+    segment) to its disk ``disk``; then report it (``Spills.done`` or ``failed``)."""
+
+    key: bytes
+    token: int
+    size: int
+    source: int
+    disk: str
+
+
+class DiskDrop(msgspec.Struct, array_like=True):
+    """Free the record of ``key`` (version ``token``) at ``offset`` of ``disk``."""
+
+    disk: str
+    offset: int
+    key: bytes
+    token: int
+
+
+class SpillWork(msgspec.Struct, array_like=True):
+    """The master's answer to ``Spills``: records to free first, then spills to make; ``report``:
+    the master does not know what some of the named disks hold, send it all (``Spills.report``)."""
+
+    tasks: list[SpillTask] = []
+    drops: list[DiskDrop] = []
+    report: bool = False
+
+
+class DiskCopy(msgspec.Struct, array_like=True):
+    """Where a disk-only object is: the record at ``offset`` of disk ``disk`` of the holder whose
+    engine is ``engine`` and disk server ``address``; ``crc``: its data's crc32."""
+
+    engine: str
+    address: str
+    disk: str
+    offset: int
+    token: int
+    crc: int
+
+
 class GetResult(msgspec.Struct, array_like=True):
     status: int
     size: int = 0
     locations: list[Location] = []
+    disk: DiskCopy | None = None  # a disk-only object (``locations`` empty): read it through its holder
 
 
 class MountOutcome(enum.IntEnum):
@@ -364,6 +452,7 @@ RESULT_TYPES: dict[type, object] = {
     ListKeys: tuple[list[bytes], bool],  # a page of keys, whether it is the last
     MountSegment: MountResult,
     Repairs: list[RepairTask],
+    Spills: SpillWork,
     ChannelPush: tuple[list[int], list[int]],  # Status per key, seq per key (-1 where not appended)
     ChannelTake: tuple[float, list[ChannelItem]],  # (lease seconds, as Get), the items
     ChannelAck: list[int],  # Status per seq

@@ -1,0 +1,142 @@
+"""A holder's side of the disk tier: spills the objects the master names to this holder's disks,
+frees the records it no longer wants, and reports what the disks hold.
+
+About once a heartbeat (at once while there is work) the worker sends ``Spills``: its disks, the
+spills it finished and failed since. The master answers with records to free (done first, so a
+spill finds the room the master counted on) and spills to make: each object is written from
+this holder's own segment, where the master keeps it leased until the report. When the master
+asks (it did not know a disk: a new disk, a restarted holder, a master without the index), the
+next rounds report every record the disks hold. Neighbours: ``disk`` (the files), ``membership``
+(runs this beside the heartbeat), ``master.disks`` (the master's side).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from tidekv.errors import OutOfSpaceError, TidekvError
+from tidekv.store.client.disk import DiskRecord, DiskTier
+from tidekv.store.client.master_client import MasterClient
+from tidekv.store.wire import protocol as p
+
+logger = logging.getLogger(__name__)
+
+MAX_BYTES_PER_ROUND = 64 << 20
+"""Bytes of spills asked for per request: a round stays short, and so does its report's wait."""
+REPORT_BATCH = 4096
+"""Records per request when reporting what the disks hold."""
+
+
+class SpillWorker:
+    def __init__(self, rpc: MasterClient, tier: DiskTier, records: list[DiskRecord], engine: str, address: str,
+                 client_id: str, interval_s: float, closed: threading.Event) -> None:
+        self._rpc = rpc
+        self._tier = tier
+        self._client_id = client_id
+        self._interval_s = interval_s
+        self._closed = closed
+        self._disks = [p.DiskInfo(name, engine, address, capacity)
+                       for name, capacity in zip(tier.ids, tier.capacities, strict=True)]
+        self._records: dict[tuple[int, int], DiskRecord] = {(r.disk, r.offset): r for r in records}
+        self._lock = threading.Lock()
+        self.spilled = 0  # records written (for tests and stats)
+        self.registered = threading.Event()  # set once the master answered a round (it knows the disks)
+        self._thread = threading.Thread(target=self._loop, name=f"tidekv-spill-{client_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout_s: float) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def records(self) -> list[DiskRecord]:
+        """What this holder's disks hold now."""
+        with self._lock:
+            return list(self._records.values())
+
+    def _loop(self) -> None:
+        done: list[p.SpillDone] = []
+        failed: list[bytes] = []
+        report: list[p.SpillDone] = []
+        busy = True  # the first round at once: it registers the disks
+        warned = False
+        while not self._closed.wait(0 if busy else self._interval_s):
+            sending = report[:REPORT_BATCH]
+            try:
+                work: p.SpillWork = self._rpc.call(
+                    p.Spills(self._client_id, self._disks, sending or done, [] if sending else failed, bool(sending),
+                             MAX_BYTES_PER_ROUND), failover_timeout_s=0)
+                warned = False
+                self.registered.set()
+            except TidekvError as exc:  # kept for the next round (a repeated report is ignored)
+                if not warned:
+                    logger.warning("store client %s: asking for spills failed: %s", self._client_id, exc)
+                    warned = True
+                busy = False
+                continue
+            if sending:
+                del report[:len(sending)]
+            else:
+                done, failed = [], []
+            if self._closed.is_set():
+                break  # closing: the tier may already be
+            if work.report:
+                report = [self._wire(r) for r in self.records()]
+                logger.info("store client %s: reporting %d records on its disks to the master", self._client_id,
+                            len(report))
+            self._free(work.drops)
+            new_done, new_failed = self._spill(work.tasks)
+            done += new_done
+            failed += new_failed
+            busy = bool(work.tasks or work.drops or report)
+
+    def _free(self, drops: list[p.DiskDrop]) -> None:
+        for drop in drops:
+            disk = self._index(drop.disk)
+            with self._lock:
+                record = self._records.get((disk, drop.offset)) if disk is not None else None
+                if record is None or record.key != drop.key or record.token != drop.token:
+                    continue
+                del self._records[(disk, drop.offset)]  # type: ignore[index]
+            try:
+                self._tier.free(record)
+            except TidekvError as exc:
+                logger.warning("store client %s: freeing a record on disk %s failed: %s", self._client_id,
+                               drop.disk, exc)
+
+    def _spill(self, tasks: list[p.SpillTask]) -> tuple[list[p.SpillDone], list[bytes]]:
+        done: list[p.SpillDone] = []
+        failed: list[bytes] = []
+        if not tasks:
+            return done, failed
+        items = [(t.key, t.token, t.source, t.size, self._index(t.disk)) for t in tasks]
+        results = self._tier.write_many(items)
+        full = 0
+        for task, result in zip(tasks, results, strict=True):
+            if isinstance(result, DiskRecord):
+                with self._lock:
+                    self._records[(result.disk, result.offset)] = result
+                done.append(self._wire(result))
+                continue
+            failed.append(task.key)
+            if isinstance(result, OutOfSpaceError):
+                full += 1
+            else:
+                logger.warning("store client %s: spilling an object of %d bytes failed: %s", self._client_id,
+                               task.size, result)
+        if full:
+            logger.info("store client %s: %d spills found no room on their disk (fragmented); reported failed",
+                        self._client_id, full)
+        self.spilled += len(done)
+        return done, failed
+
+    def _index(self, name: str) -> int | None:
+        try:
+            return self._tier.ids.index(name)
+        except ValueError:
+            return None
+
+    def _wire(self, r: DiskRecord) -> p.SpillDone:
+        return p.SpillDone(r.key, r.token, self._tier.ids[r.disk], r.offset, r.size, r.crc)
