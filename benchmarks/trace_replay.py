@@ -21,6 +21,10 @@ Columns:
   segment; pinned to core 0 and core 1) and a decode server (``kv_both``, unpinned), behind
   ``tidekv proxy --policy P`` (``--master`` for store and conductor; the conductor sheds at
   ``--ttft-slo-ms``). Everything is restarted for every column, so each starts cold.
+- ``small_pool``, ``small_pool_disk``: policy ``store``, but the pool is only ``tidekv up``'s
+  segment of ``--small-pool`` bytes (the prefills hold none), too small for the slice's KV;
+  ``small_pool_disk`` adds the disk tier to that same segment (``--disk-paths`` in a temporary
+  directory of the run, 4 GiB, ``--disk-write-through all``).
 
 Each column gets two untimed warm-up requests per server (token ids no trace prompt uses) before
 the replay. Reported per column: goodput (requests/s meeting both SLOs), SLO attainment (TTFT,
@@ -58,7 +62,7 @@ from integration.harness import free_port
 ROOT = Path(__file__).resolve().parents[1]
 
 TRACE = ROOT.parent / "shared" / "data" / "fast25" / "conversation_trace.jsonl"
-COLUMNS = ("one", "round_robin", "prefix", "store", "conductor")
+COLUMNS = ("one", "round_robin", "prefix", "store", "conductor", "small_pool", "small_pool_disk")
 TIDEKV = {"kv_connector": "TidekvConnector", "kv_role": "kv_both"}
 VOCAB = ["--vocab-size", "150", "--first-token", "100"]
 SEGMENT_BYTES = 512 << 20
@@ -187,10 +191,17 @@ def one_column(args: argparse.Namespace, name: str, model: str, logs: Path, out:
         with server(model, logs, name, mode="in-process") as one:
             warm(one.url)
             return replay(args, one.url, [], out)
-    with spawn([CLI_PYTHON, "-m", "tidekv", "up", "--port", "0", "--metrics-port", "-1", "--segment-size", "1GiB"],
-               r'"master": "([^"]+)"', "tidekv up") as (_, m):
+    up = [CLI_PYTHON, "-m", "tidekv", "up", "--port", "0", "--metrics-port", "-1", "--segment-size", "1GiB"]
+    segment = SEGMENT_BYTES
+    policy = name
+    if name.startswith("small_pool"):
+        up[-1], segment, policy = str(args.small_pool), 0, "store"
+        if name == "small_pool_disk":
+            disk = tempfile.mkdtemp(prefix="tidekv-disk-", dir=logs.parent)  # removed with the run's directory
+            up += ["--disk-paths", disk, "--disk-size", "4GiB", "--disk-write-through", "all"]
+    with spawn(up, r'"master": "([^"]+)"', "tidekv up") as (_, m):
         master = m.group(1)
-        kv_p = {**TIDEKV, "kv_connector_extra_config": {"master": master, "store_segment_size": SEGMENT_BYTES}}
+        kv_p = {**TIDEKV, "kv_connector_extra_config": {"master": master, "store_segment_size": segment}}
         kv_d = {**TIDEKV, "kv_connector_extra_config": {"master": None}}
         with server(model, logs, f"{name}-p0", kv=kv_p, mode="in-process", cpus={0}) as p0, \
                 server(model, logs, f"{name}-p1", kv=kv_p, mode="in-process", cpus={1}) as p1, \
@@ -199,8 +210,8 @@ def one_column(args: argparse.Namespace, name: str, model: str, logs: Path, out:
                 warm(s.url)
             port = free_port()
             argv = [CLI_PYTHON, "-m", "tidekv", "proxy", "--prefill", p0.url, p1.url, "--decode", d.url,
-                    "--port", str(port), "--policy", name]
-            if name in ("store", "conductor"):
+                    "--port", str(port), "--policy", policy]
+            if policy in ("store", "conductor"):
                 argv += ["--master", master]
             if name == "conductor":
                 argv += ["--ttft-slo-ms", str(args.ttft_slo_ms)]
@@ -282,6 +293,8 @@ def main() -> int:
     ap.add_argument("--tbt-slo-ms", type=float, default=50.0)
     ap.add_argument("--columns", default=",".join(COLUMNS), help=f"any of {', '.join(COLUMNS)}")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--small-pool", type=int, default=48 << 20,
+                    help="bytes of the pool in the small_pool columns (default 48 MiB)")
     ap.add_argument("--keep-logs", help="copy every server's log and each replay's JSON (every request) here")
     ap.add_argument("--json", help="write every column's summary here")
     args = ap.parse_args()

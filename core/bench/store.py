@@ -440,9 +440,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  tidekv bench store --quick\n  tidekv bench store --json out.jsonl --plot out.png\n"
                "  tidekv bench store --compare mooncake   # needs: pip install mooncake-transfer-engine-non-cuda\n"
+               "  tidekv bench store --tier disk --disk-dir /nvme   # the disk tier against the raw device\n"
                "\nSettings come from TIDEKV_* variables: TransferConfig.from_env (measuring clients), "
                "StoreConfig.from_env (TIDEKV_STORE_*), MasterConfig.from_env (TIDEKV_MASTER_*).",
     )
+    p.add_argument("--tier", choices=["memory", "disk"], default="memory",
+                   help="memory (default): the pool's gets and puts; disk: the disk tier's spills and disk-hit gets "
+                        "against raw O_DIRECT I/O of --disk-dir and SGLang's file backend (uses --sizes, "
+                        "--rounds, --quick, --json)")
+    p.add_argument("--disk-dir", metavar="DIR", default=None,
+                   help="with --tier disk: the directory (device) to measure (default: the temp directory)")
     p.add_argument("--quick", action="store_true",
                    help=f"CI-sized run: batches of {QUICK_BATCH_KEYS} keys, {format_size(QUICK_SEGMENT_BYTES)} "
                         "segments, 0.02 s per measurement, 1 round")
@@ -517,6 +524,10 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``tidekv bench store``; returns the exit status."""
     signal.signal(signal.SIGTERM, _raise_interrupt)  # a terminated bench still stops its processes
+    if args.tier == "disk":
+        from tidekv.bench import disk_tier
+
+        return disk_tier.main(args)
     try:
         opts = options_from_args(args)
         if opts.enable_mooncake:

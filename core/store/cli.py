@@ -141,6 +141,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     _add_master_flags(up)
     up.add_argument("--segment-size", type=_size, default=_size("1GiB"),
                     help="memory this process contributes to the pool (default 1GiB)")
+    up.add_argument("--disk-paths", default=None, metavar="DIR[,DIR...]",
+                    help="keep what the master evicts from memory on these directories' disks, one file each "
+                         "(the disk tier; default $TIDEKV_STORE_DISK_PATHS, else none); a restart on the same "
+                         "paths keeps the objects")
+    up.add_argument("--disk-size", type=size_flag("--disk-size"), default=None,
+                    help="bytes of each --disk-paths directory to take, preallocated (e.g. 100GiB)")
     up.add_argument("--engine-host", default=None,
                     help="address the segment's transfer engine listens on and advertises (default $TIDEKV_HOST, "
                          "else the interface that routes to the master's --host)")
@@ -191,7 +197,8 @@ def _run_up(args: argparse.Namespace) -> int:
         tls = TlsConfig(True, config.tls_ca_file or config.tls_cert_file,
                         config.tls_cert_file if config.tls_ca_file else None,
                         config.tls_key_file if config.tls_ca_file else None)
-    store = Store.connect(server.address, segment_size=args.segment_size, config=StoreConfig.from_env(),
+    disk = {k: v for k, v in (("disk_paths", args.disk_paths), ("disk_size_bytes", args.disk_size)) if v is not None}
+    store = Store.connect(server.address, segment_size=args.segment_size, config=StoreConfig.from_env(**disk),
                           transfer_config=TransferConfig.from_env(), host=args.engine_host, port=args.engine_port,
                           tls=tls)
     try:
@@ -200,6 +207,8 @@ def _run_up(args: argparse.Namespace) -> int:
             "metrics": f"http://{format_host_port(server.config.host, server.metrics_port)}/metrics" if server.metrics_port else None,
             "segment_bytes": args.segment_size,
             "engine": store.engine.name,
+            **({"disk_paths": store.config.disk_paths, "disk_bytes": store.config.disk_size_bytes}
+               if store.config.disk_paths else {}),
         }
         print("tidekv is up:", json.dumps(info), flush=True)
         print(f"  point engines at the master: TIDEKV_MASTER={server.address} in their environment, or the flags\n"

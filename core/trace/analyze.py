@@ -7,6 +7,7 @@ plot. Neighbours: ``cache`` (the simulation), ``cli`` (the flags).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -25,6 +26,7 @@ from tidekv.trace.cache import (
     capacity_for_fraction,
     simulate_global,
     simulate_local,
+    simulate_two_tier,
     unique_blocks,
     working_set,
 )
@@ -47,6 +49,8 @@ class AnalyzeSettings:
     """Report the global capacity reaching this fraction of the unbounded hit rate (0 < f <= 1)."""
     window_s: float = 60.0
     """Working-set window, seconds of trace time."""
+    disk_capacities_tokens: tuple[int, ...] = ()
+    """Disk tiers to add to each bounded global capacity (``simulate_two_tier``), tokens."""
 
     def __post_init__(self) -> None:
         from tidekv.errors import ConfigError
@@ -57,6 +61,8 @@ class AnalyzeSettings:
             raise ConfigError(f"instances={self.instances!r} is invalid; give counts >= 1")
         if not 0 < self.fraction <= 1:
             raise ConfigError(f"fraction={self.fraction!r} is out of range; allowed (0, 1]")
+        if any(d <= 0 for d in self.disk_capacities_tokens):
+            raise ConfigError(f"disk capacities={self.disk_capacities_tokens!r} are invalid; give token counts > 0")
         if not self.window_s > 0:
             raise ConfigError(f"window_s={self.window_s!r} is out of range; allowed > 0")
 
@@ -87,7 +93,8 @@ class AnalyzeReport:
         return [{"capacity_tokens": r.capacity_tokens, "instances": r.instances, "policy": r.kind.value,
                  "routing": r.routing.value if r.routing else None, "hit_rate": r.hit_rate,
                  "requests": r.requests, "hit_tokens": r.hit_tokens, "prefill_tokens_saved": r.hit_tokens,
-                 "input_tokens": r.input_tokens} for r in self.results]
+                 "input_tokens": r.input_tokens, "disk_capacity_tokens": r.disk_capacity_tokens,
+                 "disk_hit_tokens": r.disk_hit_tokens} for r in self.results]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -109,7 +116,9 @@ def analyze(requests: Sequence[TraceRequest], settings: AnalyzeSettings, *, trac
     n = len(requests)
     locals_per_capacity = len(settings.instances) * len(settings.routings)
     bisection_steps = math.ceil(math.log2(unique_blocks(requests) + 1)) + 1
-    total = n * (len(settings.capacities_tokens) * (1 + locals_per_capacity) + bisection_steps)
+    bounded = [c for c in settings.capacities_tokens if c]
+    total = n * (len(settings.capacities_tokens) * (1 + locals_per_capacity) + bisection_steps
+                 + len(bounded) * len(settings.disk_capacities_tokens))
     bar = progress(total, "trace analyze", enabled=show_progress)
     bar.unit, bar.unit_scale = "req", True
     simulated = 0
@@ -128,6 +137,9 @@ def analyze(requests: Sequence[TraceRequest], settings: AnalyzeSettings, *, trac
                                        pool.hit_tokens, pool.input_tokens))
             for routing in settings.routings:
                 results.append(simulate_local(requests, capacity, instances, routing, progress=advance))
+        for disk in settings.disk_capacities_tokens if capacity else ():
+            tiered = simulate_two_tier(requests, capacity, disk, progress=advance)
+            results += [dataclasses.replace(tiered, instances=instances) for instances in settings.instances]
     fraction_capacity, fraction_rate = capacity_for_fraction(requests, settings.fraction, advance)
     points = working_set(requests, settings.window_s)
     elapsed = time.perf_counter() - started
@@ -154,9 +166,13 @@ def report_text(report: AnalyzeReport) -> str:
         row["per_cache"] = (format_tokens(row["capacity_tokens"] // (row["instances"] if row["policy"] == "local" else 1))
                             if row["capacity_tokens"] else "unbounded")
         row["saved"] = format_tokens(row["prefill_tokens_saved"]) if row["prefill_tokens_saved"] else "0"
-    columns = [Column("capacity", "capacity"), Column("instances", "instances"), Column("policy", "policy", align="<"),
-               Column("routing", "routing", align="<"), Column("per_cache", "per cache"),
-               Column("hit_rate", "hit rate", ".4f"), Column("saved", "prefill tokens saved")]
+        row["disk"] = format_tokens(row["disk_capacity_tokens"]) if row["disk_capacity_tokens"] else "-"
+        row["disk_share"] = row["disk_hit_tokens"] / row["hit_tokens"] if row["disk_capacity_tokens"] and \
+            row["hit_tokens"] else None
+    columns = [Column("capacity", "capacity"), Column("disk", "+ disk"), Column("instances", "instances"),
+               Column("policy", "policy", align="<"), Column("routing", "routing", align="<"),
+               Column("per_cache", "per cache"), Column("hit_rate", "hit rate", ".4f"),
+               Column("saved", "prefill tokens saved"), Column("disk_share", "of which from disk", ".2f")]
     window = report.working_set
     peak = max((p.window_tokens for p in window), default=0)
     mean = sum(p.window_tokens for p in window) / len(window) if window else 0

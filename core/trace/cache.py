@@ -53,6 +53,10 @@ class CacheResult:
     hit_tokens: int
     """Prompt tokens found in the cache: the prefill tokens saved."""
     input_tokens: int
+    disk_capacity_tokens: int = 0
+    """The pool's disk tier (``simulate_two_tier``); 0 = none."""
+    disk_hit_tokens: int = 0
+    """Of ``hit_tokens``, those found on the disk tier."""
 
     @property
     def hit_rate(self) -> float:
@@ -139,6 +143,54 @@ def simulate_local(requests: Sequence[TraceRequest], capacity_tokens: int, insta
         progress(len(requests) % _PROGRESS_EVERY)
     return CacheResult(capacity_tokens, instances, CacheKind.LOCAL, routing, len(requests), hit_tokens,
                        sum(r.input_length for r in requests))
+
+
+def simulate_two_tier(requests: Sequence[TraceRequest], capacity_tokens: int, disk_tokens: int, *,
+                      instances: int = 1, progress: Progress | None = None) -> CacheResult:
+    """One global pool with a disk tier, as the store runs it (``store.master.disks``): memory is
+    an LRU of ``capacity_tokens``; a block it evicts goes to the disk tier, an LRU of
+    ``disk_tokens`` whose least recent blocks leave the pool; a hit is the longest leading run
+    held on either tier; a block found on disk stays there (the store does not promote), others
+    become the most recent in memory. Both capacities must be bounded."""
+    if capacity_tokens <= 0 or disk_tokens <= 0:
+        raise ValueError("a two-tier pool needs a bounded memory and disk capacity")
+    memory: OrderedDict[int, None] = OrderedDict()
+    disk: OrderedDict[int, None] = OrderedDict()
+    limit, disk_limit = capacity_blocks(capacity_tokens), capacity_blocks(disk_tokens)
+    assert limit is not None and disk_limit is not None
+    hit_tokens = disk_hit_tokens = 0
+    for index, request in enumerate(requests, 1):
+        ids = request.hash_ids
+        hits = on_disk = 0
+        for block in ids:
+            if block in memory:
+                hits += 1
+            elif block in disk:
+                hits += 1
+                on_disk += 1
+            else:
+                break
+        tokens = min(hits * TRACE_BLOCK_TOKENS, request.input_length)
+        hit_tokens += tokens
+        # the run's last block may be cut by input_length: count disk tokens within the tokens hit
+        disk_hit_tokens += min(on_disk * TRACE_BLOCK_TOKENS, tokens)
+        for block in ids:
+            if block in memory:
+                memory.move_to_end(block)
+            elif block in disk:
+                disk.move_to_end(block)
+            else:
+                memory[block] = None
+        while len(memory) > limit:
+            disk[memory.popitem(last=False)[0]] = None
+        while len(disk) > disk_limit:
+            disk.popitem(last=False)
+        if progress is not None and index % _PROGRESS_EVERY == 0:
+            progress(_PROGRESS_EVERY)
+    if progress is not None:
+        progress(len(requests) % _PROGRESS_EVERY)
+    return CacheResult(capacity_tokens, instances, CacheKind.GLOBAL, None, len(requests), hit_tokens,
+                       sum(r.input_length for r in requests), disk_tokens, disk_hit_tokens)
 
 
 def _run_one(requests: Sequence[TraceRequest], limit: int | None, progress: Progress | None) -> int:

@@ -34,6 +34,10 @@ def _capacity(text: str) -> int:
     return parse_token_count(text, "--capacity")
 
 
+def _disk_capacity(text: str) -> int:
+    return parse_token_count(text, "--disk-capacity")
+
+
 def _load(args: argparse.Namespace) -> list[TraceRequest]:
     """The trace's first ``--max-requests``, then ``--until-s`` and ``--sample-conversations``."""
     requests = load_trace(args.trace, max_requests=args.max_requests)
@@ -57,7 +61,8 @@ def _run_analyze(args: argparse.Namespace) -> int:
 
     if args.plot:
         require_matplotlib()
-    settings = AnalyzeSettings(capacities_tokens=args.capacity, instances=args.instances, routings=args.routing,
+    settings = AnalyzeSettings(capacities_tokens=args.capacity, disk_capacities_tokens=args.disk_capacity,
+                               instances=args.instances, routings=args.routing,
                                fraction=args.fraction, window_s=args.window_s)
     started = time.perf_counter()
     requests = _load(args)
@@ -125,6 +130,10 @@ time, and the smallest global capacity reaching --fraction of the unbounded hit 
         epilog="example:\n  tidekv trace analyze conversation_trace.jsonl --capacity 0,1M,3M,10M --instances 1,8 "
                "--json out.json --plot hit_rate.png")
     a.add_argument("trace", help="the trace, JSON lines")
+    a.add_argument("--disk-capacity", type=_csv(_disk_capacity, "--disk-capacity"), default=(), metavar="LIST",
+                   help="disk tiers added to each bounded global capacity, tokens, decimal K/M/G (default: none): "
+                        "blocks memory evicts go to the disk tier, an LRU whose least recent blocks leave the pool; a "
+                        "hit may come from either tier (the report says how much came from disk)")
     a.add_argument("--capacity", type=_csv(_capacity, "--capacity"), default=(0, 1_000_000, 3_000_000, 10_000_000),
                    metavar="LIST", help="total capacities in tokens, decimal K/M/G, 0 = unbounded (default 0,1M,3M,10M)")
     a.add_argument("--instances", type=_csv(int, "--instances"), default=(1, 8), metavar="LIST",

@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-from tidekv.errors import ConfigError, DiskCorruptError
+from tidekv.errors import ConfigError, DiskCorruptError, OutOfSpaceError
 from tidekv.store.client.store import Store
+from tidekv.store.wire.protocol import Pin, disk_footprint
 
-from tests.store.conftest import Connect, SpawnMaster
-from tests.store.payload import payload
+from tests.store.conftest import Connect, SpawnAgent, SpawnMaster
+from tests.store.payload import digest, payload
 from tests.store.procs import wait_until
 
 SEG = 1 << 20
@@ -169,3 +170,55 @@ def test_bad_disk_settings_are_refused(connect: Connect, master_address: str, tm
     _holder(connect, master_address, tmp_path)
     with pytest.raises(ConfigError, match="in use"):
         _holder(connect, master_address, tmp_path)
+
+
+def test_a_full_disk_evicts_its_oldest_records_and_a_full_pool_names_both_tiers(
+        connect: Connect, master_address: str, tmp_path: Path) -> None:
+    small = 8 * (4096 + OBJ) + 4096  # eight records and the superblock
+    holder = _holder(connect, master_address, tmp_path, size=small)
+    reader = connect(master_address)
+    keys = _fill_on_disk(holder, 8)
+    more = _fill(holder, 8, 8)  # the disk is full: its oldest records make room for these
+    wait_until(lambda: holder.stats()["disk"]["disk_evictions"] >= 8, 10, "the disk to evict its oldest records")
+    keys += more
+    got = reader.get_many(keys)
+    assert [g is None or g == payload(i, OBJ) for i, g in enumerate(got)] == [True] * 16, "misses, never wrong bytes"
+    assert got[8:] == [payload(i, OBJ) for i in range(8, 16)], "the newest objects are in the pool"
+    pinned = 0
+    with pytest.raises(OutOfSpaceError) as full:
+        for i in range(100):  # memory filled with objects nothing may evict
+            holder.put(b"pinned-%d" % i, payload(i, OBJ), pin=Pin.HARD)
+            pinned += 1
+    assert 0 < pinned < 100 and "memory:" in str(full.value) and "disk tier:" in str(full.value), str(full.value)
+
+
+def test_a_holder_killed_while_spilling_loses_no_reported_object_and_leaks_no_space(
+        spawn_master: SpawnMaster, spawn_agent: SpawnAgent, tmp_path: Path) -> None:
+    """A holder process killed (SIGKILL) while its spills are in flight: started again on the
+    same disk, every object the master indexed on it reads back byte for byte, and the tier's
+    used space is exactly what those records take (a torn or unreported record came back free)."""
+    master = spawn_master(disk_write_through="all", client_ttl_s=1.0, suspend_grace_s=0.0)
+    disk = {"disk_paths": str(tmp_path), "disk_size_bytes": 64 << 20, "heartbeat_interval_s": 0.05}
+    size = 256 << 10
+    holder = spawn_agent(master.address, 8 << 20, **disk)
+    for i in range(24):
+        holder.call("put", key=f"k{i}", seed=i, size=size)
+    holder.proc.kill()
+    holder.proc.wait()
+    again = spawn_agent(master.address, 8 << 20, **disk)
+
+    def settled() -> dict[str, int] | None:
+        stats = again.call("stats")["stats"]
+        online = [d for d in stats["disk"]["disks"].values() if d["online"]]
+        if not online or stats["disk_tier"]["used"] != stats["disk"]["used_bytes"] or len(stats["segments"]) != 1:
+            return None  # not reported yet, frees pending, or the killed holder's memory not yet dropped
+        return {"keys": stats["disk"]["keys"], "used": stats["disk_tier"]["used"]}
+
+    state = wait_until(settled, 15, "the restarted holder's report, and the frees of what the master did not index")
+    assert state["used"] == state["keys"] * disk_footprint(size)
+    reader = spawn_agent(master.address, 0)
+    found = reader.call("get_many", keys=[f"k{i}" for i in range(24)])
+    assert not found["failed"], found["failed"]
+    digests = found["digests"]
+    assert sum(d is not None for d in digests) == state["keys"], "every indexed object, and only those, reads"
+    assert all(d is None or d == digest(payload(i, size)) for i, d in enumerate(digests)), "never wrong bytes"

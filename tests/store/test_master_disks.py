@@ -227,3 +227,20 @@ def test_write_through_queues_what_the_holder_held_before_its_disks_were_known()
     rig.mount("other", "other-seg", SEG)
     rig.put("other", b"elsewhere", OBJ, preferred="other-seg")
     assert [t.key for t in _spills(rig).tasks] == [b"early"], "its own objects only"
+
+
+def test_each_holder_is_handed_only_its_own_objects_however_many_others_hold() -> None:
+    """Under pressure, the oldest objects of the pool are another holder's, more of them than one
+    request looks at: this holder is still handed its own, oldest first."""
+    rig = ServiceRig(disk_spill_at=0.3, disk_write_through="off")
+    rig.hello("other")
+    rig.mount("other", "other-seg", 1 << 20)
+    for i in range(5000):  # 5000 x 64 B on a holder without disks, put first
+        rig.put("other", b"o%d" % i, 64, preferred="other-seg")
+    rig.hello("h")
+    rig.mount("h", "h-seg", SEG)
+    _spills(rig)
+    for i in range(16):
+        rig.put("h", b"k%d" % i, OBJ, preferred="h-seg")
+    assert rig.stats()["used_bytes"] >= 0.3 * rig.stats()["capacity_bytes"]
+    assert [t.key for t in _spills(rig).tasks] == [b"k%d" % i for i in range(16)]

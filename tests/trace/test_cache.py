@@ -17,6 +17,7 @@ from tidekv.trace.cache import (
     capacity_for_fraction,
     simulate_global,
     simulate_local,
+    simulate_two_tier,
     working_set,
 )
 
@@ -44,6 +45,28 @@ def test_a_request_longer_than_the_cache_evicts_its_own_blocks() -> None:
     trace = [request([1, 2], 1024), request([1, 2], 1024)]
     assert simulate_global(trace, 512).hit_tokens == 0
     assert simulate_global(trace, 1024).hit_tokens == 1024
+
+
+def test_two_tiers_by_hand() -> None:
+    # Memory of one block, disk of two. r1 [1, 2]: memory {2}, disk {1}. r2 [1, 2, 3] finds 1 on
+    # disk and 2 in memory (1024, 512 of it from disk); then memory {3}, disk {1, 2}.
+    # r3 [1, 4] finds 1 on disk (512): 1 stays there, 4 pushes 3 out of memory onto the disk,
+    # which drops its least recent, 2: disk {1, 3}. r4 [1] finds 1 on disk: 300 tokens.
+    result = simulate_two_tier(HAND, 512, 1024)
+    assert (result.hit_tokens, result.disk_hit_tokens) == (1024 + 512 + 300, 512 + 512 + 300)
+    assert (result.capacity_tokens, result.disk_capacity_tokens) == (512, 1024)
+    without = simulate_global(HAND, 512)
+    assert without.hit_tokens == 0, "one block of memory alone finds nothing in this trace"
+
+
+def test_a_disk_tier_never_lowers_the_hit_rate_and_a_big_memory_needs_none() -> None:
+    trace = [request([i % 7, (i * 3) % 11 + 100], 1024) for i in range(200)]
+    for memory in (512, 1024, 2048):
+        assert simulate_two_tier(trace, memory, 4096).hit_tokens >= simulate_global(trace, memory).hit_tokens
+    roomy = simulate_two_tier(trace, 100 * 512, 512)
+    assert roomy.disk_hit_tokens == 0 and roomy.hit_tokens == simulate_global(trace, 0).hit_tokens
+    with pytest.raises(ValueError):
+        simulate_two_tier(trace, 0, 512)
 
 
 def test_a_capacity_under_one_block_holds_nothing() -> None:

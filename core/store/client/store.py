@@ -548,8 +548,9 @@ class Store(TensorCalls, TaskCalls, SegmentCalls):
 
     def stats(self) -> dict[str, Any]:
         """The master's view of the pool (keys, segments, usage, evictions) and this engine's
-        counters. In a sharded pool the masters' numbers are summed over the groups and each
-        group's own view is under ``groups`` (by name)."""
+        counters (and, on a holder with disks, its own tier's under ``disk_tier``). In a sharded
+        pool the masters' numbers are summed over the groups and each group's own view is under
+        ``groups`` (by name)."""
         views = self._pool.call_each(p.StatsRequest())
         out = dict(views[0])
         if len(views) > 1:
@@ -558,6 +559,10 @@ class Store(TensorCalls, TaskCalls, SegmentCalls):
             out["master_id"] = ",".join(str(v["master_id"]) for v in views)
             out["groups"] = dict(zip(self._pool.names, (dict(v) for v in views)))
         out["transfer"] = self.engine.stats()
+        if self._disk is not None and not self._disk.closed:
+            tier = self._disk.tier
+            out["disk_tier"] = {"paths": tier.paths, "direct": tier.direct, "capacity": tier.capacity, "used": tier.used,
+                                "reads_served": self._disk.server.served}
         return out
 
     # ---- lifecycle ----------------------------------------------------------------------

@@ -2,13 +2,14 @@
 
 A holder may contribute disks besides memory (``store.client.disk``). The master indexes one
 disk copy per key (``DiskEntry``: disk, offset, version, crc), with its own LRU and capacity.
-Spilling is write-back, ahead of eviction: while the pool is nearly full (``spill_at``), each
-holder asking (``Spills``, about once a heartbeat) is handed its oldest objects that have no disk
-copy yet; eviction skips them while they are written (a remove or upsert meanwhile makes the
-spill stale: its record is freed, never indexed). Eviction itself never
-waits: a victim with a disk copy of its version stays in the pool, disk-only; one without is
-dropped and counted (the spill did not keep up). With ``write_through`` ("pinned" or "all"),
-objects are queued for their disk at put_end instead of under pressure.
+Spilling is write-back, ahead of eviction. Each object put in the memory of a holder with disks
+joins that holder's queue, in put order: *urgent* when ``write_through`` ("pinned" or "all")
+wants it on disk at once, else *lazy*, handed out only while the pool is nearly full
+(``spill_at``). A holder asking (``Spills``, about once a heartbeat) is handed the head of its
+queues; eviction skips objects while they are written (a remove or upsert meanwhile makes the
+spill stale: its record is freed, never indexed). Eviction itself never waits: a victim with a
+disk copy of its version stays in the pool, disk-only; one without is dropped and counted (the
+spill did not keep up).
 
 A get of a disk-only object returns a ``DiskCopy`` under a lease: the reader asks the holder,
 which reads and verifies the record. A holder's disks outlive its process: when it lapses they
@@ -24,6 +25,7 @@ Neighbours: ``objects`` (owns this table and calls it on get, put_end, remove an
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -39,7 +41,16 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_SCAN = 4096
-"""Objects one ``Spills`` request looks at, oldest first, at most (it must not hold the event loop)."""
+"""Queued objects (or disk records, for room) one ``Spills`` request looks at, at most (it must
+not hold the event loop)."""
+
+
+@dataclass(slots=True)
+class SpillQueue:
+    """One holder's objects without a disk copy, in put order."""
+
+    urgent: dict[bytes, None]  # write-through: handed out at once
+    lazy: dict[bytes, None]  # handed out under pressure
 
 
 @dataclass(slots=True)
@@ -92,7 +103,7 @@ class DiskTable:
         self.disks: dict[str, Disk] = {}
         self.entries: collections.OrderedDict[bytes, DiskEntry] = collections.OrderedDict()  # LRU order
         self.under_way: dict[bytes, Spill] = {}
-        self.queued: dict[bytes, None] = {}  # write-through: keys to spill regardless of pressure
+        self.queues: dict[str, SpillQueue] = {}  # holder -> its objects without a disk copy
         self.drops: dict[str, list[p.DiskDrop]] = {}  # client -> records to free, sent with its next work
         self.write_through = "off"  # "off", "pinned" or "all" (MasterConfig.disk_write_through)
         self.counters = DiskCounters()
@@ -118,13 +129,15 @@ class DiskTable:
         return disk.engine if disk is not None and disk.online else None
 
     def published(self, key: bytes, meta: ObjectMeta) -> None:
-        """A new version of ``key`` is complete: a disk copy of another version goes; with
-        write-through the new one is queued for its disk."""
+        """A new version of ``key`` is complete: a disk copy of another version goes, and the new
+        one joins its holder's queue (urgent with write-through)."""
         entry = self.entries.get(key)
         if entry is not None and entry.token != meta.token:
             self.forget(key)
-        if self.write_through == "all" or (self.write_through == "pinned" and meta.pin != Pin.NONE):
-            self.queued[key] = None
+        holder = self._spiller(meta)
+        if holder is not None:
+            queue = self.queues.setdefault(holder, SpillQueue({}, {}))
+            (queue.urgent if self._urgent(meta) else queue.lazy)[key] = None
 
     def remove(self, key: bytes, force: bool, now: float) -> int:
         """Deletes ``key``'s disk copy (the object is gone from memory too, or never was there)."""
@@ -138,14 +151,18 @@ class DiskTable:
 
     def evicted(self, key: bytes, meta: ObjectMeta) -> bool:
         """``key`` left memory; whether it stays in the pool, disk-only (a copy of its version)."""
-        self.queued.pop(key, None)
+        holder = self._spiller(meta)
+        queue = self.queues.get(holder) if holder is not None else None
+        if queue is not None:
+            queue.urgent.pop(key, None)
+            queue.lazy.pop(key, None)
         entry = self.entries.get(key)
         if entry is not None and entry.token == meta.token:
             self.counters.kept_on_disk += 1
             return True
         if entry is not None:
             self.forget(key)
-        if self.disks and self._holder_has_disks(meta):
+        if holder is not None:
             self.counters.spills_dropped += 1
         return False
 
@@ -184,7 +201,9 @@ class DiskTable:
                 self.counters.spill_failures += 1
         mine = {d.name: d for d in self.disks.values() if d.client_id == m.client_id and d.online}
         drops = self.drops.pop(m.client_id, [])
-        tasks = self._tasks(mine, dict(segments), pressure, max_bytes, now, deadline_s, drops) if mine else []
+        queue = self.queues.get(m.client_id)
+        tasks = (self._tasks(queue, mine, dict(segments), pressure, max_bytes, now, deadline_s, drops)
+                 if mine and queue is not None else [])
         return p.SpillWork(tasks, drops, report)
 
     def lapsed(self, client_id: str, now: float) -> None:
@@ -195,7 +214,8 @@ class DiskTable:
                 logger.warning("disk %s of client %s offline: its objects are misses until it comes back",
                                disk.name, client_id)
         for key in [k for k, s in self.under_way.items() if s.client_id == client_id]:
-            self._abandon(key)
+            self._abandon(key, requeue=False)
+        self.queues.pop(client_id, None)  # its memory is gone with it
 
     def tick(self, now: float, grace_s: float) -> None:
         """Spills past their deadline fail; disks offline longer than ``grace_s`` are dropped."""
@@ -259,21 +279,37 @@ class DiskTable:
         if self.table.journal is not None:
             self.table.journal.add_everything(j.DiskMountOp(client_id, info.name, info.engine, info.address,
                                                             info.capacity))
-        if self.write_through != "off":
-            self._queue_holders_objects(client_id)
+        self._queue_holders_objects(client_id)
         return True
 
     def _queue_holders_objects(self, client_id: str) -> None:
-        """With write-through, queues the objects ``client_id``'s memory holds that write-through
-        wants and that have no disk copy (put before its disks were known)."""
+        """Queues the objects ``client_id``'s memory holds that have no disk copy (put before its
+        disks were known): one pass over the table, at a disk's registration."""
         segments = self.table.segments.segments
         mine = {name for name, seg in segments.items() if seg.client_id == client_id}
+        queue = self.queues.setdefault(client_id, SpillQueue({}, {}))
         for key, meta in self.table.objects.items():
-            if meta.put is not None or (self.write_through == "pinned" and meta.pin == Pin.NONE):
+            if meta.put is not None or not any(s in mine for s in meta.replicas[::2]):
                 continue
             entry = self.entries.get(key)
-            if (entry is None or entry.token != meta.token) and any(s in mine for s in meta.replicas[::2]):
-                self.queued[key] = None
+            if entry is None or entry.token != meta.token:
+                (queue.urgent if self._urgent(meta) else queue.lazy)[key] = None
+
+    def _urgent(self, meta: ObjectMeta) -> bool:
+        """Whether write-through wants ``meta`` on disk at once, pressure or not."""
+        return self.write_through == "all" or (self.write_through == "pinned" and meta.pin != Pin.NONE)
+
+    def _spiller(self, meta: ObjectMeta) -> str | None:
+        """The holder (with an online disk) whose memory has a replica of ``meta``, if any."""
+        if not self.disks:
+            return None
+        segments = self.table.segments.segments
+        holders = {d.client_id for d in self.disks.values() if d.online}
+        for name in meta.replicas[::2]:
+            seg = segments.get(name)  # type: ignore[call-overload]
+            if seg is not None and seg.client_id in holders:
+                return seg.client_id
+        return None
 
     def _done(self, client_id: str, done: p.SpillDone, report: bool) -> None:
         """A record ``client_id``'s disk holds: indexed when the master wants it, else freed."""
@@ -302,6 +338,7 @@ class DiskTable:
         self.drops.setdefault(client_id, []).append(p.DiskDrop(done.disk, done.offset, done.key, done.token))
 
     def _index(self, done: p.SpillDone, disk: Disk) -> None:
+        self.table.last_token = max(self.table.last_token, done.token)  # a reported version's token is never reused
         if done.key in self.entries:
             self.forget(done.key)
         self.entries[done.key] = DiskEntry(done.disk, done.offset, done.size, done.token, done.crc)
@@ -310,61 +347,49 @@ class DiskTable:
             self.table.journal.add(j.DiskPutOp(done.key, done.disk, done.offset, done.size, done.token, done.crc),
                                    done.key)
 
-    def _abandon(self, key: bytes) -> None:
+    def _abandon(self, key: bytes, requeue: bool = True) -> None:
+        """Ends the spill of ``key`` unfinished (its room freed); with ``requeue`` the object waits
+        in its holder's queue again."""
         spill = self.under_way.pop(key)
         disk = self.disks.get(spill.disk)
         if disk is not None:
             disk.used -= spill.footprint
+        meta = self.table.objects.get(key)
+        queue = self.queues.get(spill.client_id)
+        if requeue and meta is not None and queue is not None:
+            (queue.urgent if self._urgent(meta) else queue.lazy)[key] = None
 
-    def _holder_has_disks(self, meta: ObjectMeta) -> bool:
-        segments = self.table.segments.segments
-        holders = {segments[s].client_id for s in meta.replicas[::2] if s in segments}  # type: ignore[index]
-        return any(d.client_id in holders for d in self.disks.values())
-
-    def _tasks(self, mine: dict[str, Disk], segments: dict[str, int], pressure: bool, max_bytes: int, now: float,
-               deadline_s: float, drops: list[p.DiskDrop]) -> list[p.SpillTask]:
-        """The next spills for a holder with disks ``mine`` and memory ``segments``: queued
-        (write-through) keys, then, under ``pressure``, its oldest objects without a disk copy."""
+    def _tasks(self, queue: SpillQueue, mine: dict[str, Disk], segments: dict[str, int], pressure: bool,
+               max_bytes: int, now: float, deadline_s: float, drops: list[p.DiskDrop]) -> list[p.SpillTask]:
+        """The next spills for a holder with disks ``mine`` and memory ``segments``: the head of
+        its urgent queue, then, under ``pressure``, of its lazy one."""
         tasks: list[p.SpillTask] = []
         budget = max_bytes
         objects = self.table.objects
-
-        def candidates() -> Iterable[tuple[bytes, ObjectMeta | None]]:
-            for key in list(self.queued)[:MAX_SCAN]:
-                yield key, objects.get(key)
-            if pressure:
-                scanned = 0
-                for key, meta in objects.by_age():
-                    scanned += 1
-                    if scanned > MAX_SCAN:
-                        return
-                    yield key, meta
-
-        for key, meta in candidates():
-            if meta is None or meta.put is not None:
-                self.queued.pop(key, None)
-                continue
-            if key in self.under_way:
-                continue
-            entry = self.entries.get(key)
-            if entry is not None and entry.token == meta.token:
-                self.queued.pop(key, None)
-                continue
-            source = next(((s, o) for s, o in meta.replica_pairs() if s in segments), None)
-            if source is None:
-                continue
-            footprint = disk_footprint(meta.size)
-            if footprint > budget:
-                break
-            disk = self._room(mine, footprint, now, drops)
-            if disk is None:
-                continue
-            self.queued.pop(key, None)
-            budget -= footprint
-            disk.used += footprint
-            deadline = now + deadline_s
-            self.under_way[key] = Spill(meta.token, disk.client_id, disk.name, footprint, deadline)
-            tasks.append(p.SpillTask(key, meta.token, meta.size, segments[source[0]] + source[1], disk.name))
+        for waiting in (queue.urgent, queue.lazy) if pressure else (queue.urgent,):
+            for key in list(itertools.islice(waiting, MAX_SCAN)):
+                meta = objects.get(key)
+                entry = self.entries.get(key)
+                if meta is None or meta.put is not None or (entry is not None and entry.token == meta.token):
+                    del waiting[key]  # gone, or on disk already
+                    continue
+                if key in self.under_way:
+                    continue
+                source = next(((s, o) for s, o in meta.replica_pairs() if s in segments), None)
+                if source is None:
+                    del waiting[key]  # no longer in this holder's memory
+                    continue
+                footprint = disk_footprint(meta.size)
+                if footprint > budget:
+                    return tasks
+                disk = self._room(mine, footprint, now, drops)
+                if disk is None:
+                    continue
+                del waiting[key]
+                budget -= footprint
+                disk.used += footprint
+                self.under_way[key] = Spill(meta.token, disk.client_id, disk.name, footprint, now + deadline_s)
+                tasks.append(p.SpillTask(key, meta.token, meta.size, segments[source[0]] + source[1], disk.name))
         return tasks
 
     def _room(self, mine: dict[str, Disk], footprint: int, now: float, drops: list[p.DiskDrop]) -> Disk | None:

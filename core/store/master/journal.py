@@ -381,6 +381,7 @@ class Mirror:
         elif isinstance(op, DiskPutOp):
             self.disk_entries.pop(op.key, None)
             self.disk_entries[op.key] = op
+            self.max_token = max(self.max_token, op.token)
         elif isinstance(op, DiskDropOp):
             for key in op.keys:
                 self.disk_entries.pop(key, None)
