@@ -155,7 +155,30 @@ def tensor_channel(rows: Rows) -> tuple[str, Callable[[Path], None]]:
     return text, plot
 
 
+def store_disk(rows: Rows) -> tuple[str, Callable[[Path], None]]:
+    """The disk tier against raw O_DIRECT I/O of the same directory, per size and run."""
+    lines = ["| date | commit | run | size | path | GB/s | vs raw | p50 ms | p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        vs = f"{r['vs_raw']:.2f}×" if "vs_raw" in r else "-"
+        p50 = f"{r['p50_ms']:.2f}" if "p50_ms" in r else "-"
+        p99 = f"{r['p99_ms']:.2f}" if "p99_ms" in r else "-"
+        lines.append(f"| {r['date']} | {r['commit']} | {r['run']} | {r['size']} | {r['path']} | {r['gb_s']:.2f} | "
+                     f"{vs} | {p50} | {p99} |")
+    commands = sorted({r["command"] for r in rows})
+    text = "\n".join(lines) + "\n\nCommands: " + "; ".join(f"`{c}`" for c in commands) + ".\n"
+    barred = [r for r in rows if r.get("bar") and r["size_bytes"] == 2 << 20]
+
+    def plot(path: Path) -> None:
+        series = {bar: ([r["run"] for r in barred if r["bar"] == bar], [r["vs_raw"] for r in barred if r["bar"] == bar],
+                        color) for bar, color in (("spill_vs_raw_write", "tab:blue"),
+                                                  ("get_holder_vs_raw_read", "tab:orange"))}
+        _scatter(path, series, (0.7, "bar: 0.7×", "--"), "run", "tidekv / raw O_DIRECT", "2 MiB objects, disk tier")
+
+    return text, plot
+
+
 RENDERERS: dict[str, Callable[[Rows], tuple[str, Callable[[Path], None]]]] = {
+    "store-disk": store_disk,
     "tensor-channel": tensor_channel,
     "master-load-groups": master_load_groups,
     "store-tensors": store_tensors,

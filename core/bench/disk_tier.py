@@ -66,13 +66,13 @@ def _holder_main(conn: Connection, master: str, segment: int, paths: str, disk_s
     def handle(message: tuple[Any, ...]) -> Any:
         op = message[0]
         store: Store = state["store"]
-        if op == "spill":  # puts n objects; seconds from the first put until all are on disk
-            _, prefix, n, size = message
+        if op == "spill":  # puts n objects; seconds from the first put until ``on_disk`` are on disk
+            _, prefix, n, size, on_disk = message
             data = [_pattern(i, size) for i in range(min(n, 8))]
             started = time.perf_counter()
             for i in range(n):
                 store.put(f"{prefix}{i}", data[i % len(data)])
-            while disk_keys() < n:
+            while disk_keys() < on_disk:
                 time.sleep(0.002)
             return time.perf_counter() - started
         if op == "restart":  # closed and opened again on its disks: every object is on disk only
@@ -130,8 +130,8 @@ def _sglang_file_reads(directory: Path, n: int, size: int, rounds: int) -> dict[
     os.sync()
     buf = bytearray(size)
 
-    def drop_cache() -> None:
-        for path in paths:
+    def drop_cache(which: list[Path]) -> None:
+        for path in which:
             fd = os.open(path, os.O_RDONLY)
             try:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -145,13 +145,13 @@ def _sglang_file_reads(directory: Path, n: int, size: int, rounds: int) -> dict[
 
     rates, latencies = [], []
     for _ in range(rounds):
-        drop_cache()
+        drop_cache(paths)
         started = time.perf_counter()
         for path in paths:
             read(path)
         rates.append(n * size / (time.perf_counter() - started))
-    drop_cache()
     for path in (paths * (LATENCY_SAMPLES // n + 1))[:LATENCY_SAMPLES]:
+        drop_cache([path])  # every read from the device, as the tier's O_DIRECT reads are
         started = time.perf_counter()
         read(path)
         latencies.append(time.perf_counter() - started)
@@ -166,13 +166,13 @@ def run(sizes: tuple[int, ...], total: int, rounds: int, directory: str, progres
     logs = work / "logs"
     logs.mkdir()
     try:
-        master = HelperProcess("tidekv-master-disk", _master_main, (MasterConfig(
-            port=0, metrics_port=-1, disk_write_through="all", lease_ttl_s=1.0),), logs)
-        try:
-            for size in sizes:
+        for size in sizes:  # a pool of its own per size: nothing of the last one in its index
+            master = HelperProcess(f"tidekv-master-disk-{size}", _master_main, (MasterConfig(
+                port=0, metrics_port=-1, disk_write_through="all", lease_ttl_s=1.0),), logs)
+            try:
                 rows += _one_size(master.hello, work, size, max(8, total // size), rounds, progress)
-        finally:
-            master.stop()
+            finally:
+                master.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return rows
@@ -186,12 +186,12 @@ def _one_size(master: str, work: Path, size: int, n: int, rounds: int, progress:
     raw = [raw_direct_bandwidth(str(work), n * size, size) for _ in range(rounds)]
     raw_write, raw_read = statistics.median(r[0] for r in raw), statistics.median(r[1] for r in raw)
     segment = (n * size * 5 // 4 + (1 << 20)) // 4096 * 4096
-    disk_size = n * disk_footprint(size) * 2 + (64 << 20)
+    disk_size = n * disk_footprint(size) * (rounds + 1) + (64 << 20)
     holder = HelperProcess(f"tidekv-disk-holder-{size}", _holder_main,
                            (master, segment, str(disk_dir), disk_size), work / "logs")
     try:
         progress(f"{label}: spilling {n} objects")
-        spills = [n * size / holder.call(("spill", f"r{r}-", n, size), 600) for r in range(rounds)]
+        spills = [n * size / holder.call(("spill", f"r{r}-", n, size, n * (r + 1)), 600) for r in range(rounds)]
         keys = [f"r0-{i}" for i in range(n)]
         progress(f"{label}: restarting the holder on its disks (every object on disk only)")
         holder.call(("restart", keys), 600)
