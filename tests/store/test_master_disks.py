@@ -244,3 +244,15 @@ def test_each_holder_is_handed_only_its_own_objects_however_many_others_hold() -
         rig.put("h", b"k%d" % i, OBJ, preferred="h-seg")
     assert rig.stats()["used_bytes"] >= 0.3 * rig.stats()["capacity_bytes"]
     assert [t.key for t in _spills(rig).tasks] == [b"k%d" % i for i in range(16)]
+
+
+def test_a_listing_names_disk_only_objects_once() -> None:
+    rig = _rig()
+    _spills(rig)
+    for i in range(10):
+        rig.put("h", b"k%d" % i, OBJ)
+    _spill_all(rig)
+    rig.service.objects.evict(4 * OBJ, rig.clock.now + 100)  # some leave memory
+    assert any(rig.get(b"k%d" % i).disk is not None for i in range(10))
+    keys, is_last = rig.call(p.ListKeys(True, 100), client="h")
+    assert is_last and sorted(keys) == sorted(b"k%d" % i for i in range(10))

@@ -67,7 +67,8 @@ class Disk:
 
 
 class DiskEntry:
-    __slots__ = ("crc", "disk", "lease_until", "offset", "size", "token")
+    __slots__ = ("disk", "offset", "size", "token", "crc", "lease_until")
+    put = None  # complete, as a listing asks of every object (``listing``)
 
     def __init__(self, disk: str, offset: int, size: int, token: int, crc: int) -> None:
         self.disk, self.offset, self.size, self.token, self.crc = disk, offset, size, token, crc

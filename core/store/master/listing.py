@@ -12,13 +12,31 @@ Design notes: docs/store-design.md#tidekvstoremasterlisting
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from tidekv.errors import ConfigError
 
 MAX_LISTINGS = 64
 """Connections that may hold a key listing at once: each holds a copy of the key set."""
+
+
+class Tiers(Mapping[bytes, Any]):
+    """The objects in memory and the disk-only ones (``disks``), as one key set to list."""
+
+    def __init__(self, memory: Mapping[bytes, Any], disk: Mapping[bytes, Any]) -> None:
+        self._memory, self._disk = memory, disk
+
+    def __getitem__(self, key: bytes) -> Any:
+        meta = self._memory.get(key)
+        return meta if meta is not None else self._disk[key]
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._memory
+        yield from (k for k in self._disk if k not in self._memory)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 class KeyListings:

@@ -43,7 +43,7 @@ from tidekv.store.master import journal as j
 from tidekv.store.master import mount_check
 from tidekv.store.master import tenants as t
 from tidekv.store.master.channels import ChannelTable
-from tidekv.store.master.listing import KeyListings
+from tidekv.store.master.listing import KeyListings, Tiers
 from tidekv.store.master.metrics import index_gauges
 from tidekv.store.master.objects import ObjectTable
 from tidekv.store.master.segments import SegmentTable, SuspendedSegment
@@ -560,7 +560,9 @@ class MasterService:
             raise ConfigError(f"ListKeys limit={m.limit} is out of range; allowed 1..{self.config.max_batch_keys} "
                               "(max_batch_keys)")
         owns = session.namespace.owns if self.tenancy is not None else None
-        page, is_last = self._listings.page(session, m.start, m.limit, self.objects.objects, owns)
+        disk = self.objects.disks.entries
+        listed = Tiers(self.objects.objects, disk) if disk else self.objects.objects
+        page, is_last = self._listings.page(session, m.start, m.limit, listed, owns)
         self._item_counts["ListKeys"].inc(len(page))
         return page, is_last
 
