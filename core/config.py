@@ -452,6 +452,9 @@ class MasterConfig:
     disk_write_through: str = setting("pinned", choices=("off", "pinned", "all"))
     """Which objects go to their holder's disk as soon as they are put, pressure or not: pinned
     ones, all (a holder's restart then loses none of its objects), or only spills under pressure."""
+    disk_promote: bool = True
+    """Bring objects read from a holder's disk back to its memory, into free bytes only and only
+    while the pool is below ``disk_spill_at``."""
     disk_grace_s: float = setting(3600.0, 0.0, 30 * 86400)
     """How long the disks of a holder that went silent stay indexed (their objects misses) for it
     to come back and report them; dropped after."""

@@ -116,13 +116,15 @@ FLAGS: dict[str, Flag] = {
     "ha_backend_connstring": Flag("etcd", _etcd, "the same as --etcd_endpoints, for --ha_backend_type=etcd"),
     "cluster_id": Flag("cluster", lambda _, t: t),
     "enable_offload": Flag(None, parse_bool, "accepted: tidekv's master always indexes its holders' disks", True),
+    "promotion_on_hit": Flag("disk_promote", parse_bool, "bring objects read from a holder's disk back to its "
+                             "memory (default false; tidekv's disk_promote)", True),
     "offload_on_evict": Flag(None, parse_bool, "spill to disk only under memory pressure (default false: every "
                              "put goes to its holder's disk; tidekv's disk_write_through off / all)", True),
 }
 """The Mooncake flags tidekv's master serves; every other flag is refused."""
 
 MOONCAKE_DEFAULTS: dict[str, Any] = {"lease_ttl_s": 10.0, "high_watermark": 0.90, "cluster": MOONCAKE_CLUSTER,
-                                     "disk_write_through": "all"}
+                                     "disk_write_through": "all", "disk_promote": False}
 """Mooncake's defaults where they differ from MasterConfig's (a TIDEKV_MASTER_* variable wins over them)."""
 
 

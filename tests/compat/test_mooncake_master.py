@@ -26,7 +26,7 @@ def test_each_flag_in_both_gflags_styles() -> None:
     config = master_config(argv, {})
     assert config == MasterConfig(host="10.1.2.3", port=7001, metrics_port=7002, lease_ttl_s=2.5, high_watermark=0.8,
                                   eviction_ratio=0.1, client_ttl_s=20.0, put_timeout_s=90.0, cluster="mooncake_cluster",
-                                  disk_write_through="all")
+                                  disk_write_through="all", disk_promote=False)
     assert master_config(["--port", "7003"], {}).port == 7003  # Mooncake's legacy spelling
 
 
@@ -47,13 +47,14 @@ def test_offload_flags_map_onto_the_disk_tier() -> None:
     assert master_config([], {}).disk_write_through == "all", "Mooncake persists every put eagerly by default"
     assert master_config(["--enable_offload", "--offload_on_evict"], {}).disk_write_through == "off"
     assert master_config(["--enable_offload=true", "--nooffload_on_evict"], {}).disk_write_through == "all"
+    assert master_config([], {}).disk_promote is False and master_config(["--promotion_on_hit"], {}).disk_promote
 
 
 @pytest.mark.parametrize(("argv", "needle"), [
     (["--rpc_thread_num=4"], "flag --rpc_thread_num is not supported"),
     (["--enable_http_metadata_server", "true"], "flag --enable_http_metadata_server is not supported"),
     (["--memory_allocator=cachelib"], "flag --memory_allocator is not supported"),
-    (["--promotion_on_hit"], "flag --promotion_on_hit is not supported"),
+    (["--offloading_queue_limit=5"], "flag --offloading_queue_limit is not supported"),
     (["--nosuch"], "flag --nosuch is not supported"),
     (["--rpc_port"], "flag --rpc_port needs a value"),
     (["50051"], "unexpected argument '50051'"),

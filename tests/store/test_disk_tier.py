@@ -93,7 +93,7 @@ def test_evicted_objects_stay_in_the_pool_and_read_back_on_the_holder_and_elsewh
     assert reader.get(on_disk[3]) == b"new version"
 
 
-def test_a_restarted_holder_gets_its_objects_back_from_its_disks(connect: Connect, master_address: str,
+def test_a_restarted_holder_gets_its_objects_back_from_its_disks_and_hits_back_in_memory(connect: Connect, master_address: str,
                                                                   tmp_path: Path) -> None:
     holder = _holder(connect, master_address, tmp_path)
     keys = _fill(holder, 0, 10)
@@ -105,6 +105,11 @@ def test_a_restarted_holder_gets_its_objects_back_from_its_disks(connect: Connec
     wait_until(lambda: reader.exists_many(keys) == [True] * 10, 10, "the restarted holder's report")
     assert reader.get_many(keys) == [payload(i, OBJ) for i in range(10)]
     assert again.stats()["disk"]["stale_records"] == 0
+    # Those reads were disk hits in a pool with room: the holder brings them back to memory.
+    wait_until(lambda: all(info is not None and info.locations for info in reader.lookup_many(keys)), 10,
+               "the disk hits back in the holder's memory")
+    assert reader.get_many(keys) == [payload(i, OBJ) for i in range(10)]
+    assert again.stats()["disk"]["promotions"] == 10
 
 
 def test_a_corrupted_record_is_a_miss_never_data(connect: Connect, master_address: str, tmp_path: Path) -> None:
@@ -184,6 +189,7 @@ def test_a_full_disk_evicts_its_oldest_records_and_a_full_pool_names_both_tiers(
     got = reader.get_many(keys)
     assert [g is None or g == payload(i, OBJ) for i, g in enumerate(got)] == [True] * 16, "misses, never wrong bytes"
     assert got[8:] == [payload(i, OBJ) for i in range(8, 16)], "the newest objects are in the pool"
+    time.sleep(0.6)  # the reads' leases end
     pinned = 0
     with pytest.raises(OutOfSpaceError) as full:
         for i in range(100):  # memory filled with objects nothing may evict

@@ -256,3 +256,54 @@ def test_a_listing_names_disk_only_objects_once() -> None:
     assert any(rig.get(b"k%d" % i).disk is not None for i in range(10))
     keys, is_last = rig.call(p.ListKeys(True, 100), client="h")
     assert is_last and sorted(keys) == sorted(b"k%d" % i for i in range(10))
+
+
+def _promote_start(rig: ServiceRig, key: bytes, token: int, segment: str = "h-seg") -> p.PutSlot:
+    raw = rig.call(p.PutStart("h", [key], [OBJ], 1, segment, promote=[token]))
+    return msgspec.convert(raw, list[p.PutSlot])[0]
+
+
+def test_a_disk_hit_comes_back_to_its_holders_memory_under_its_own_version() -> None:
+    rig = _rig()
+    _spills(rig)
+    for i in range(10):
+        rig.put("h", b"k%d" % i, OBJ)
+    tasks = _spill_all(rig)
+    rig.service.objects.evict(10 * OBJ, rig.clock.now + 100)  # every object on disk only
+    rig.advance(0.1)  # the tick sees room in memory again
+    assert rig.get(b"k0").disk is not None
+    [promo] = _spills(rig).promote
+    assert (promo.key, promo.token, promo.size) == (b"k0", tasks[0].token, OBJ)
+    slot = _promote_start(rig, b"k0", promo.token)
+    assert slot.status == Status.OK and slot.token == promo.token and slot.locations[0].segment == "h-seg"
+    assert rig.get(b"k0").disk is not None, "until the holder ends it, readers read the disk"
+    assert rig.put_start("other-writer", b"k0", OBJ).status == Status.EXISTS
+    assert rig.put_end("h", b"k0", promo.token) == Status.OK
+    r = rig.get(b"k0")
+    assert r.locations and r.disk is None, "back in memory"
+    assert rig.service.objects.disks.entries[b"k0"].token == promo.token, "its disk copy stays: the same version"
+    rig.service.objects.evict(OBJ, rig.clock.now + 100)
+    assert rig.get(b"k0").disk is not None, "evicted again: still in the pool, on disk"
+    assert _promote_start(rig, b"k1", promo.token).status == Status.STALE, "another version's token"
+
+
+def test_no_promotion_under_pressure_and_a_remove_drops_one_under_way() -> None:
+    rig = _rig()
+    _spills(rig)
+    for i in range(10):
+        rig.put("h", b"k%d" % i, OBJ)
+    _spill_all(rig)
+    rig.service.objects.evict(4 * OBJ, rig.clock.now + 100)  # 6 of 16 slots still used...
+    for i in range(10, 14):
+        rig.put("h", b"k%d" % i, OBJ)  # ... and 10 again: above disk_spill_at
+    rig.advance(0.1)
+    disk_only = [k for k in (b"k%d" % i for i in range(10)) if rig.get(k).disk is not None]
+    assert disk_only and _spills(rig).promote == [], "the pool is under pressure: no promotion"
+    rig.service.objects.evict(14 * OBJ, rig.clock.now + 200)
+    rig.advance(0.1)
+    assert rig.get(b"k0").disk is not None
+    [promo] = _spills(rig).promote
+    assert _promote_start(rig, b"k0", promo.token).status == Status.OK
+    assert rig.remove(b"k0", force=True) == Status.OK
+    assert not rig.exists(b"k0") and rig.put_end("h", b"k0", promo.token) == Status.STALE, \
+        "a removed object is not brought back by its promotion"

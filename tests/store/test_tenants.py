@@ -133,7 +133,7 @@ def test_a_tenant_cannot_touch_another_tenants_objects(rig: ServiceRig, kind: ty
         p.QueryTask: (p.QueryTask([1, 2]), None),
         # bob's own disk "d", and a record of bob's own "k": alice's k is not touched
         p.Spills: (p.Spills("b1", [p.DiskInfo("d", "e:1", "e:2", 1 << 20)],
-                            [p.SpillDone(b"k", alice.token, "d", 4096, 4096, 0)], report=True), [[], [], True]),
+                            [p.SpillDone(b"k", alice.token, "d", 4096, 4096, 0)], report=True), [[], [], True, []]),
     }
     body, expected = examples[kind]
     try:

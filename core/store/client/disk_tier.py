@@ -63,10 +63,10 @@ class DiskTierParts:
             tier.close()
             raise
 
-    def start(self, rpc: MasterClient, client_id: str, interval_s: float) -> None:
+    def start(self, rpc: MasterClient, client_id: str, interval_s: float, segment: str) -> None:
         self._rpc, self._client_id = rpc, client_id
         self.worker = SpillWorker(rpc, self.tier, self._records, self._engine.name, self.server.address, client_id,
-                                  interval_s, self._stop)
+                                  interval_s, self._stop, segment)
         self._records = []
         self.worker.start()
         if not self.worker.registered.wait(interval_s + 5.0):  # puts that follow find the disks known

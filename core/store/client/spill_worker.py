@@ -6,7 +6,8 @@ spills it finished and failed since. The master answers with records to free (do
 spill finds the room the master counted on) and spills to make: each object is written from
 this holder's own segment, where the master keeps it leased until the report. When the master
 asks (it did not know a disk: a new disk, a restarted holder, a master without the index), the
-next rounds report every record the disks hold. Neighbours: ``disk`` (the files), ``membership``
+next rounds report every record the disks hold. Disk hits the master hands back (``promote``)
+are read into slots of this holder's segment, put under their own version. Neighbours: ``disk`` (the files), ``membership``
 (runs this beside the heartbeat), ``master.disks`` (the master's side).
 """
 
@@ -30,8 +31,9 @@ REPORT_BATCH = 4096
 
 class SpillWorker:
     def __init__(self, rpc: MasterClient, tier: DiskTier, records: list[DiskRecord], engine: str, address: str,
-                 client_id: str, interval_s: float, closed: threading.Event) -> None:
+                 client_id: str, interval_s: float, closed: threading.Event, segment: str = "") -> None:
         self._rpc = rpc
+        self._segment = segment
         self._tier = tier
         self._client_id = client_id
         self._interval_s = interval_s
@@ -41,6 +43,7 @@ class SpillWorker:
         self._records: dict[tuple[int, int], DiskRecord] = {(r.disk, r.offset): r for r in records}
         self._lock = threading.Lock()
         self.spilled = 0  # records written (for tests and stats)
+        self.promoted = 0  # objects brought back to memory from disk
         self.registered = threading.Event()  # set once the master answered a round (it knows the disks)
         self._thread = threading.Thread(target=self._loop, name=f"tidekv-spill-{client_id}", daemon=True)
 
@@ -87,10 +90,12 @@ class SpillWorker:
                 logger.info("store client %s: reporting %d records on its disks to the master", self._client_id,
                             len(report))
             self._free(work.drops)
+            if work.promote:
+                self._promote(work.promote)
             new_done, new_failed = self._spill(work.tasks)
             done += new_done
             failed += new_failed
-            busy = bool(work.tasks or work.drops or report)
+            busy = bool(work.tasks or work.drops or report or work.promote)
 
     def _free(self, drops: list[p.DiskDrop]) -> None:
         for drop in drops:
@@ -131,6 +136,39 @@ class SpillWorker:
                         self._client_id, full)
         self.spilled += len(done)
         return done, failed
+
+    def _promote(self, tasks: list[p.PromoteTask]) -> None:
+        """Reads each record into a slot of this holder's segment and ends the put (a failed read
+        revokes it: the object stays disk-only)."""
+        try:
+            slots: list[p.PutSlot] = self._rpc.call(p.PutStart(
+                self._client_id, [t.key for t in tasks], [t.size for t in tasks], 1, self._segment,
+                promote=[t.token for t in tasks]), failover_timeout_s=0)
+            reads, placed = [], []
+            for task, slot in zip(tasks, slots, strict=True):
+                disk = self._index(task.disk)
+                if slot.status != p.Status.OK or disk is None or not slot.locations:
+                    continue
+                record = DiskRecord(task.key, task.token, task.size, task.crc, disk, task.offset)
+                reads.append((record, slot.locations[0].addr))
+                placed.append(task)
+            if not reads:
+                return
+            errors = self._tier.read_many(reads)
+            ended = [t for t, e in zip(placed, errors, strict=True) if e is None]
+            failed = [t for t, e in zip(placed, errors, strict=True) if e is not None]
+            if ended:
+                self._rpc.call(p.PutEnd(self._client_id, [t.key for t in ended], [t.token for t in ended]),
+                               failover_timeout_s=0)
+            if failed:
+                logger.warning("store client %s: %d promotions failed reading the disk (first: %s)",
+                               self._client_id, len(failed), errors[placed.index(failed[0])])
+                self._rpc.call(p.PutRevoke(self._client_id, [t.key for t in failed], [t.token for t in failed]),
+                               failover_timeout_s=0)
+            self.promoted += len(ended)
+        except TidekvError as exc:  # the master reclaims what was started and not ended
+            logger.warning("store client %s: promoting %d objects from disk failed: %s", self._client_id,
+                           len(tasks), exc)
 
     def _index(self, name: str) -> int | None:
         try:

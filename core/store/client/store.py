@@ -158,7 +158,7 @@ class Store(TensorCalls, TaskCalls, SegmentCalls):
         for group in self._groups:
             group.member.start()
         if self._disk is not None:
-            self._disk.start(self._groups[0].rpc, self.client_id, config.heartbeat_interval_s)
+            self._disk.start(self._groups[0].rpc, self.client_id, config.heartbeat_interval_s, self.segment_name)
 
     @property
     def segment_name(self) -> str:

@@ -12,7 +12,9 @@ disk copy of its version stays in the pool, disk-only; one without is dropped an
 spill did not keep up).
 
 A get of a disk-only object returns a ``DiskCopy`` under a lease: the reader asks the holder,
-which reads and verifies the record. A holder's disks outlive its process: when it lapses they
+which reads and verifies the record. With ``promote``, while the pool is not under pressure, a
+hit also queues the object for its holder to bring back to memory: a put of its own version
+(``ObjectTable.promote_start``) into free bytes of the holder's segment, filled from its disk. A holder's disks outlive its process: when it lapses they
 go offline (their objects misses, the entries kept), and when it comes back it reports what its
 disks hold; records the master no longer wants are freed. Disk space is the holder's to place
 (its allocator); the master counts each record's footprint against the disk's capacity, and
@@ -40,6 +42,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+MAX_PROMOTE_BYTES = 64 << 20
+"""Bytes of promotions handed to a holder per ``Spills`` round, at most."""
 MAX_SCAN = 4096
 """Queued objects (or disk records, for room) one ``Spills`` request looks at, at most (it must
 not hold the event loop)."""
@@ -93,6 +97,7 @@ class DiskCounters:
     kept_on_disk: int = 0  # objects evicted from memory that stayed in the pool, disk-only
     disk_evictions: int = 0  # records evicted from a disk to make room
     disk_hits: int = 0  # gets answered with a disk copy
+    promotions: int = 0  # disk hits handed to their holders to bring back to memory
     stale_records: int = 0  # records a holder held that the master no longer wanted (freed)
 
 
@@ -107,6 +112,9 @@ class DiskTable:
         self.queues: dict[str, SpillQueue] = {}  # holder -> its objects without a disk copy
         self.drops: dict[str, list[p.DiskDrop]] = {}  # client -> records to free, sent with its next work
         self.write_through = "off"  # "off", "pinned" or "all" (MasterConfig.disk_write_through)
+        self.promote = False  # bring disk hits back to memory (MasterConfig.disk_promote) ...
+        self.promote_ok = False  # ... while the pool is not under pressure (the master's tick says)
+        self.promotions: dict[str, dict[bytes, None]] = {}  # holder -> disk hits to bring back
         self.counters = DiskCounters()
 
     # ---- the object table's hooks ---------------------------------------------------------
@@ -120,6 +128,8 @@ class DiskTable:
         entry.lease_until = max(entry.lease_until, now + lease_s)
         self.entries.move_to_end(key)
         self.counters.disk_hits += 1
+        if self.promote and self.promote_ok:
+            self.promotions.setdefault(disk.client_id, {})[key] = None
         return p.GetResult(Status.OK, entry.size, [], p.DiskCopy(disk.engine, disk.address, disk.name, entry.offset,
                                                                   entry.token, entry.crc))
 
@@ -205,7 +215,27 @@ class DiskTable:
         queue = self.queues.get(m.client_id)
         tasks = (self._tasks(queue, mine, dict(segments), pressure, max_bytes, now, deadline_s, drops)
                  if mine and queue is not None else [])
-        return p.SpillWork(tasks, drops, report)
+        return p.SpillWork(tasks, drops, report, self._promotions(m.client_id))
+
+    def _promotions(self, client_id: str) -> list[p.PromoteTask]:
+        """The disk hits ``client_id`` is to bring back to memory now (up to MAX_PROMOTE_BYTES)."""
+        waiting = self.promotions.get(client_id)
+        if not waiting:
+            return []
+        out: list[p.PromoteTask] = []
+        budget = MAX_PROMOTE_BYTES
+        for key in list(itertools.islice(waiting, MAX_SCAN)):
+            del waiting[key]
+            entry = self.entries.get(key)
+            if entry is None or key in self.table.objects or not self.promote_ok:
+                continue  # gone, in memory again, or the pool filled meanwhile
+            if entry.size > budget:
+                waiting[key] = None
+                break
+            budget -= entry.size
+            out.append(p.PromoteTask(key, entry.token, entry.size, entry.disk, entry.offset, entry.crc))
+        self.counters.promotions += len(out)
+        return out
 
     def lapsed(self, client_id: str, now: float) -> None:
         """``client_id`` missed its heartbeats: its disks go offline (entries kept), its spills end."""
@@ -217,6 +247,7 @@ class DiskTable:
         for key in [k for k, s in self.under_way.items() if s.client_id == client_id]:
             self._abandon(key, requeue=False)
         self.queues.pop(client_id, None)  # its memory is gone with it
+        self.promotions.pop(client_id, None)
 
     def tick(self, now: float, grace_s: float) -> None:
         """Spills past their deadline fail; disks offline longer than ``grace_s`` are dropped."""

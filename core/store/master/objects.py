@@ -278,6 +278,33 @@ class ObjectTable:
                 out.append(meta)
         return out
 
+    def promote_start(self, writer: str, key: bytes, token: int, segment: str, now: float) -> PutSlot:
+        """A memory replica for the disk-only object ``key`` (version ``token``) on ``segment``, its
+        holder's own, in free bytes only: a pending put under the version's own token, which the
+        holder fills from its disk and ends like any put (the disk copy stays: same version).
+        STALE when the disk no longer holds that version alone, OUT_OF_SPACE without room."""
+        entry = self.disks.entries.get(key)
+        if entry is None or entry.token != token or key in self.objects or key in self.upserts \
+                or token in self.pending:
+            return PutSlot(Status.STALE)
+        seg = self.segments.segments.get(segment)
+        if seg is None or seg.client_id != writer:
+            return PutSlot(Status.INVALID)
+        if self.quotas is not None and not self.fits_quota(key, align(entry.size)):
+            return PutSlot(Status.QUOTA)
+        offset = self.segments.allocate_on(segment, entry.size)
+        if offset is None:
+            return PutSlot(Status.OUT_OF_SPACE)
+        if self.quotas is not None:
+            self.charge(key, align(entry.size))
+        meta = ObjectMeta(entry.size, (segment, offset), PendingPut(token, writer, now, False), 0, token, 1)
+        self.objects[key] = meta
+        self.pending[token] = key
+        self.pending_by[writer] = self.pending_by.get(writer, 0) + 1
+        if self.journal is not None:
+            self.journal.add(j.StartOp(token, key, entry.size, [segment, offset], 0, False, writer, 1), key)
+        return PutSlot(Status.OK, token, self.locations(meta))
+
     def put_end(self, key: bytes, token: int, now: float) -> Status:
         """Publishes the put ``token`` of ``key``; OK again for a put already ended (a writer that
         retried across a failover), STALE for one that was revoked or reclaimed."""
@@ -326,7 +353,14 @@ class ObjectTable:
             table = self.suspended
             meta = table.get(key)
         if meta is None or meta.put is not None:
-            return self.disks.remove(key, force, now) if self.disks.entries else Status.NOT_FOUND
+            if not self.disks.entries:
+                return Status.NOT_FOUND
+            entry = self.disks.entries.get(key)
+            promoting = meta is not None and meta.put is not None and entry is not None and entry.token == meta.token
+            status = self.disks.remove(key, force, now)
+            if status == Status.OK and promoting:
+                self._drop_pending(meta.token)  # type: ignore[union-attr]  # its promotion: no version is left
+            return status
         if meta.lease_until > now and not force:
             return Status.LEASED
         del table[key]

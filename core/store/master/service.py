@@ -124,6 +124,7 @@ class MasterService:
         self.channels = ChannelTable(self.objects)
         self.tasks = TaskBook(self.objects)
         self.objects.disks.write_through = config.disk_write_through
+        self.objects.disks.promote = config.disk_promote
         self.metrics = Registry()
         self._requests = self.metrics.counter("tidekv_master_requests_total", "RPC requests by type", ["type"])
         self._items = self.metrics.counter("tidekv_master_request_items_total", "keys carried by RPC requests, by type",
@@ -329,6 +330,8 @@ class MasterService:
         self.objects.free_retired(now)
         self.objects.repairs.expire(now)
         self.objects.disks.tick(now, self.config.disk_grace_s)
+        cap = self.segments.capacity
+        self.objects.disks.promote_ok = bool(cap) and self.segments.used < self.config.disk_spill_at * cap
         self.channels.tick(now)
         self.tasks.tick()
         high, low = self.config.high_watermark, self.config.high_watermark - self.config.eviction_ratio
@@ -411,6 +414,11 @@ class MasterService:
 
     def _put_start(self, m: p.PutStart, now: float) -> list[p.PutSlot]:
         self._check_batch(m.keys, m.sizes)
+        if m.promote:
+            self._check_batch(m.keys, m.promote)
+            self.segments.touch(m.client_id, now)
+            promote = self.objects.promote_start
+            return [promote(m.client_id, k, t, m.preferred_segment, now) for k, t in zip(m.keys, m.promote)]
         if not self.segments.segments and now - self.started < self.config.client_ttl_s:
             # A master that just started (a restart without --state-dir) has no segment until
             # the holders' next heartbeats re-mount theirs: "not yet", not "out of space".

@@ -180,7 +180,7 @@ class Namespace:
                     r.disk.disk = r.disk.disk[len(pre):]
         elif isinstance(body, p.Spills):
             n = len(self._key_prefix)
-            for item in [*result.tasks, *result.drops]:
+            for item in [*result.tasks, *result.drops, *result.promote]:
                 item.key, item.disk = item.key[n:], item.disk[len(pre):]
         elif isinstance(body, p.ListKeys):
             n = len(self._key_prefix)

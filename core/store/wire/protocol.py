@@ -117,6 +117,8 @@ class PutStart(msgspec.Struct, tag="put_start", array_like=True):
     upsert: bool = False
     avoid: list[str] = []  # engines to place no replica on (the writer's writes to them just failed)
     spare: bool = False  # one key: also reserve a ``Spare`` of its size for this writer's next put
+    promote: list[int] = []  # per key, the version of its disk copy this holder brings back to memory
+    # (``SpillWork.promote``): a slot in ``preferred_segment`` under that version's token, free bytes only
 
 
 class PutBind(msgspec.Struct, tag="put_bind", array_like=True):
@@ -393,13 +395,27 @@ class DiskDrop(msgspec.Struct, array_like=True):
     token: int
 
 
+class PromoteTask(msgspec.Struct, array_like=True):
+    """Bring the disk-only object ``key`` (version ``token``, the record at ``offset`` of ``disk``)
+    back to memory: a ``PutStart`` with ``promote``, the record read into the slot, ``PutEnd``."""
+
+    key: bytes
+    token: int
+    size: int
+    disk: str
+    offset: int
+    crc: int
+
+
 class SpillWork(msgspec.Struct, array_like=True):
     """The master's answer to ``Spills``: records to free first, then spills to make; ``report``:
-    the master does not know what some of the named disks hold, send it all (``Spills.report``)."""
+    the master does not know what some of the named disks hold, send it all (``Spills.report``);
+    ``promote``: disk hits to bring back to this holder's memory."""
 
     tasks: list[SpillTask] = []
     drops: list[DiskDrop] = []
     report: bool = False
+    promote: list[PromoteTask] = []
 
 
 class DiskCopy(msgspec.Struct, array_like=True):
