@@ -3,9 +3,10 @@
 For each object size, in one run: a raw O_DIRECT write and read of the same directory (the
 baseline, ``store.client.disk.raw_direct_bandwidth``); the tier's spill throughput (a holder in
 its own process with write-through, from its first put until every object is on disk); and
-disk-hit gets (the holder restarted on its disks, so every object is on disk only): read by the
-holder itself (straight from its disk) and by a client in this process (through the holder's
-disk server), throughput in batches and one-object latency p50/p99; and SGLang's file backend's
+disk-hit gets (the holder restarted on its disks, so every object is on disk only; promotion
+off, so that every round reads the disk): read by the holder itself (straight from its disk)
+and by a client in this process (through the holder's disk server), throughput in batches and
+one-object latency p50/p99; and SGLang's file backend's
 read path (one file per object, ``open(buffering=0).readinto``, its pages dropped from the page
 cache first) on the same directory. Each tidekv number is also given as a ratio to the raw
 baseline of the same run. Neighbours: ``store`` (the memory-tier bench this extends).
@@ -168,7 +169,7 @@ def run(sizes: tuple[int, ...], total: int, rounds: int, directory: str, progres
     try:
         for size in sizes:  # a pool of its own per size: nothing of the last one in its index
             master = HelperProcess(f"tidekv-master-disk-{size}", _master_main, (MasterConfig(
-                port=0, metrics_port=-1, disk_write_through="all", lease_ttl_s=1.0),), logs)
+                port=0, metrics_port=-1, disk_write_through="all", disk_promote=False, lease_ttl_s=1.0),), logs)
             try:
                 rows += _one_size(master.hello, work, size, max(8, total // size), rounds, progress)
             finally:
