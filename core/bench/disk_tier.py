@@ -1,15 +1,20 @@
 """``tidekv bench store --tier disk``: the store's disk tier against the device it sits on.
 
-For each object size, in one run: a raw O_DIRECT write and read of the same directory (the
-baseline, ``store.client.disk.raw_direct_bandwidth``); the tier's spill throughput (a holder in
-its own process with write-through, from its first put until every object is on disk); and
-disk-hit gets (the holder restarted on its disks, so every object is on disk only; promotion
-off, so that every round reads the disk): read by the holder itself (straight from its disk)
-and by a client in this process (through the holder's disk server), throughput in batches and
-one-object latency p50/p99; and SGLang's file backend's
-read path (one file per object, ``open(buffering=0).readinto``, its pages dropped from the page
-cache first) on the same directory. Each tidekv number is also given as a ratio to the raw
-baseline of the same run. Neighbours: ``store`` (the memory-tier bench this extends).
+For each object size, in one run:
+- raw O_DIRECT writes and reads of the same directory: the baseline, with 4 threads as the
+  tier's I/O pool (``store.client.disk.raw_direct_bandwidth``), and the same through io_uring
+  at 4 and 16 in flight (``uring``: the alternative the tier did not take);
+- the tier's spill throughput: a holder in its own process with write-through, from its first
+  put until every object is on disk;
+- disk-hit gets, the holder restarted on its disks first so that every object is on disk only
+  (promotion off, so that every round reads the disk): read by the holder itself (straight from
+  its disk) and by a client in this process (through the holder's disk server), throughput in
+  batches and one-object latency p50/p99;
+- SGLang's file backend read path (one file per object, ``open(buffering=0).readinto``, its
+  pages dropped from the page cache first) on the same directory.
+
+Each tidekv number is also given as a ratio to the 4-thread baseline of the same run.
+Neighbours: ``store`` (the memory-tier bench this extends).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tidekv import report
+from tidekv.bench import uring
 from tidekv.bench.store import _master_main
 from tidekv.config import MasterConfig, StoreConfig
 from tidekv.errors import ConfigError, TidekvError
@@ -43,6 +49,8 @@ DEFAULT_TOTAL = 256 << 20
 BATCH_BYTES = 16 << 20
 """Bytes per get_many_into batch in the throughput rows."""
 LATENCY_SAMPLES = 200
+URING_DEPTHS = (4, 16)
+"""io_uring queue depths measured beside the thread pool (its ratio: to the 4 threads' rate)."""
 
 BARS = (("spill_vs_raw_write", 0.7, 2 << 20), ("get_holder_vs_raw_read", 0.7, 2 << 20))
 """(ratio, at least, object size) the issue asks for."""
@@ -186,6 +194,9 @@ def _one_size(master: str, work: Path, size: int, n: int, rounds: int, progress:
     progress(f"{label}: raw O_DIRECT write and read of {format_size(n * size)}")
     raw = [raw_direct_bandwidth(str(work), n * size, size) for _ in range(rounds)]
     raw_write, raw_read = statistics.median(r[0] for r in raw), statistics.median(r[1] for r in raw)
+    no_uring = uring.available()
+    rings = {depth: [uring.raw_uring_bandwidth(str(work), n * size, size, depth) for _ in range(rounds)]
+             for depth in URING_DEPTHS} if not no_uring else {}
     segment = (n * size * 5 // 4 + (1 << 20)) // 4096 * 4096
     disk_size = n * disk_footprint(size) * (rounds + 1) + (64 << 20)
     holder = HelperProcess(f"tidekv-disk-holder-{size}", _holder_main,
@@ -222,9 +233,13 @@ def _one_size(master: str, work: Path, size: int, n: int, rounds: int, progress:
             out["vs_raw"] = rate / vs
         return {**out, **more}
 
+    ring_rows = [row(f"raw O_DIRECT {what} (io_uring, {depth} in flight)", [r[i] for r in runs], None,
+                     raw_write if i == 0 else raw_read)
+                 for depth, runs in rings.items() for i, what in ((0, "write"), (1, "read"))]
     return [
-        row("raw O_DIRECT write", [r[0] for r in raw], None, None),
-        row("raw O_DIRECT read", [r[1] for r in raw], None, None),
+        row("raw O_DIRECT write (4 threads)", [r[0] for r in raw], None, None),
+        row("raw O_DIRECT read (4 threads)", [r[1] for r in raw], None, None),
+        *ring_rows,
         row("spill (holder -> disk)", spills, None, raw_write, bar="spill_vs_raw_write"),
         row("disk-hit get, on the holder", local["rates"], local["latencies"], raw_read, bar="get_holder_vs_raw_read"),
         row("disk-hit get, other client", remote["rates"], remote["latencies"], raw_read),
