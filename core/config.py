@@ -669,6 +669,9 @@ class StoreConfig:
     """Bytes of each of ``disk_paths`` the disk tier takes (preallocated)."""
     disk_io_threads: int = setting(4, 1, 256)
     """Disk I/Os a holder keeps in flight (spills, and reads of its records)."""
+    disk_server_port: int = setting(0, 0, 65535)
+    """Port of the disk server a holder with ``disk_paths`` runs on its engine's address, where
+    readers on other hosts ask for disk-only objects (0 = any free one)."""
     segment_memory: str = setting("auto", choices=SEGMENT_MEMORY)
     """What backs the segment: "shared" (a memfd that same-host peers map), "huge" (private memory
     on transparent huge pages that same-host peers read by cross-memory attach; reads stay fast

@@ -108,12 +108,12 @@ class DiskServer:
     at a time on the server's thread (reads of one request in parallel on the tier's threads)."""
 
     def __init__(self, tier: DiskTier, engine: TransferEngine, staging: StagingArea, host: str,
-                 secret: str | None) -> None:
+                 secret: str | None, port: int = 0) -> None:
         self._tier = tier
         self._engine = engine
         self._staging = staging
         self.served = 0
-        self._server = channel.Server(SPEC, host, 0, self._handle, secret=secret)
+        self._server = channel.Server(SPEC, host, port, self._handle, secret=secret)
         self.address = self._server.address
 
     def close(self) -> None:

@@ -57,7 +57,7 @@ class DiskTierParts:
         tier = DiskTier(paths, config.disk_size_bytes, name="store", io_threads=config.disk_io_threads)
         try:
             host = parse_host_port(engine.name, "engine")[0]
-            server = DiskServer(tier, engine, staging, host, engine.config.secret)
+            server = DiskServer(tier, engine, staging, host, engine.config.secret, config.disk_server_port)
             return cls(tier, server, engine)
         except BaseException:
             tier.close()
