@@ -228,3 +228,23 @@ def test_a_holder_killed_while_spilling_loses_no_reported_object_and_leaks_no_sp
     digests = found["digests"]
     assert sum(d is not None for d in digests) == state["keys"], "every indexed object, and only those, reads"
     assert all(d is None or d == digest(payload(i, size)) for i, d in enumerate(digests)), "never wrong bytes"
+
+
+@pytest.mark.parametrize("staging", [16 << 20, 48 << 20, 96 << 20], ids=["16M", "48M", "96M"])
+def test_a_read_of_many_disk_only_objects_is_served_in_rounds(connect: Connect, master_address: str,
+                                                              tmp_path: Path, staging: int) -> None:
+    """80 MiB of disk-only objects read elsewhere in one call: the holder stages them in rounds
+    (overlapping when its staging memory holds two, one at a time when not), byte for byte."""
+    big = 4 << 20
+    holder = connect(master_address, 16 << 20, disk_paths=str(tmp_path), disk_size_bytes=256 << 20,
+                     heartbeat_interval_s=0.05, staging_size_bytes=staging)
+    keys = []
+    for first in range(0, 20, 2):
+        for i in range(first, first + 2):
+            keys.append(b"big-%d" % i)
+            holder.put(keys[-1], payload(i, big))
+        wait_until(lambda n=len(keys): _disk_keys(holder) == n, 15, f"{len(keys)} objects on disk")
+    reader = connect(master_address)
+    assert len(_disk_only(reader, keys)) >= 14  # memory is full: no promotion meanwhile
+    assert reader.get_many(keys) == [payload(i, big) for i in range(20)]
+    assert holder.disk_reads_served >= 14

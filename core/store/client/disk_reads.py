@@ -12,11 +12,13 @@ answers per record. A record that fails its checksum or names another object is 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import enum
 import logging
 import threading
-from typing import Union
+from collections.abc import Iterator
+from typing import Any, Union
 
 import msgspec
 from tidekv import channel
@@ -120,59 +122,106 @@ class DiskServer:
         self._server.close()
 
     def _handle(self, body: DiskRead, peer: channel.Peer) -> list[int]:
+        """Reads the records in rounds of at most MAX_BATCH_BYTES, each round's writes to the
+        reader in flight while the next round is read."""
         out = [int(Outcome.MISSING)] * len(body.items)
+        sending: tuple[contextlib.ExitStack, Any, list[int]] | None = None
+        sending_size = 0
+        try:
+            for batch, size in self._rounds(body):
+                if sending is not None and sending_size + size > self._staging.capacity:
+                    self._sent(sending, out)  # both rounds cannot be staged at once: no overlap
+                    sending = None
+                stack = contextlib.ExitStack()
+                try:
+                    region = stack.enter_context(self._staging.borrow(max(size, 1)))
+                    requests, owners = self._read(body, batch, region.address, out)
+                except BaseException:
+                    stack.close()
+                    raise
+                if sending is not None:
+                    self._sent(sending, out)
+                sending = (stack, self._send(requests, body.reader, owners, out), owners)
+                sending_size = size
+        finally:
+            if sending is not None:
+                self._sent(sending, out)
+        self.served += sum(1 for o in out if o == Outcome.OK)
+        return out
+
+    def _rounds(self, body: DiskRead) -> Iterator[tuple[list[tuple[int, DiskRecord]], int]]:
+        """The request's records of this holder, in rounds of at most MAX_BATCH_BYTES (staged)."""
         batch: list[tuple[int, DiskRecord]] = []
         size = 0
         for i, item in enumerate(body.items):
             rec = record_of(self._tier, item.disk, item.offset, item.key, item.token, item.size, item.crc)
             if rec is None:
                 continue
-            if batch and size + rec.size > MAX_BATCH_BYTES:
-                self._serve(body, batch, size, out)
+            if batch and size + _staged(rec.size) > MAX_BATCH_BYTES:
+                yield batch, size
                 batch, size = [], 0
             batch.append((i, rec))
-            size += (rec.size + 63) // 64 * 64
+            size += _staged(rec.size)
         if batch:
-            self._serve(body, batch, size, out)
-        self.served += sum(1 for o in out if o == Outcome.OK)
-        return out
+            yield batch, size
 
-    def _serve(self, body: DiskRead, batch: list[tuple[int, DiskRecord]], size: int, out: list[int]) -> None:
-        with self._staging.borrow(max(size, 1)) as region:
-            at, cursor = [], region.address
-            for _, rec in batch:
-                at.append(cursor)
-                cursor += (rec.size + 63) // 64 * 64
-            errors = self._tier.read_many([(rec, addr) for (_, rec), addr in zip(batch, at, strict=True)])
-            requests, owners = [], []
-            for (i, rec), addr, error in zip(batch, at, errors, strict=True):
-                if error is not None:
-                    out[i] = Outcome.CORRUPT if isinstance(error, DiskCorruptError) else Outcome.MISSING
-                    if not isinstance(error, DiskCorruptError):
-                        logger.warning("disk server: reading a record of disk %s failed: %s", self._tier.ids[rec.disk],
-                                       error)
-                    continue
-                out[i] = Outcome.OK
-                for address, length, offset in body.items[i].pieces:
-                    if offset < 0 or length < 0 or offset + length > rec.size:
-                        out[i] = Outcome.MISSING
-                        break
-                    requests.append(TransferRequest(TransferOp.WRITE, addr + offset, length, body.reader, address))
-                    owners.append(i)
-            if not requests:
-                return
-            try:
-                handle = self._engine.transfer(requests)
+    def _read(self, body: DiskRead, batch: list[tuple[int, DiskRecord]], base: int,
+              out: list[int]) -> tuple[list[TransferRequest], list[int]]:
+        """Reads one round into staging memory at ``base``, verified; returns the writes of the
+        records read whole (and the item each belongs to)."""
+        at, cursor = [], base
+        for _, rec in batch:
+            at.append(cursor)
+            cursor += _staged(rec.size)
+        errors = self._tier.read_many([(rec, addr) for (_, rec), addr in zip(batch, at, strict=True)])
+        requests, owners = [], []
+        for (i, rec), addr, error in zip(batch, at, errors, strict=True):
+            if error is not None:
+                out[i] = Outcome.CORRUPT if isinstance(error, DiskCorruptError) else Outcome.MISSING
+                if not isinstance(error, DiskCorruptError):
+                    logger.warning("disk server: reading a record of disk %s failed: %s", self._tier.ids[rec.disk],
+                                   error)
+                continue
+            pieces = body.items[i].pieces
+            if any(offset < 0 or length < 0 or offset + length > rec.size for _, length, offset in pieces):
+                continue  # a piece outside the object: MISSING, nothing written
+            out[i] = Outcome.OK
+            for address, length, offset in pieces:
+                requests.append(TransferRequest(TransferOp.WRITE, addr + offset, length, body.reader, address))
+                owners.append(i)
+        return requests, owners
+
+    def _send(self, requests: list[TransferRequest], reader: str, owners: list[int], out: list[int]) -> Any:
+        """Starts the writes of one round into the reader's memory; their handle, or None."""
+        if not requests:
+            return None
+        try:
+            return self._engine.transfer(requests)
+        except TidekvError as exc:
+            logger.warning("disk server: cannot write to reader %s: %s", reader, exc)
+            for i in owners:
+                out[i] = Outcome.UNSENT
+            return None
+
+    @staticmethod
+    def _sent(sending: tuple[contextlib.ExitStack, Any, list[int]], out: list[int]) -> None:
+        """Waits for one round's writes (a failed one: UNSENT), then frees its staging memory."""
+        stack, handle, owners = sending
+        try:
+            if handle is not None:
                 try:
                     handle.wait()
                 except TidekvError:
                     for i, status in zip(owners, handle.statuses(), strict=True):
                         if status.state != TransferState.DONE:
                             out[i] = Outcome.UNSENT
-            except TidekvError as exc:
-                logger.warning("disk server: cannot write to reader %s: %s", body.reader, exc)
-                for i in owners:
-                    out[i] = Outcome.UNSENT
+        finally:
+            stack.close()
+
+
+def _staged(size: int) -> int:
+    """Staging bytes a record of ``size`` takes (each record 64-byte aligned in the round)."""
+    return (size + 63) // 64 * 64
 
 
 class DiskReader:

@@ -36,6 +36,11 @@ class StagingArea:
             self._small = [Region(self._region.address + base + i * SMALL_SLOT, SMALL_SLOT, "cpu", True, self._region)
                            for i in range(SMALL_SLOTS)]
 
+    @property
+    def capacity(self) -> int:
+        """Bytes of the staging region (a larger borrow gets a temporary region of its own)."""
+        return self._region.length
+
     def close(self) -> None:
         """Returns the staging region to the engine (when the engine outlives this store)."""
         self._engine.unregister(self._region)
