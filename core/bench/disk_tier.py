@@ -48,6 +48,8 @@ DEFAULT_SIZES = (256 << 10, 2 << 20)
 DEFAULT_TOTAL = 256 << 20
 BATCH_BYTES = 16 << 20
 """Bytes per get_many_into batch in the throughput rows."""
+PUT_BATCH_BYTES = 8 << 20
+"""Bytes per put_many while filling the pool (within the holder's staging memory)."""
 LATENCY_SAMPLES = 200
 URING_DEPTHS = (4, 16)
 """io_uring queue depths measured beside the thread pool (its ratio: to the 4 threads' rate)."""
@@ -79,8 +81,9 @@ def _holder_main(conn: Connection, master: str, segment: int, paths: str, disk_s
             _, prefix, n, size, on_disk = message
             data = [_pattern(i, size) for i in range(min(n, 8))]
             started = time.perf_counter()
-            for first in range(0, n, 64):  # batched: the spill rate, not the put round trips, is timed
-                batch = range(first, min(n, first + 64))
+            per_batch = max(1, PUT_BATCH_BYTES // size)  # batched: the spill rate, not put round trips, is timed
+            for first in range(0, n, per_batch):
+                batch = range(first, min(n, first + per_batch))
                 store.put_many([f"{prefix}{i}" for i in batch], [data[i % len(data)] for i in batch])
             while disk_keys() < on_disk:
                 time.sleep(0.002)
