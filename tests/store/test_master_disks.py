@@ -65,6 +65,10 @@ def test_spills_come_under_pressure_oldest_first_and_keep_evicted_objects_in_the
     assert len({t.source for t in tasks}) == 10
     stats = rig.stats()["disk"]
     assert stats["keys"] == 10 and stats["spills"] == 10 and stats["used_bytes"] == 10 * disk_footprint(OBJ)
+    scrape = rig.service.metrics.render()
+    scrape = scrape.decode() if isinstance(scrape, bytes) else scrape
+    assert "tidekv_disk_keys 10.0" in scrape and "tidekv_disk_spills_total 10.0" in scrape
+    assert f'tidekv_disk_used_bytes{{disk="disk-1"}} {float(10 * disk_footprint(OBJ))}' in scrape
     for i in range(10, 16):  # past the high watermark: the tick evicts the oldest
         rig.put("h", b"k%d" % i, OBJ)
     _past_spill_leases(rig)

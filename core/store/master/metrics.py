@@ -1,5 +1,6 @@
 """What the master exports about its index: gauges read from the segment and object tables at
-each scrape (keys, pending puts, clients, segment bytes, eviction, loss, suspension, repairs).
+each scrape (keys, pending puts, clients, segment bytes, eviction, loss, suspension, repairs,
+the disk tier).
 Nothing else. The request counters and timings live with the request path (``master``).
 """
 
@@ -62,3 +63,24 @@ def index_gauges(metrics: Registry, segments: SegmentTable, objects: ObjectTable
     metrics.gauge("tidekv_suspended_objects_dropped_total",
                   "objects dropped because their holder did not return within suspend_grace_s",
                   lambda: {(): c.suspended_lost}, kind="counter")
+    disks = objects.disks
+    metrics.gauge("tidekv_disk_keys", "objects with a copy on a holder's disk (the disk tier)",
+                  lambda: {(): len(disks.entries)})
+    metrics.gauge("tidekv_disk_used_bytes", "bytes of records (and spills under way) per disk",
+                  lambda: {(("disk", d.name),): d.used for d in disks.disks.values()})
+    metrics.gauge("tidekv_disk_capacity_bytes", "capacity per disk",
+                  lambda: {(("disk", d.name),): d.capacity for d in disks.disks.values()})
+    metrics.gauge("tidekv_disk_online", "1 while a disk's holder is alive, 0 while it is offline",
+                  lambda: {(("disk", d.name),): int(d.online) for d in disks.disks.values()})
+    dc = disks.counters
+    for name, what in (("spills", "objects written to a holder's disk and indexed"),
+                       ("spilled_bytes", "bytes of objects written to holders' disks"),
+                       ("spill_failures", "spills reported failed or past their deadline (queued again)"),
+                       ("spills_dropped", "objects evicted from memory before their holder could spill them"),
+                       ("kept_on_disk", "objects evicted from memory that stayed in the pool, on disk"),
+                       ("disk_evictions", "records evicted from a full disk"),
+                       ("disk_hits", "gets answered from a holder's disk"),
+                       ("promotions", "disk hits handed to their holders to bring back to memory"),
+                       ("stale_records", "records a holder reported that the master no longer wanted (freed)")):
+        metrics.gauge(f"tidekv_disk_{name.removeprefix('disk_')}_total", what, lambda n=name: {(): getattr(dc, n)},
+                      kind="counter")
