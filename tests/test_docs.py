@@ -1,8 +1,8 @@
 """The README and the docs site: the site builds with warnings as errors (broken links and
 anchors fail), the generated reference pages are current, the README stays a landing page whose
 status table is the status page's and whose quick-start commands are the ones CI runs, the
-getting-started example runs, and no page names an internal issue or a development machine's
-path."""
+getting-started example runs, every ``tidekv`` command line of the pages runs here (or names
+why it cannot), and no page names an internal issue or a development machine's path."""
 
 from __future__ import annotations
 
@@ -188,3 +188,87 @@ def test_every_tidekv_command_in_the_docs_parses() -> None:
                     failures.append(f"{page.relative_to(REPO_ROOT)}: tidekv {command}: {errors.getvalue().strip()}")
     assert seen > 20, f"found only {seen} tidekv commands in the docs: the extraction is broken"
     assert not failures, "\n".join(failures)
+
+
+_NOT_RUN = (
+    (r"^bench\b", "a benchmark of minutes (the Mooncake comparisons need its wheel); tests/bench runs each bench "
+                  "small"),
+    (r"10\.0\.0\.\d+", "names other hosts' addresses; tests/multihost runs the same across network namespaces"),
+    (r"/nvme", "needs the NVMe directories it names; tests/store/test_disk_tier.py runs the disk tier here"),
+    (r"--segment-size (?:[5-9]|\d\d+)GiB", "needs more memory than a test machine has"),
+    (r"master\.pem", "needs the certificate the page makes a step before; tests/store/test_tls.py runs TLS"),
+    (r"tenants\.toml", "needs the page's tenants file; tests/store/test_tenants.py runs tenants"),
+)
+"""Command lines of the docs this machine cannot run as written, and why (each pattern must
+still match some page's command: a stale entry fails the test)."""
+
+_SERVERS = {"up": "tidekv is up", "master": "listening on", "proxy": "listening"}
+"""Commands that serve until stopped: run until they print that they are ready, then stopped."""
+
+
+def _ready(proc: subprocess.Popen[str], needle: str, timeout_s: float) -> str:
+    """Output of ``proc`` until a line holds ``needle`` (or it exits, or the time is up)."""
+    import selectors
+    import time
+
+    seen: list[str] = []
+    sel = selectors.DefaultSelector()
+    assert proc.stdout is not None
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if sel.select(timeout=0.2):
+            line = proc.stdout.readline()
+            seen.append(line)
+            if needle in line:
+                break
+    return "".join(seen)
+
+
+def test_every_tidekv_command_in_the_guides_runs_or_says_why_not(tmp_path: Path) -> None:
+    """Each ``tidekv`` command line of the README and the docs runs here as written: a server
+    until it says it is ready, any other command to a zero exit; one that cannot run here names
+    why in ``_NOT_RUN``. ``trace analyze`` runs on a stand-in trace file of the name it gives."""
+    import shlex
+
+    from tests.trace.traces import HAND, write_trace
+
+    commands = sorted({c for page in [README, *sorted(DOCS.rglob("*.md"))] for c in _tidekv_commands(page)})
+    used: set[str] = set()
+    failures, ran = [], 0
+    for command in commands:
+        why = next((p for p, _ in _NOT_RUN if re.search(p, command)), None)
+        if why is not None:
+            used.add(why)
+            continue
+        args = shlex.split(command)
+        work = tmp_path / f"run{ran}"
+        work.mkdir()
+        for word in args:
+            if word.endswith(".jsonl") and args[:2] == ["trace", "analyze"]:
+                write_trace(work / word, HAND)
+        ran += 1
+        proc = subprocess.Popen([sys.executable, "-m", "tidekv.cli", *args], cwd=work, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            needle = _SERVERS.get(args[0])
+            if needle is not None:
+                out = _ready(proc, needle, 60.0)
+                if needle not in out:
+                    failures.append(f"tidekv {command}: never said {needle!r}:\n{out[-2000:]}")
+            else:
+                out, _ = proc.communicate(timeout=120)
+                if proc.returncode != 0:
+                    failures.append(f"tidekv {command}: exit {proc.returncode}:\n{out[-2000:]}")
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    assert ran >= 5, f"ran only {ran} of {len(commands)} commands: the classification is too broad"
+    assert not failures, "\n\n".join(failures)
+    stale = [p for p, _ in _NOT_RUN if p not in used]
+    assert not stale, f"no command of the docs matches these _NOT_RUN entries any more: {stale}"
