@@ -204,6 +204,33 @@ still match some page's command: a stale entry fails the test)."""
 
 _SERVERS = {"up": "tidekv is up", "master": "listening on", "proxy": "listening"}
 """Commands that serve until stopped: run until they print that they are ready, then stopped."""
+_DEFAULT_PORTS = {"up": {"--port": 50051, "--metrics-port": 9003}, "master": {"--port": 50051, "--metrics-port": 9003},
+                  "proxy": {"--port": 8000}}
+
+
+def _wait_for_ports(args: list[str], timeout_s: float = 60.0) -> None:
+    """Waits until the fixed ports a server command binds are free (another test may hold one
+    for a moment), so that the command runs as written."""
+    import socket
+
+    ports = dict(_DEFAULT_PORTS.get(args[0], {}))
+    for flag in list(ports):
+        if flag in args and args.index(flag) + 1 < len(args):
+            ports[flag] = int(args[args.index(flag) + 1])
+
+    def free() -> bool:
+        for port in ports.values():
+            if port <= 0:
+                continue
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    return False
+        return True
+
+    wait_until(free, timeout_s, f"ports {sorted(ports.values())} to be free for tidekv {' '.join(args)}")
 
 
 def _ready(proc: subprocess.Popen[str], needle: str, timeout_s: float) -> str:
@@ -248,6 +275,8 @@ def test_every_tidekv_command_in_the_guides_runs_or_says_why_not(tmp_path: Path)
             if word.endswith(".jsonl") and args[:2] == ["trace", "analyze"]:
                 write_trace(work / word, HAND)
         ran += 1
+        if args[0] in _SERVERS:
+            _wait_for_ports(args)
         proc = subprocess.Popen([sys.executable, "-m", "tidekv.cli", *args], cwd=work, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         try:
