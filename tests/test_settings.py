@@ -36,7 +36,7 @@ def test_every_master_setting_is_a_flag_and_every_flag_a_setting(command: str) -
     etcd = {"etcd_" + name for name in config.ETCD_MASTER_FLAGS}
     expected = {"--" + name.replace("_", "-") for name in master | etcd} | {"--config"}
     if command == "up":
-        expected |= {"--segment-size", "--engine-host", "--engine-port", "--selftest"}
+        expected |= {"--segment-size", "--engine-host", "--engine-port", "--selftest", "--disk-paths", "--disk-size"}
     assert _flags(command) == expected
     assert set(config.ETCD_MASTER_FLAGS) <= {f.name for f in dataclasses.fields(EtcdSecurity)} - {"password"}
 
