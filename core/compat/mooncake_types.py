@@ -27,6 +27,7 @@ from tidekv.errors import (
     TidekvError,
     TransferError,
 )
+from tidekv.logs import WarnEvery
 from tidekv.store.wire.protocol import Pin
 
 logger = logging.getLogger(__name__)
@@ -71,10 +72,22 @@ def error_code(error: BaseException | type[BaseException]) -> int:
     raise AssertionError(f"no Mooncake code for {cls.__name__}")  # only TidekvErrors reach here
 
 
+_OTHER_TIERS = WarnEvery(60.0)
+
+
 def placement(config: ReplicateConfig | None) -> dict[str, Any]:
-    """A ReplicateConfig as the keyword arguments of tidekv's put calls."""
+    """A ReplicateConfig as the keyword arguments of tidekv's put calls. NVMe-oF and DFS replicas
+    (``nof_replica_num``, ``dfs_replica_num``) have no counterpart: the put goes on with memory
+    replicas, and a warning (at most once a minute) says that disk copies come from the holders'
+    disk tier instead."""
     if config is None:
         return {}
+    if (config.nof_replica_num or config.dfs_replica_num) and (held := _OTHER_TIERS.due()) is not None:
+        logger.warning("mooncake store compat: nof_replica_num=%s / dfs_replica_num=%s are not served: tidekv keeps "
+                       "disk copies on its holders' disk tier (disk_paths, the master's disk_write_through), not "
+                       "per put; the put goes on with %s memory replica(s)%s", config.nof_replica_num,
+                       config.dfs_replica_num, config.replica_num,
+                       f" ({held} similar warnings held back)" if held else "")
     if config.with_hard_pin:
         pin = Pin.HARD
     elif config.with_soft_pin or config.soft_pin_action == SoftPinAction.ENABLE:

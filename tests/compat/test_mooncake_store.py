@@ -563,3 +563,15 @@ def test_ssd_offload_keeps_evicted_objects_and_unmounts(spawn_master: SpawnMaste
     finally:
         reader.close()
         holder.close()
+
+
+def test_nvme_of_and_dfs_replicas_are_not_dropped_silently(caplog: pytest.LogCaptureFixture,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from tidekv.compat import mooncake_types
+
+    monkeypatch.setattr(mooncake_types, "_OTHER_TIERS", mooncake_types.WarnEvery(60.0))  # not held back
+    config = ReplicateConfig()
+    config.replica_num, config.dfs_replica_num = 2, 1
+    with caplog.at_level(logging.WARNING):
+        assert mooncake_types.placement(config)["replicas"] == 2
+    assert "dfs_replica_num=1 are not served" in caplog.text and "disk tier" in caplog.text
