@@ -155,6 +155,32 @@ def tensor_channel(rows: Rows) -> tuple[str, Callable[[Path], None]]:
     return text, plot
 
 
+def ha_failover(rows: Rows) -> tuple[str, Callable[[Path], None]]:
+    """Leader kills under load, per run: what was acknowledged and lost, failover times, the HA
+    cost on puts and gets, and a lone master's restart."""
+    lines = ["| run | kills | acknowledged / lost / stale | failover p50 / max | put p50 HA / single | "
+             "get p50 HA / single | restart |", "|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: r["run"]):
+        change = f": {r['change']}" if r["change"] else ""
+        lines.append(
+            f"| {r['run']} ({r['date']} {r['time_utc']} UTC, {r['commit']}{change}) | {r['kills']} | "
+            f"{r['acknowledged']} / {r['lost']} / {r['stale']} | {r['failover_p50_s']:.2f} / {r['failover_max_s']:.2f} s | "
+            f"{r['put_p50_ms_ha']:.2f} / {r['put_p50_ms_single']:.2f} ms "
+            f"({r['put_ratio']:.2f}×) | {r['get_p50_ms_ha']:.3f} / {r['get_p50_ms_single']:.3f} ms "
+            f"({r['get_ratio']:.2f}×) | "
+            f"{r['restart_objects']:,} objects: {r['restart_s']:.2f} s |")
+    commands = sorted({r["command"] for r in rows})
+    text = "\n".join(lines) + "\n\nCommands: " + "; ".join(f"`{c}`" for c in commands) + ".\n"
+
+    def plot(path: Path) -> None:
+        runs = [r["run"] for r in rows]
+        series = {"put": (runs, [r["put_ratio"] for r in rows], "tab:blue"),
+                  "get": (runs, [r["get_ratio"] for r in rows], "tab:orange")}
+        _scatter(path, series, (1.0, "no cost", ":"), "run", "p50 with HA / lone master", "What HA costs a request")
+
+    return text, plot
+
+
 def store_disk(rows: Rows) -> tuple[str, Callable[[Path], None]]:
     """The disk tier against raw O_DIRECT I/O of the same directory, per size and run."""
     lines = ["| date | commit | run | size | path | GB/s | vs raw | p50 ms | p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
@@ -178,6 +204,7 @@ def store_disk(rows: Rows) -> tuple[str, Callable[[Path], None]]:
 
 
 RENDERERS: dict[str, Callable[[Rows], tuple[str, Callable[[Path], None]]]] = {
+    "ha-failover": ha_failover,
     "store-disk": store_disk,
     "tensor-channel": tensor_channel,
     "master-load-groups": master_load_groups,
