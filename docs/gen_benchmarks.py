@@ -38,6 +38,12 @@ def _runs(rows: Rows) -> dict[tuple[str, str, str, int], Rows]:
     return out
 
 
+def _table(lines: list[str], rows: Rows) -> str:
+    """A rendered table: its lines, then the commands its rows came from."""
+    commands = sorted({r["command"] for r in rows})
+    return "\n".join(lines) + "\n\nCommands: " + "; ".join(f"`{c}`" for c in commands) + ".\n"
+
+
 def _scatter(path: Path, series: dict[str, tuple[list[Any], list[float], str]],
              line: tuple[float, str | None, str], xlabel: str, ylabel: str, title: str, log2_x: bool = False) -> None:
     """A benchmark page's plot: a scatter per series (label -> xs, ys, color) and a horizontal
@@ -93,8 +99,7 @@ def master_load_groups(rows: Rows) -> tuple[str, Callable[[Path], None]]:
         after += ", master on asyncio" if "TIDEKV_EVENT_LOOP=asyncio" in command else ""
         lines.append(f"| {date} | {commit} | {after} | {run} | {batch} | {by_loop.get('asyncio', float('nan')):.1f} | "
                      f"{by_loop.get('uvloop', float('nan')):.1f} |")
-    commands = sorted({r["command"] for r in rows})
-    text = "\n".join(lines) + "\n\nCommands: " + "; ".join(f"`{c}`" for c in commands) + ".\n"
+    text = _table(lines, rows)
 
     def plot(path: Path) -> None:
         series = {f"master on {loop}": ([b for (lp, b), values in points.items() if lp == loop for _ in values],
@@ -121,8 +126,7 @@ def store_tensors(rows: Rows) -> tuple[str, Callable[[Path], None]]:
                      f"{r['ratio_shim_mooncake']:.2f}× |")
         if r["holder"] == "other":
             points[r["op"]].append((r["run"], r["ratio_mooncake"]))
-    commands = sorted({r["command"] for r in rows})
-    text = "\n".join(lines) + "\n\nCommands: " + "; ".join(f"`{c}`" for c in commands) + ".\n"
+    text = _table(lines, rows)
 
     def plot(path: Path) -> None:
         series = {op: ([x for x, _ in points[op]], [y for _, y in points[op]], color)
@@ -142,8 +146,7 @@ def tensor_channel(rows: Rows) -> tuple[str, Callable[[Path], None]]:
                      f"{r['batch']} a call | {r['get_many_into_gbps']:.2f} | {r['channel_gbps']:.2f} | "
                      f"{r['ratio']:.2f}× | {r['producer_gbps']:.2f} | {r['drain_gbps']:.2f} | "
                      f"{r['drain_ratio']:.2f}× |")
-    commands = sorted({r["command"] for r in rows})
-    text = "\n".join(lines) + "\n\nCommands: " + "; ".join(f"`{c}`" for c in commands) + ".\n"
+    text = _table(lines, rows)
 
     def plot(path: Path) -> None:
         runs = [r["run"] for r in rows]
@@ -169,8 +172,7 @@ def ha_failover(rows: Rows) -> tuple[str, Callable[[Path], None]]:
             f"({r['put_ratio']:.2f}×) | {r['get_p50_ms_ha']:.3f} / {r['get_p50_ms_single']:.3f} ms "
             f"({r['get_ratio']:.2f}×) | "
             f"{r['restart_objects']:,} objects: {r['restart_s']:.2f} s |")
-    commands = sorted({r["command"] for r in rows})
-    text = "\n".join(lines) + "\n\nCommands: " + "; ".join(f"`{c}`" for c in commands) + ".\n"
+    text = _table(lines, rows)
 
     def plot(path: Path) -> None:
         runs = [r["run"] for r in rows]
@@ -190,8 +192,7 @@ def store_disk(rows: Rows) -> tuple[str, Callable[[Path], None]]:
         p99 = f"{r['p99_ms']:.2f}" if "p99_ms" in r else "-"
         lines.append(f"| {r['date']} | {r['commit']} | {r['run']} | {r['size']} | {r['path']} | {r['gb_s']:.2f} | "
                      f"{vs} | {p50} | {p99} |")
-    commands = sorted({r["command"] for r in rows})
-    text = "\n".join(lines) + "\n\nCommands: " + "; ".join(f"`{c}`" for c in commands) + ".\n"
+    text = _table(lines, rows)
     barred = [r for r in rows if r.get("bar") and r["size_bytes"] == 2 << 20]
 
     def plot(path: Path) -> None:

@@ -44,6 +44,14 @@ def _spill_all(rig: ServiceRig) -> list[p.SpillTask]:
     return tasks
 
 
+def _ten_on_disk(rig: ServiceRig) -> list[p.SpillTask]:
+    """Registers h's disk, puts k0..k9 and spills them all (still in memory too); the tasks."""
+    _spills(rig)
+    for i in range(10):
+        rig.put("h", b"k%d" % i, OBJ)
+    return _spill_all(rig)
+
+
 def _past_spill_leases(rig: ServiceRig) -> None:
     rig.advance(4 * rig.config.lease_ttl_s + 11, tick=False)
     rig.heartbeat("h")
@@ -108,10 +116,7 @@ def test_a_spill_under_way_is_leased_so_eviction_skips_it() -> None:
 
 def test_a_disk_only_key_exists_for_puts_upsert_replaces_it_and_its_record_is_freed() -> None:
     rig = _rig()
-    _spills(rig)
-    for i in range(10):
-        rig.put("h", b"k%d" % i, OBJ)
-    tasks = _spill_all(rig)
+    tasks = _ten_on_disk(rig)
     rig.service.objects.evict(10 * OBJ, rig.clock.now + 100)  # everything leaves memory
     assert rig.get(b"k0").disk is not None
     assert rig.put_start("h", b"k0", OBJ).status == Status.EXISTS, "a complete object, on disk"
@@ -125,10 +130,7 @@ def test_a_disk_only_key_exists_for_puts_upsert_replaces_it_and_its_record_is_fr
 
 def test_remove_drops_the_disk_copy_and_respects_its_lease() -> None:
     rig = _rig()
-    _spills(rig)
-    for i in range(10):
-        rig.put("h", b"k%d" % i, OBJ)
-    _spill_all(rig)
+    _ten_on_disk(rig)
     rig.service.objects.evict(10 * OBJ, rig.clock.now + 100)
     assert rig.get(b"k1").disk is not None  # leased now
     assert rig.remove(b"k1") == Status.LEASED
@@ -176,10 +178,7 @@ def test_a_failed_spill_frees_its_room_and_the_object_is_asked_for_again() -> No
 
 def test_a_lapsed_holders_disk_goes_offline_and_its_report_brings_it_back() -> None:
     rig = _rig(client_ttl_s=5.0, suspend_grace_s=0.0)
-    _spills(rig)
-    for i in range(10):
-        rig.put("h", b"k%d" % i, OBJ)
-    tasks = _spill_all(rig)
+    tasks = _ten_on_disk(rig)
     rig.advance(6.0)  # h lapses: its segment goes, its disk stays indexed, offline
     assert not rig.exists(b"k0") and rig.get(b"k0").status == Status.NOT_FOUND
     assert rig.stats()["disk"]["disks"]["disk-1"]["online"] is False
@@ -201,10 +200,7 @@ def test_the_journal_carries_disk_copies(tmp_path: Path) -> None:
     journal = JournalFile(tmp_path)
     rig.service.enable_journal()
     journal.rewrite(rig.service.snapshot())
-    _spills(rig)
-    for i in range(10):
-        rig.put("h", b"k%d" % i, OBJ)
-    _spill_all(rig)
+    _ten_on_disk(rig)
     rig.remove(b"k3")
     flush_journal(rig, journal)
     journal.close()
@@ -252,10 +248,7 @@ def test_each_holder_is_handed_only_its_own_objects_however_many_others_hold() -
 
 def test_a_listing_names_disk_only_objects_once() -> None:
     rig = _rig()
-    _spills(rig)
-    for i in range(10):
-        rig.put("h", b"k%d" % i, OBJ)
-    _spill_all(rig)
+    _ten_on_disk(rig)
     rig.service.objects.evict(4 * OBJ, rig.clock.now + 100)  # some leave memory
     assert any(rig.get(b"k%d" % i).disk is not None for i in range(10))
     keys, is_last = rig.call(p.ListKeys(True, 100), client="h")
@@ -269,10 +262,7 @@ def _promote_start(rig: ServiceRig, key: bytes, token: int, segment: str = "h-se
 
 def test_a_disk_hit_comes_back_to_its_holders_memory_under_its_own_version() -> None:
     rig = _rig()
-    _spills(rig)
-    for i in range(10):
-        rig.put("h", b"k%d" % i, OBJ)
-    tasks = _spill_all(rig)
+    tasks = _ten_on_disk(rig)
     rig.service.objects.evict(10 * OBJ, rig.clock.now + 100)  # every object on disk only
     rig.advance(0.1)  # the tick sees room in memory again
     assert rig.get(b"k0").disk is not None
@@ -293,10 +283,7 @@ def test_a_disk_hit_comes_back_to_its_holders_memory_under_its_own_version() -> 
 
 def test_no_promotion_under_pressure_and_a_remove_drops_one_under_way() -> None:
     rig = _rig()
-    _spills(rig)
-    for i in range(10):
-        rig.put("h", b"k%d" % i, OBJ)
-    _spill_all(rig)
+    _ten_on_disk(rig)
     rig.service.objects.evict(4 * OBJ, rig.clock.now + 100)  # 6 of 16 slots still used...
     for i in range(10, 14):
         rig.put("h", b"k%d" % i, OBJ)  # ... and 10 again: above disk_spill_at

@@ -23,6 +23,7 @@ from typing import Any, Union
 import msgspec
 from tidekv import channel
 from tidekv.errors import DiskCorruptError, ObjectNotFoundError, StoreError, TidekvError
+from tidekv.store.allocator import align as _staged  # each record 64-byte aligned in a round
 from tidekv.store.client.disk import DiskRecord, DiskTier
 from tidekv.store.client.staging import StagingArea
 from tidekv.store.wire import protocol as p
@@ -217,11 +218,6 @@ class DiskServer:
                             out[i] = Outcome.UNSENT
         finally:
             stack.close()
-
-
-def _staged(size: int) -> int:
-    """Staging bytes a record of ``size`` takes (each record 64-byte aligned in the round)."""
-    return (size + 63) // 64 * 64
 
 
 class DiskReader:

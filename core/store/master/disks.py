@@ -14,9 +14,11 @@ spill did not keep up).
 A get of a disk-only object returns a ``DiskCopy`` under a lease: the reader asks the holder,
 which reads and verifies the record. With ``promote``, while the pool is not under pressure, a
 hit also queues the object for its holder to bring back to memory: a put of its own version
-(``ObjectTable.promote_start``) into free bytes of the holder's segment, filled from its disk. A holder's disks outlive its process: when it lapses they
-go offline (their objects misses, the entries kept), and when it comes back it reports what its
-disks hold; records the master no longer wants are freed. Disk space is the holder's to place
+(``ObjectTable.promote_start``) into free bytes of the holder's segment, filled from its disk.
+
+A holder's disks outlive its process: when it lapses they go offline (their objects misses, the
+entries kept), and when it comes back it reports what its disks hold; records the master no
+longer wants are freed. Disk space is the holder's to place
 (its allocator); the master counts each record's footprint against the disk's capacity, and
 evicts the disk's LRU entries to make room for a spill.
 
@@ -27,11 +29,12 @@ Neighbours: ``objects`` (owns this table and calls it on get, put_end, remove an
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tidekv.store.master import journal as j
 from tidekv.store.wire import protocol as p
@@ -115,6 +118,7 @@ class DiskTable:
         self.promote = False  # bring disk hits back to memory (MasterConfig.disk_promote) ...
         self.promote_ok = False  # ... while the pool is not under pressure (the master's tick says)
         self.promotions: dict[str, dict[bytes, None]] = {}  # holder -> disk hits to bring back
+        self._holders: set[str] | None = None  # clients with an online disk (None: to be recounted)
         self.counters = DiskCounters()
 
     # ---- the object table's hooks ---------------------------------------------------------
@@ -242,6 +246,7 @@ class DiskTable:
         for disk in self.disks.values():
             if disk.client_id == client_id and disk.online:
                 disk.online, disk.offline_since = False, now
+                self._holders = None
                 logger.warning("disk %s of client %s offline: its objects are misses until it comes back",
                                disk.name, client_id)
         for key in [k for k, s in self.under_way.items() if s.client_id == client_id]:
@@ -262,6 +267,7 @@ class DiskTable:
         """Drops disks ``names`` with every entry on them (objects on no other tier leave the pool)."""
         for name in names:
             disk = self.disks.pop(name, None)
+            self._holders = None
             if disk is not None:
                 logger.warning("disk %s of client %s dropped with its records: %s", name, disk.client_id, why)
         for key in [k for k, e in self.entries.items() if e.disk in names]:
@@ -270,6 +276,27 @@ class DiskTable:
             del self.under_way[key]
         if self.table.journal is not None:
             self.table.journal.add_everything(j.DiskUnmountOp(sorted(names)))
+
+    # ---- reports ------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """The tier as the master's stats show it (``stats()["disk"]``)."""
+        disks = self.disks.values()
+        only = sum(1 for k in self.entries if k not in self.table.objects)
+        return {"keys": len(self.entries), "disk_only_keys": only,
+                "spills_under_way": len(self.under_way), "capacity_bytes": sum(d.capacity for d in disks),
+                "used_bytes": sum(d.used for d in disks),
+                "disks": {d.name: {"client": d.client_id, "engine": d.engine, "capacity": d.capacity, "used": d.used,
+                                   "online": d.online} for d in disks},
+                **dataclasses.asdict(self.counters)}
+
+    def why_full(self) -> str:
+        """Why a put found no room, with a disk tier: both tiers' usage."""
+        segments, disks = self.table.segments, self.disks.values()
+        used, capacity = sum(d.used for d in disks), sum(d.capacity for d in disks)
+        return (f"memory: {segments.used} of {segments.capacity} bytes used, the rest pinned, leased, being "
+                f"written or being spilled; disk tier: {used} of {capacity} "
+                f"bytes on {len(disks)} disk(s) (a put needs memory: disks take only what memory evicts)")
 
     # ---- journal --------------------------------------------------------------------------------
 
@@ -281,6 +308,7 @@ class DiskTable:
     def restore(self, mirror: j.Mirror, now: float) -> None:
         """Fills an empty table from ``mirror``: disks are offline until their holders report."""
         for op in mirror.disks.values():
+            self._holders = None
             self.disks[op.name] = Disk(op.name, op.client_id, op.engine, op.address, op.capacity, online=False,
                                        offline_since=now)
         for op in mirror.disk_entries.values():
@@ -298,6 +326,7 @@ class DiskTable:
         disk = self.disks.get(info.name)
         if disk is not None and disk.online and disk.client_id == client_id:
             return False
+        self._holders = None
         if disk is None:
             disk = self.disks[info.name] = Disk(info.name, client_id, info.engine, info.address, info.capacity,
                                                 trust_report=True)
@@ -336,7 +365,9 @@ class DiskTable:
         if not self.disks:
             return None
         segments = self.table.segments.segments
-        holders = {d.client_id for d in self.disks.values() if d.online}
+        holders = self._holders
+        if holders is None:  # recounted after a disk came, went or changed hands: not per put
+            holders = self._holders = {d.client_id for d in self.disks.values() if d.online}
         for name in meta.replicas[::2]:
             seg = segments.get(name)  # type: ignore[call-overload]
             if seg is not None and seg.client_id in holders:

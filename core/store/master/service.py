@@ -20,7 +20,6 @@ on the way back (``Namespace.leave``); what lies between sees plain internal nam
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 import uuid
@@ -446,7 +445,7 @@ class MasterService:
         if self.objects.disks.disks:
             for slot in slots:
                 if slot.status == p.Status.OUT_OF_SPACE and not slot.detail:
-                    slot.detail = self._tiers_full()
+                    slot.detail = self.objects.disks.why_full()
         if m.spare and len(m.keys) == 1 and slots[0].status == p.Status.OK:
             slots[0].spare = self._spare(m.client_id, m.keys[0], m.sizes[0], m.replicas, m.preferred_segment, now,
                                          pool)
@@ -617,25 +616,8 @@ class MasterService:
             "lease_expiries": self._lease_expiries,
             "repairs": {"under_way": len(self.objects.repairs.under_way), "done": r.done, "failed": r.failed,
                         "stale": r.stale, "started": r.started},
-            "disk": self._disk_stats(),
+            "disk": self.objects.disks.stats(),
         }
-
-    def _tiers_full(self) -> str:
-        """Why a put found no room, with a disk tier: both tiers' usage."""
-        disks = self.objects.disks.disks.values()
-        return (f"memory: {self.segments.used} of {self.segments.capacity} bytes used, the rest pinned, leased, being "
-                f"written or being spilled; disk tier: {sum(d.used for d in disks)} of {sum(d.capacity for d in disks)} "
-                f"bytes on {len(disks)} disk(s) (a put needs memory: disks take only what memory evicts)")
-
-    def _disk_stats(self) -> dict[str, Any]:
-        d = self.objects.disks
-        on_disk_only = sum(1 for k in d.entries if k not in self.objects.objects)
-        return {"keys": len(d.entries), "disk_only_keys": on_disk_only, "spills_under_way": len(d.under_way),
-                "capacity_bytes": sum(x.capacity for x in d.disks.values()),
-                "used_bytes": sum(x.used for x in d.disks.values()),
-                "disks": {x.name: {"client": x.client_id, "engine": x.engine, "capacity": x.capacity, "used": x.used,
-                                   "online": x.online} for x in d.disks.values()},
-                **dataclasses.asdict(d.counters)}
 
     def _engine_secret(self) -> str | None:
         """The secret the engines of the requesting client's tenant hold."""
