@@ -1,26 +1,104 @@
-"""The master's per-object record: objects of one size share that size's int (memory per object)."""
+"""The master's object index (``store.master.index``): plain objects packed into one int, unpacked
+in place for whoever changes them, and packed again at ``settle``."""
 
 from __future__ import annotations
 
-import pytest
-from tidekv.store.master import objects
-from tidekv.store.master.objects import ObjectMeta
+from tidekv.store.master.index import ObjectIndex, ObjectMeta, PendingPut, lease_ticks
+from tidekv.store.master.journal import Mirror, decode_ops, encode_ops
+from tidekv.store.wire.protocol import Status
+
+from .rig import ServiceRig
+from .test_master_service import PAGE, _rig
 
 
-def test_objects_of_one_size_share_its_int(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(objects, "_SIZES", {})
-    a = ObjectMeta(int("70001"), ("seg", 0), None, 0, 1)  # int(): two distinct int objects of one value
-    b = ObjectMeta(int("70001"), ("seg", 70016), None, 0, 2)
-    assert a.size == b.size == 70001 and a.size is b.size
+def _meta(replicas: tuple[object, ...] = ("seg-a", 4096), **fields: object) -> ObjectMeta:
+    meta = ObjectMeta(int(fields.pop("size", 70_001)), replicas, None, int(fields.pop("pin", 1)),  # type: ignore[call-overload]
+                      int(fields.pop("token", 123_456_789)), int(fields.pop("want", 0)))  # type: ignore[call-overload]
+    for name, value in fields.items():
+        setattr(meta, name, value)
+    return meta
 
 
-def test_the_shared_sizes_are_bounded_and_start_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(objects, "_SIZES", {})
-    monkeypatch.setattr(objects, "_MAX_SIZES", 3)
-    for size in (10_001, 10_002, 10_003):
-        ObjectMeta(size, ("seg", 0), None, 0, 1)
-    assert len(objects._SIZES) == 3
-    a = ObjectMeta(int("70003"), ("seg", 0), None, 0, 1)  # a fourth size: the table starts afresh
-    b = ObjectMeta(int("70003"), ("seg", 70016), None, 0, 2)
-    assert a.size == b.size == 70003 and a.size is b.size
-    assert list(objects._SIZES) == [70003]
+def _fields(meta: ObjectMeta) -> tuple[object, ...]:
+    return (meta.size, meta.replicas, meta.put, meta.pin, meta.token, meta.want, meta.held, meta.lease_until)
+
+
+def test_a_plain_object_packs_and_unpacks_to_the_same_fields() -> None:
+    index = ObjectIndex()
+    for meta in (_meta(), _meta(("seg-a", 0, "seg-b", (1 << 44) - 4096), want=3, lease_until=1234.5),
+                 _meta(size=(1 << 40) - 1, token=(1 << 48) - 1, pin=2), _meta(lease_until=0.25)):
+        v = index.pack(meta, 77)
+        assert type(v) is int
+        back = index.unpack(v)
+        assert _fields(back) == _fields(meta) and back.used == 77
+        assert index.size_of(v) == meta.size and index.token_of(v) == meta.token and index.pin_of(v) == meta.pin
+
+
+def test_what_is_not_plain_stays_a_record() -> None:
+    index = ObjectIndex()
+    pending = _meta()
+    pending.put = PendingPut(1, "w", 0.0, False)
+    held = _meta()
+    held.held = ("seg-c", 0)
+    for meta in (pending, held, _meta(replicas=()), _meta(size=1 << 40), _meta(token=1 << 48),
+                 _meta(("seg-a", 1 << 44)), _meta(want=64), _meta(tuple(v for i in range(16) for v in (f"s{i}", 0)))):
+        assert index.pack(meta, 1) is None
+
+
+def test_a_lease_is_kept_to_a_microsecond_and_never_shortened() -> None:
+    index = ObjectIndex()
+    for until in (1_000.123456789, 3.0e6 + 1e-7, 0.5):
+        back = index.unpack(index.pack(_meta(lease_until=until), 1))  # type: ignore[arg-type]
+        assert until <= back.lease_until < until + 1e-6
+    assert lease_ticks(0.0) == 0
+
+
+def test_reading_a_key_unpacks_it_in_place_until_settle() -> None:
+    index = ObjectIndex()
+    index[b"k"] = _meta()
+    assert type(index.raw(b"k")) is int, "a plain object is stored packed"
+    meta = index[b"k"]
+    assert index[b"k"] is meta and index.get(b"k") is meta, "the caller holds the table's own record"
+    meta.replicas = ("seg-z", 8192)
+    meta.lease_until = 99.0
+    index.settle()
+    assert type(index.raw(b"k")) is int
+    back = index.get(b"k")
+    assert back is not None and back.replicas == ("seg-z", 8192) and back.lease_until == 99.0, "changes kept"
+    index.settle()
+    copy = next(index.values())
+    copy.pin = 0
+    index.settle()
+    assert index[b"k"].pin == 1, "values() gives copies"
+
+
+def test_read_moves_to_the_lru_end_and_only_lengthens_the_lease() -> None:
+    index = ObjectIndex()
+    for key in (b"a", b"b", b"c"):
+        index[key] = _meta()
+    v = index.read(b"a", 50.0)
+    assert [k for k, _ in index.by_age()] == [b"b", b"c", b"a"]
+    assert index.lease_of(v) >= 50.0
+    v = index.read(b"a", 10.0)
+    assert 50.0 <= index.lease_of(v) < 50.0 + 1e-6
+    assert [c[0] for c in index.oldest()] == [b"b", b"c", b"a"]
+
+
+def test_a_master_keeps_its_objects_packed_between_requests() -> None:
+    rig = _rig(pages=64)
+    keys = [b"k%d" % i for i in range(32)]
+    for key in keys:
+        assert rig.put("w", key, PAGE).status == Status.OK
+    for key in keys[:8]:
+        assert rig.get(key).status == Status.OK
+    index = rig.service.objects.objects
+    assert all(type(index.raw(k)) is int for k in keys)
+    assert index.unsettled == 0
+    # a snapshot and a restore give the same objects, packed again
+    mirror = Mirror(rig.config.lease_ttl_s)
+    mirror.apply(decode_ops(encode_ops(rig.service.snapshot())), rig.clock.now)
+    new = ServiceRig(lease_ttl_s=rig.config.lease_ttl_s)
+    new.service.restore(mirror)
+    assert all(type(new.service.objects.objects.raw(k)) is int for k in keys)
+    assert {k: (m.size, m.replicas, m.token) for k, m in new.service.objects.objects.items()} == \
+        {k: (m.size, m.replicas, m.token) for k, m in index.items()}

@@ -8,37 +8,29 @@ hard-pinned are never chosen; soft-pinned ones only when everything else evictab
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
 
 from tidekv.store.wire.protocol import Pin
 
 
-class Evictable(Protocol):
-    size: int
-    pin: int
-    lease_until: float
-
-    @property
-    def is_pending(self) -> bool: ...
-
-
-def select_victims(objects: Iterable[tuple[bytes, Evictable]], now: float, bytes_needed: int) -> list[bytes]:
+def select_victims(objects: Iterable[tuple[bytes, int, int, float, bool]], now: float,
+                   bytes_needed: int) -> list[bytes]:
     """Keys to evict, oldest first, freeing at least ``bytes_needed`` if the evictable set allows.
 
-    ``objects`` yields (key, meta) in LRU order; the sizes counted are object sizes (one per
-    replica is the caller's business).
+    ``objects`` yields (key, size, pin, lease end, pending) in LRU order
+    (``ObjectIndex.oldest``); the sizes counted are object sizes (one per replica is the
+    caller's business).
     """
     victims: list[bytes] = []
     soft: list[tuple[bytes, int]] = []
     freed = 0
-    for key, meta in objects:
-        if meta.is_pending or meta.pin == Pin.HARD or meta.lease_until > now:
+    for key, size, pin, lease_until, pending in objects:
+        if pending or pin == Pin.HARD or lease_until > now:
             continue
-        if meta.pin == Pin.SOFT:
-            soft.append((key, meta.size))
+        if pin == Pin.SOFT:
+            soft.append((key, size))
             continue
         victims.append(key)
-        freed += meta.size
+        freed += size
         if freed >= bytes_needed:
             return victims
     for key, size in soft:

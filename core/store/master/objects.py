@@ -18,24 +18,21 @@ Design notes: docs/store-design.md#tidekvstoremasterobjects
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterator, MutableMapping
 from dataclasses import dataclass
 
 from tidekv.store.allocator import align
 from tidekv.store.master import eviction
 from tidekv.store.master import journal as j
 from tidekv.store.master.disks import DiskTable
+from tidekv.store.master.index import ObjectIndex, ObjectMeta, PendingPut
 from tidekv.store.master.repairs import RepairBook
 from tidekv.store.master.retired import RetiredBytes
 from tidekv.store.master.segments import SegmentTable
-from tidekv.store.master.shards import LruTable
 from tidekv.store.wire import names
 from tidekv.store.wire.protocol import SPARE_MARK, GetResult, Location, PutSlot, Status
 
 logger = logging.getLogger(__name__)
-
-_NO_LEASE = 0.0
-
 
 def spare_key(key: bytes, token: int) -> bytes:
     """The reserved key of spare ``token``, in the tenant namespace of the (internal) ``key``."""
@@ -47,63 +44,6 @@ def is_spare(key: bytes) -> bool:
     if key[:1] != b"\0":
         return False
     return key.startswith(SPARE_MARK) or key.startswith(SPARE_MARK, len(names.prefix(names.tenant_of(key))))
-
-
-@dataclass(slots=True)
-class PendingPut:
-    token: int
-    writer: str
-    started: float
-    is_upsert: bool
-
-
-_SIZES: dict[int, int] = {}
-"""One int object per object size (a KV pool's objects are mostly of one size): 32 bytes less
-per object. Bounded: at ``_MAX_SIZES`` distinct sizes it starts afresh, so the sizes in use now
-are shared again at once."""
-_MAX_SIZES = 4096
-
-
-def _shared(size: int) -> int:
-    shared = _SIZES.get(size)
-    if shared is None:
-        if len(_SIZES) >= _MAX_SIZES:
-            _SIZES.clear()
-        shared = _SIZES[size] = size
-    return shared
-
-
-class ObjectMeta:
-    """One object. ``replicas`` is flat: (segment, offset, segment, offset, ...) to stay small;
-    ``held``, as flat, its replicas on suspended segments (complete objects only)."""
-
-    __slots__ = ("size", "replicas", "put", "lease_until", "pin", "token", "held", "want", "used")
-
-    def __init__(self, size: int, replicas: tuple[object, ...], put: PendingPut | None, pin: int, token: int,
-                 want: int = 0) -> None:
-        self.want = want or len(replicas) // 2  # replicas asked for (``repairs`` restores lost ones)
-        self.size = _shared(size)
-        self.replicas = replicas
-        self.put = put
-        self.lease_until = _NO_LEASE
-        self.pin = pin
-        self.token = token  # the put that wrote this version (put_end quoting it again is answered OK)
-        self.held: tuple[object, ...] = ()
-        self.used = 0  # when last touched (``shards``: set by the object table)
-
-    @property
-    def all_replicas(self) -> tuple[object, ...]:
-        """Replicas readable or held: the bytes this version occupies."""
-        return self.replicas + self.held if self.held else self.replicas
-
-    @property
-    def is_pending(self) -> bool:
-        return self.put is not None
-
-    def replica_pairs(self) -> Iterator[tuple[str, int]]:
-        r = self.replicas
-        for i in range(0, len(r), 2):
-            yield r[i], r[i + 1]  # type: ignore[misc]
 
 
 @dataclass(slots=True)
@@ -123,7 +63,7 @@ class ObjectTable:
     def __init__(self, segments: SegmentTable, max_key_bytes: int) -> None:
         self.segments = segments
         self.max_key_bytes = max_key_bytes
-        self.objects: LruTable[bytes, ObjectMeta] = LruTable()  # complete and pending; by_age() is LRU order
+        self.objects = ObjectIndex()  # complete and pending, plain ones packed; by_age() is LRU order
         self.upserts: dict[bytes, ObjectMeta] = {}  # pending new versions of complete objects
         self.suspended: dict[bytes, ObjectMeta] = {}  # complete, every replica held: unreadable
         self.pending: dict[int, bytes] = {}  # token -> key of every pending put
@@ -164,6 +104,8 @@ class ObjectTable:
         bytes (a quota is then checked, not made room in)."""
         if not key or len(key) > self.max_key_bytes or size <= 0 or replicas < 1 or pin not in (0, 1, 2):
             return PutSlot(Status.INVALID)
+        if not upsert and type(self.objects.raw(key)) is int:
+            return PutSlot(Status.EXISTS)  # complete (a saver's put of a block the pool has: no unpacking)
         existing = self.objects.get(key)
         if existing is not None and existing.put is not None:
             # Another writer's put of the key is under way: a put is a no-op. This writer's own
@@ -310,7 +252,9 @@ class ObjectTable:
         retried across a failover), STALE for one that was revoked or reclaimed."""
         meta = self._pending_meta(key, token)
         if meta is None or meta.put is None:
-            done = self.objects.get(key)
+            done = self.objects.raw(key)
+            if type(done) is int:
+                return Status.OK if ObjectIndex.token_of(done) == token else Status.STALE
             return Status.OK if done is not None and done.put is None and done.token == token else Status.STALE
         del self.pending[token]
         self._ended(meta.put.writer)
@@ -374,7 +318,11 @@ class ObjectTable:
     # ---- reads --------------------------------------------------------------------------
 
     def get(self, key: bytes, lease_s: float, now: float) -> GetResult:
-        meta = self.objects.get(key)
+        index = self.objects
+        meta = index.raw(key)
+        if type(meta) is int:
+            v = index.read(key, now + lease_s)
+            return GetResult(Status.OK, index.size_of(v), index.locations_of(v, self.segments.segments))
         if meta is None or meta.put is not None:
             return self.disks.get(key, lease_s, now) if self.disks.entries else GetResult(Status.NOT_FOUND)
         until = now + lease_s
@@ -382,6 +330,13 @@ class ObjectTable:
             meta.lease_until = until
         self.objects.move_to_end(key)
         return GetResult(Status.OK, meta.size, self.locations(meta))
+
+    def want(self, key: bytes) -> int:
+        """How many replicas the object ``key`` asked for (1 when there is no such object)."""
+        v = self.objects.raw(key)
+        if v is None:
+            return 1
+        return ObjectIndex.want_of(v) if type(v) is int else v.want  # type: ignore[union-attr]
 
     def drop_replica(self, key: bytes, segment: str) -> None:
         """Drops ``key``'s replica on ``segment`` (a move's source); its bytes are freed when the
@@ -398,7 +353,9 @@ class ObjectTable:
             self.journal.add(j.DropReplicaOp(key, segment), key)
 
     def exists(self, key: bytes) -> bool:
-        meta = self.objects.get(key)
+        meta = self.objects.raw(key)
+        if type(meta) is int:
+            return True
         if meta is None or meta.put is not None:
             return bool(self.disks.entries) and self.disks.engine(key) is not None
         return True
@@ -406,7 +363,10 @@ class ObjectTable:
     def engines(self, key: bytes) -> list[str]:
         """Transfer engines whose segments hold a replica of the complete object ``key``
         (none if absent); no lease, no LRU touch."""
-        meta = self.objects.get(key)
+        meta = self.objects.raw(key)
+        if type(meta) is int:
+            segments = self.segments.segments
+            return list(dict.fromkeys(segments[name].engine for name in self.objects.segments_of(meta)))
         if meta is None or meta.put is not None:
             engine = self.disks.engine(key) if self.disks.entries else None
             return [engine] if engine is not None else []
@@ -446,7 +406,7 @@ class ObjectTable:
             return
         self.repairs.forget_on(names)
         for table in (self.objects, self.upserts, self.suspended):
-            for key in list(table):
+            for key in self._keys_on(table, names):
                 meta = table[key]
                 replicas, held = _without(meta.replicas, names), _without(meta.held, names)
                 if len(replicas) == len(meta.replicas) and len(held) == len(meta.held):
@@ -488,7 +448,7 @@ class ObjectTable:
         self.repairs.cancel_on(names, now)
         held_on = dict.fromkeys(names, 0)
         for table in (self.objects, self.upserts):
-            for key in list(table):
+            for key in self._keys_on(table, names):
                 meta = table[key]
                 if not any(s in names for s in meta.replicas[::2]):
                     continue
@@ -523,7 +483,7 @@ class ObjectTable:
         freed instead (``Mirror`` does the same on its ``ResumeOp``)."""
         restored = 0
         for table in (self.objects, self.suspended):
-            for key in list(table):
+            for key in self._keys_on(table, {name}, held=True):
                 meta = table[key]
                 if not meta.held or name not in meta.held[::2]:
                     continue
@@ -549,11 +509,11 @@ class ObjectTable:
         ``bytes_needed``; returns bytes freed."""
         if now < self.quarantine_until:
             return 0  # any object may be read under a lease granted before the restore
-        candidates = self.objects.by_age()
+        candidates = self.objects.oldest()
         spilling = self.disks.under_way  # kept in memory until their holder has written them to disk
         if keep is not None or only is not None or spilling:
-            candidates = ((k, m) for k, m in self.objects.by_age()
-                          if k != keep and (only is None or only(k)) and k not in spilling)
+            candidates = (c for c in self.objects.oldest()
+                          if c[0] != keep and (only is None or only(c[0])) and c[0] not in spilling)
         victims = eviction.select_victims(candidates, now, bytes_needed)
         freed = 0
         for key in victims:
@@ -582,11 +542,12 @@ class ObjectTable:
         is the caller's to count, once the repairs are restored too (``MasterService.restore``)."""
         # In the mirror's order (the snapshot's, then the puts since), which ``load`` keeps; a
         # million objects at a promotion, so one comprehension.
-        readable = [(op.key, ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token, op.want))
-                    for op in mirror.objects.values()]
         if self.segments.suspended:
-            readable = self._hold_suspended(readable)
-        self.objects.load(readable)
+            readable = self._hold_suspended([(op.key, ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token,
+                                                                 op.want)) for op in mirror.objects.values()])
+        else:  # packed straight from the ops (``load`` adds the stamps)
+            readable = self.objects.pack_ops(mirror.objects.values())  # type: ignore[assignment]
+        self.objects.load(readable)  # type: ignore[arg-type]
         for start in mirror.pending.values():
             meta = ObjectMeta(start.size, tuple(start.replicas), PendingPut(start.token, start.writer, now,
                                                                             start.is_upsert), start.pin, start.token,
@@ -621,10 +582,10 @@ class ObjectTable:
     def snapshot(self) -> list[j.Op]:
         """Ops that rebuild this table (after the segments' MountOps)."""
         out: list[j.Op] = [j.TokensOp(self.last_token)]
-        for table in (self.objects, self.suspended):  # shard by shard, each oldest first: LruTable.load
-            for key, meta in table.items():
-                if meta.put is None:
-                    out.append(j.ObjectOp(key, meta.size, list(meta.all_replicas), meta.pin, meta.token, meta.want))
+        # shard by shard, each oldest first: LruTable.load
+        out += self.objects.object_ops(j.ObjectOp)
+        out += [j.ObjectOp(key, meta.size, list(meta.all_replicas), meta.pin, meta.token, meta.want)
+                for key, meta in self.suspended.items() if meta.put is None]
         for table in (self.objects, self.upserts):
             for key, meta in table.items():
                 if meta.put is not None:
@@ -703,10 +664,21 @@ class ObjectTable:
             need *= 2
         return []
 
+    def _keys_on(self, table: MutableMapping[bytes, ObjectMeta], names: Container[object],
+                 held: bool = False) -> list[bytes]:
+        """Keys of ``table`` with a replica (with ``held``: a held one) on ``names``; packed objects
+        are read without unpacking (they hold none)."""
+        if table is not self.objects:
+            return [k for k, m in table.items() if any(s in names for s in (m.held if held else m.all_replicas)[::2])]
+        segments_of = self.objects.segments_of
+        return [k for k, m in self.objects.raw_items()
+                if ((not held and any(s in names for s in segments_of(m))) if type(m) is int
+                    else any(s in names for s in (m.held if held else m.all_replicas)[::2]))]
+
     def _pending_meta(self, key: bytes, token: int) -> ObjectMeta | None:
-        for meta in (self.upserts.get(key), self.objects.get(key)):
-            if meta is not None and meta.put is not None and meta.put.token == token:
-                return meta
+        for meta in (self.upserts.get(key), self.objects.raw(key)):
+            if meta is not None and type(meta) is not int and meta.put is not None and meta.put.token == token:
+                return meta  # type: ignore[return-value]
         return None
 
     def _ended(self, writer: str) -> None:

@@ -265,6 +265,8 @@ class MasterService:
             return mount_check.PendingMount(data, envelope.request_id, session, exc)
         except Exception as exc:  # noqa: BLE001 - one request's failure must not take the master down
             return self._internal(envelope.request_id, kind, exc)
+        finally:
+            self.objects.objects.settle()  # records the request unpacked are packed again
         if session is not None and isinstance(body, p.Hello):
             session.client_id = body.client_id
         if log is not None and len(log.ops) > before:
@@ -318,7 +320,12 @@ class MasterService:
 
     def tick(self) -> None:
         """Housekeeping; call every ``config.tick_s``."""
-        now = self.clock()
+        try:
+            self._housekeeping(self.clock())
+        finally:
+            self.objects.objects.settle()
+
+    def _housekeeping(self, now: float) -> None:
         dead = self.segments.dead_clients(now, self.config.client_ttl_s)
         for client_id in dead:
             self._lapsed(client_id, now)
@@ -463,7 +470,7 @@ class MasterService:
         if status == p.Status.EXISTS:  # the spare is unused: the writer keeps it
             slot.spare = self._spare_slot(m.token)
         elif status == p.Status.OK and m.spare:
-            want = self.objects.objects[key].want if key in self.objects.objects else 1
+            want = self.objects.want(key)
             pool = self.tenancy.pool(names.tenant_of(m.client_id)) if self.tenancy is not None else None
             slot.spare = self._spare(m.client_id, key, m.size, want, m.preferred_segment, now, pool)
         return slot

@@ -30,6 +30,15 @@ V = TypeVar("V", bound=Stamped)
 _MISSING = object()
 
 
+class _Shard(dict):  # type: ignore[type-arg]
+    """A shard's dict. A subclass, because the collector untracks a plain dict whose values are all
+    untracked (an index of packed ints: ``index``), and every insert of a record tracks it again,
+    young: each young collection would then scan the whole shard. A subclass stays tracked, so it
+    ages into the old generation (and is frozen, ``collector``) once."""
+
+    __slots__ = ()
+
+
 class LruTable(MutableMapping[K, V], Generic[K, V]):
     """Iteration (``items``, ``values``, iter) goes shard by shard, each shard oldest first;
     ``by_age`` gives the LRU order. Mutating while iterating raises, as for a dict."""
@@ -39,7 +48,7 @@ class LruTable(MutableMapping[K, V], Generic[K, V]):
     def __init__(self, shards: int = 16) -> None:
         if shards < 1 or shards & (shards - 1):
             raise ValueError(f"shards must be a power of two, got {shards}")
-        self._shards: list[dict[K, V]] = [{} for _ in range(shards)]
+        self._shards: list[dict[K, V]] = [_Shard() for _ in range(shards)]
         self._mask = shards - 1
         self._clock = 0
 
@@ -77,18 +86,24 @@ class LruTable(MutableMapping[K, V], Generic[K, V]):
     def values(self) -> Iterator[V]:  # type: ignore[override]
         return chain.from_iterable(shard.values() for shard in self._shards)
 
-    def _stamp(self, value: V) -> None:
-        self._clock += 1
-        value.used = self._clock
+    # How a value carries its stamp. A subclass storing values in another form (``index``: plain
+    # objects packed into an int) overrides these two; what ``_restamp`` returns is what is stored.
+    def _used(self, value: V) -> int:
+        return value.used
+
+    def _restamp(self, value: V, used: int) -> V:
+        value.used = used
+        return value
 
     def __setitem__(self, key: K, value: V) -> None:
         shard = self._shards[crc32(key) & self._mask]
         old = shard.get(key)
         if old is None:
-            self._stamp(value)
-        elif old is not value:
-            value.used = old.used  # keeps its place, as a dict's assignment does
-        shard[key] = value
+            self._clock += 1
+            used = self._clock
+        else:
+            used = self._used(old)  # keeps its place, as a dict's assignment does
+        shard[key] = self._restamp(value, used)
 
     def load(self, pairs: list[tuple[K, V]]) -> None:
         """Fills an empty table from ``pairs`` (distinct keys) given oldest first: a restore of a
@@ -103,28 +118,29 @@ class LruTable(MutableMapping[K, V], Generic[K, V]):
         sizes = [where.count(i) for i in range(mask + 1)]
         total = len(pairs)
         places = [0] * (mask + 1)
+        restamp = self._restamp
         for (key, value), i in zip(pairs, where):
             places[i] += 1
-            value.used = places[i] * total // sizes[i]
-            shards[i][key] = value
+            shards[i][key] = restamp(value, places[i] * total // sizes[i])
         self._clock = total
 
     def move_to_end(self, key: K) -> V:
         """Makes ``key`` the most recently used; returns its value (KeyError if absent)."""
         shard = self._shards[crc32(key) & self._mask]
         value = shard.pop(key)
-        shard[key] = value
-        self._stamp(value)
+        self._clock += 1
+        value = shard[key] = self._restamp(value, self._clock)
         return value
 
     def by_age(self) -> Iterator[tuple[K, V]]:
         """(key, value) pairs, least recently used first; lazy, for taking the oldest few (an
         eviction on a full pool's put path: its cost is one look at each shard's oldest)."""
+        used = self._used
         runs = [iter(shard.items()) for shard in self._shards if shard]
         heads = []
         for i, run in enumerate(runs):
             key, value = next(run)
-            heads.append((value.used, i, key, value))
+            heads.append((used(value), i, key, value))
         heapq.heapify(heads)
         while heads:
             _, i, key, value = heads[0]
@@ -133,4 +149,4 @@ class LruTable(MutableMapping[K, V], Generic[K, V]):
             if following is None:
                 heapq.heappop(heads)
             else:
-                heapq.heapreplace(heads, (following[1].used, i, following[0], following[1]))
+                heapq.heapreplace(heads, (used(following[1]), i, following[0], following[1]))

@@ -1,0 +1,342 @@
+"""``ObjectIndex``: the object table's key -> object map (``shards.LruTable``), with every plain
+object packed into one int.
+
+A plain object is complete (no put under way), has every replica readable (none held) and fits
+the fields below; the rest (pending puts, objects with held replicas, the odd huge one) stay
+``ObjectMeta`` records. An int holds no GC header, no replica tuple and no int per field, so an
+object costs its key, its dict entry and one int of 64 bytes (one replica): about 215 bytes with
+64-byte keys, against about 460 as records.
+
+Reading an object through ``index[key]`` or ``get`` unpacks it in place, so the caller holds the
+table's own record and may change it; ``settle`` packs such records again (the master calls it
+after every request, so no record outlives the request that unpacked it). ``pop``, ``items``,
+``values`` and ``by_age`` give unpacked copies: change an object through ``index[key]``. The
+master's hot paths (get, exists, locate, eviction) read the ints without unpacking.
+
+Layout, lowest bits first: LRU stamp (48), lease end in 2^-20 s rounded up (52), pin (2), replicas
+wanted (6), token (48), size (40), replica count (4), then per replica the segment's number in
+this index (20) and the offset (44). Design notes: docs/store-design.md#the-object-index-packed
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from zlib import crc32
+
+from tidekv.store.master.shards import LruTable
+from tidekv.store.wire.protocol import Location
+
+_USED_BITS, _LEASE_BITS = 48, 52
+_LEASE_SHIFT = _USED_BITS
+_PIN_SHIFT = _LEASE_SHIFT + _LEASE_BITS  # 100
+_WANT_SHIFT = _PIN_SHIFT + 2  # 102
+_TOKEN_SHIFT = _WANT_SHIFT + 6  # 108
+_SIZE_SHIFT = _TOKEN_SHIFT + 48  # 156
+_COUNT_SHIFT = _SIZE_SHIFT + 40  # 196
+_REPLICAS_SHIFT = _COUNT_SHIFT + 4  # 200
+_SEG_BITS, _OFFSET_BITS = 20, 44
+_REPLICA_BITS = _SEG_BITS + _OFFSET_BITS
+
+_USED = (1 << _USED_BITS) - 1
+_LEASE = (1 << _LEASE_BITS) - 1
+_WANT = 63
+_TOKEN = (1 << 48) - 1
+_SIZE = (1 << 40) - 1
+_COUNT = 15
+_SEG = (1 << _SEG_BITS) - 1
+_OFFSET = (1 << _OFFSET_BITS) - 1
+_STAMPLESS = ~((1 << _PIN_SHIFT) - 1)  # every field but the stamp and the lease
+
+TICKS = 1 << 20  # lease ends are kept in 2^-20 s (about a µs), rounded up: a lease never ends early
+
+
+
+@dataclass(slots=True)
+class PendingPut:
+    token: int
+    writer: str
+    started: float
+    is_upsert: bool
+
+
+class ObjectMeta:
+    """One object as a record. ``replicas`` is flat: (segment, offset, segment, offset, ...);
+    ``held``, as flat, its replicas on suspended segments (complete objects only)."""
+
+    __slots__ = ("size", "replicas", "put", "lease_until", "pin", "token", "held", "want", "used")
+
+    def __init__(self, size: int, replicas: tuple[object, ...], put: PendingPut | None, pin: int, token: int,
+                 want: int = 0) -> None:
+        self.want = want or len(replicas) // 2  # replicas asked for (``repairs`` restores lost ones)
+        self.size = size
+        self.replicas = replicas
+        self.put = put
+        self.lease_until = 0.0  # no lease
+        self.pin = pin
+        self.token = token  # the put that wrote this version (put_end quoting it again is answered OK)
+        self.held: tuple[object, ...] = ()
+        self.used = 0  # when last touched (``shards``: set by the object table)
+
+    @property
+    def all_replicas(self) -> tuple[object, ...]:
+        """Replicas readable or held: the bytes this version occupies."""
+        return self.replicas + self.held if self.held else self.replicas
+
+    @property
+    def is_pending(self) -> bool:
+        return self.put is not None
+
+    def replica_pairs(self) -> Iterator[tuple[str, int]]:
+        r = self.replicas
+        for i in range(0, len(r), 2):
+            yield r[i], r[i + 1]  # type: ignore[misc]
+
+
+def lease_ticks(until: float) -> int:
+    return math.ceil(until * TICKS) if until > 0 else 0
+
+
+class ObjectIndex(LruTable[bytes, ObjectMeta]):
+    """Key -> ``ObjectMeta`` in LRU order; plain objects kept packed (module docstring)."""
+
+    __slots__ = ("_live", "_seg_ids", "seg_names")
+
+    def __init__(self, shards: int = 16) -> None:
+        super().__init__(shards)
+        self._seg_ids: dict[str, int] = {}
+        self.seg_names: list[str] = []  # a segment's number -> its name; numbers are never reused
+        self._live: list[bytes] = []  # keys unpacked in place since the last ``settle``
+
+    # ---- packing ------------------------------------------------------------------------
+
+    def pack(self, meta: ObjectMeta, used: int) -> int | None:
+        """``meta`` as an int with stamp ``used``; None when it is not plain."""
+        if meta.put is not None or meta.held:
+            return None
+        v = self.pack_fields(meta.size, meta.replicas, meta.pin, meta.token, meta.want)
+        if v is None:
+            return None
+        lease = lease_ticks(meta.lease_until)
+        return v | lease << _LEASE_SHIFT | used & _USED if lease <= _LEASE else None
+
+    def pack_fields(self, size: int, replicas: tuple[object, ...] | list[object], pin: int, token: int,
+                    want: int) -> int | None:
+        """A complete object with every replica readable, as an int with no stamp and no lease;
+        None when a field does not fit (a restore packs a million objects with it)."""
+        count = len(replicas) >> 1
+        want = want or count
+        if not 0 < count <= _COUNT or want > _WANT or size > _SIZE or token > _TOKEN:
+            return None
+        v = pin << _PIN_SHIFT | want << _WANT_SHIFT | token << _TOKEN_SHIFT | size << _SIZE_SHIFT | count << _COUNT_SHIFT
+        ids, shift = self._seg_ids, _REPLICAS_SHIFT
+        for i in range(0, len(replicas), 2):
+            name, offset = replicas[i], replicas[i + 1]
+            seg = ids.get(name)  # type: ignore[call-overload]
+            if seg is None:
+                seg = self._seg_id(name)  # type: ignore[arg-type]
+                if seg is None:
+                    return None
+            if not 0 <= offset <= _OFFSET:  # type: ignore[operator]
+                return None
+            v |= (seg | offset << _SEG_BITS) << shift  # type: ignore[operator]
+            shift += _REPLICA_BITS
+        return v
+
+    def pack_ops(self, ops: Iterable[Any]) -> list[tuple[bytes, int | ObjectMeta]]:
+        """(key, packed object) of journal ``ObjectOp``s, a record where one does not fit: a restore's
+        million objects, the one-replica case inline."""
+        ids, fits, out = self._seg_ids, _SIZE, []
+        count_one, seg_bits, replica_shift = 1 << _COUNT_SHIFT, _SEG_BITS, _REPLICAS_SHIFT
+        pin_shift, want_shift, token_shift, size_shift = _PIN_SHIFT, _WANT_SHIFT, _TOKEN_SHIFT, _SIZE_SHIFT
+        for op in ops:
+            r = op.replicas
+            if len(r) == 2 and op.want <= 1 and op.size <= fits and op.token <= _TOKEN and 0 <= r[1] <= _OFFSET:
+                seg = ids.get(r[0])
+                if seg is not None:
+                    out.append((op.key, op.pin << pin_shift | 1 << want_shift | op.token << token_shift
+                                | op.size << size_shift | count_one | (seg | r[1] << seg_bits) << replica_shift))
+                    continue
+            v = self.pack_fields(op.size, op.replicas, op.pin, op.token, op.want)
+            out.append((op.key, v if v is not None else
+                        ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token, op.want)))
+        return out
+
+    def object_ops(self, op: Callable[..., Any]) -> list[Any]:
+        """``op(key, size, replicas, pin, token, want)`` of every complete object, in ``items`` order
+        (a snapshot's: packed objects read without unpacking)."""
+        out = []
+        replicas_of, names = self.replicas_of, self.seg_names
+        for key, v in super().items():
+            if type(v) is int:
+                if v >> _COUNT_SHIFT & _COUNT == 1:  # type: ignore[operator]
+                    rep = v >> _REPLICAS_SHIFT  # type: ignore[operator]
+                    replicas = [names[rep & _SEG], rep >> _SEG_BITS & _OFFSET]
+                else:
+                    replicas = list(replicas_of(v))  # type: ignore[arg-type]
+                out.append(op(key, v >> _SIZE_SHIFT & _SIZE, replicas, v >> _PIN_SHIFT & 3,  # type: ignore[operator]
+                              v >> _TOKEN_SHIFT & _TOKEN, v >> _WANT_SHIFT & _WANT))  # type: ignore[operator]
+            elif v.put is None:
+                out.append(op(key, v.size, list(v.all_replicas), v.pin, v.token, v.want))
+        return out
+
+    def unpack(self, v: int) -> ObjectMeta:
+        meta = ObjectMeta(v >> _SIZE_SHIFT & _SIZE, self.replicas_of(v), None, v >> _PIN_SHIFT & 3,
+                          v >> _TOKEN_SHIFT & _TOKEN, v >> _WANT_SHIFT & _WANT)
+        meta.lease_until = (v >> _LEASE_SHIFT & _LEASE) / TICKS
+        meta.used = v & _USED
+        return meta
+
+    def _seg_id(self, name: str) -> int | None:
+        seg = self._seg_ids.get(name)
+        if seg is None:
+            if len(self.seg_names) > _SEG:
+                return None  # a million segments mounted in this master's life: records from here on
+            seg = self._seg_ids[name] = len(self.seg_names)
+            self.seg_names.append(name)
+        return seg
+
+    def _used(self, value: ObjectMeta) -> int:
+        return value & _USED if type(value) is int else value.used  # type: ignore[operator, return-value]
+
+    def _restamp(self, value: ObjectMeta, used: int) -> ObjectMeta:
+        if type(value) is int:
+            return value & ~_USED | used  # type: ignore[operator, return-value]
+        value.used = used
+        packed = self.pack(value, used)
+        return value if packed is None else packed  # type: ignore[return-value]
+
+    # ---- fields of a packed object (``raw`` values that are ints) -------------------------
+
+    @staticmethod
+    def size_of(v: int) -> int:
+        return v >> _SIZE_SHIFT & _SIZE
+
+    @staticmethod
+    def token_of(v: int) -> int:
+        return v >> _TOKEN_SHIFT & _TOKEN
+
+    @staticmethod
+    def lease_of(v: int) -> float:
+        return (v >> _LEASE_SHIFT & _LEASE) / TICKS
+
+    @staticmethod
+    def pin_of(v: int) -> int:
+        return v >> _PIN_SHIFT & 3
+
+    @staticmethod
+    def want_of(v: int) -> int:
+        return v >> _WANT_SHIFT & _WANT
+
+    @staticmethod
+    def short_of_replicas(v: int) -> bool:
+        """Whether the object has fewer replicas than it wants (a repair's business)."""
+        return v >> _COUNT_SHIFT & _COUNT < v >> _WANT_SHIFT & _WANT
+
+    def replicas_of(self, v: int) -> tuple[object, ...]:
+        """The flat (segment, offset, ...) replicas of a packed object."""
+        names = self.seg_names
+        out: list[object] = []
+        for i in range(v >> _COUNT_SHIFT & _COUNT):
+            rep = v >> (_REPLICAS_SHIFT + i * _REPLICA_BITS)
+            out += (names[rep & _SEG], rep >> _SEG_BITS & _OFFSET)
+        return tuple(out)
+
+    def segments_of(self, v: int) -> list[str]:
+        names = self.seg_names
+        return [names[v >> (_REPLICAS_SHIFT + i * _REPLICA_BITS) & _SEG] for i in range(v >> _COUNT_SHIFT & _COUNT)]
+
+    def locations_of(self, v: int, segments: dict) -> list[Location]:  # type: ignore[type-arg]
+        """Where a packed object's replicas are (``segments``: the segment table's, by name)."""
+        names, size = self.seg_names, v >> _SIZE_SHIFT & _SIZE
+        out = []
+        for i in range(v >> _COUNT_SHIFT & _COUNT):
+            rep = v >> (_REPLICAS_SHIFT + i * _REPLICA_BITS)
+            name = names[rep & _SEG]
+            seg = segments[name]
+            out.append(Location(name, seg.engine, seg.base + (rep >> _SEG_BITS & _OFFSET), size))
+        return out
+
+    # ---- access -------------------------------------------------------------------------
+
+    def raw(self, key: bytes) -> ObjectMeta | int | None:
+        """The stored value: an int (a packed object), an ``ObjectMeta``, or None. Nothing unpacked."""
+        return self._shards[crc32(key) & self._mask].get(key)  # type: ignore[return-value]
+
+    def raw_items(self) -> Iterator[tuple[bytes, ObjectMeta | int]]:
+        return super().items()  # type: ignore[return-value]
+
+    def read(self, key: bytes, until: float) -> int:
+        """Makes the packed object ``key`` (stored as ``v``) the most recently used, with a lease to
+        at least ``until``; returns its new value. The get path: nothing unpacked."""
+        shard = self._shards[crc32(key) & self._mask]
+        v: int = shard.pop(key)  # type: ignore[assignment]
+        self._clock += 1
+        lease = max(v >> _LEASE_SHIFT & _LEASE, lease_ticks(until))
+        v = shard[key] = v & _STAMPLESS | lease << _LEASE_SHIFT | self._clock  # type: ignore[assignment]
+        return v
+
+    def __getitem__(self, key: bytes) -> ObjectMeta:
+        shard = self._shards[crc32(key) & self._mask]
+        v = shard[key]
+        if type(v) is int:
+            v = shard[key] = self.unpack(v)  # type: ignore[arg-type]
+            self._live.append(key)
+        return v
+
+    def get(self, key: bytes, default: ObjectMeta | None = None) -> ObjectMeta | None:  # type: ignore[override]
+        shard = self._shards[crc32(key) & self._mask]
+        v = shard.get(key)
+        if v is None:
+            return default
+        if type(v) is int:
+            v = shard[key] = self.unpack(v)  # type: ignore[arg-type]
+            self._live.append(key)
+        return v
+
+    def pop(self, key: bytes, *default: object) -> ObjectMeta:  # type: ignore[override]
+        v = super().pop(key, *default)
+        return self.unpack(v) if type(v) is int else v  # type: ignore[arg-type]
+
+    def items(self) -> Iterator[tuple[bytes, ObjectMeta]]:  # type: ignore[override]
+        unpack = self.unpack
+        return ((k, unpack(v) if type(v) is int else v) for k, v in super().items())  # type: ignore[arg-type]
+
+    def values(self) -> Iterator[ObjectMeta]:  # type: ignore[override]
+        unpack = self.unpack
+        return (unpack(v) if type(v) is int else v for v in super().values())  # type: ignore[arg-type]
+
+    def by_age(self) -> Iterator[tuple[bytes, ObjectMeta]]:
+        unpack = self.unpack
+        return ((k, unpack(v) if type(v) is int else v) for k, v in super().by_age())  # type: ignore[arg-type]
+
+    def oldest(self) -> Iterator[tuple[bytes, int, int, float, bool]]:
+        """(key, size, pin, lease end, pending) in LRU order, oldest first: eviction's candidates,
+        read without unpacking."""
+        for key, v in super().by_age():
+            if type(v) is int:
+                yield (key, v >> _SIZE_SHIFT & _SIZE, v >> _PIN_SHIFT & 3,  # type: ignore[operator]
+                       (v >> _LEASE_SHIFT & _LEASE) / TICKS, False)  # type: ignore[operator]
+            else:
+                yield key, v.size, v.pin, v.lease_until, v.put is not None
+
+    def settle(self) -> None:
+        """Packs again the records unpacked in place since the last call (the master's requests and
+        timer end with it)."""
+        if not self._live:
+            return
+        mask, shards, pack = self._mask, self._shards, self.pack
+        for key in self._live:
+            shard = shards[crc32(key) & mask]
+            v = shard.get(key)
+            if v is not None and type(v) is not int:
+                packed = pack(v, v.used)
+                if packed is not None:
+                    shard[key] = packed  # type: ignore[assignment]
+        self._live.clear()
+
+    @property
+    def unsettled(self) -> int:
+        return len(self._live)
