@@ -53,9 +53,11 @@ def _table(lines: list[str], rows: Rows) -> str:
 
 
 def _scatter(path: Path, series: dict[str, tuple[list[Any], list[Any], str]],
-             line: tuple[float, str | None, str], xlabel: str, ylabel: str, title: str, log2_x: bool = False) -> None:
+             line: tuple[float, str | None, str] | None, xlabel: str, ylabel: str, title: str,
+             log2_x: bool = False) -> None:
     """A benchmark page's plot: a scatter per series (label -> xs, ys, color) and a horizontal
-    line (y, label, style), saved as a PNG without a timestamp, so an unchanged plot is unchanged."""
+    line (y, label, style) unless ``line`` is None, saved as a PNG without a timestamp, so an
+    unchanged plot is unchanged."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -65,8 +67,9 @@ def _scatter(path: Path, series: dict[str, tuple[list[Any], list[Any], str]],
     for label, (xs, ys, color) in series.items():
         ax.scatter([x if isinstance(x, str) else float(x) for x in xs], [float(y) for y in ys], color=color,
                    label=label)
-    y, label, style = line
-    ax.axhline(y, color="grey", linewidth=0.8, linestyle=style, label=label)
+    if line is not None:
+        y, label, style = line
+        ax.axhline(y, color="grey", linewidth=0.8, linestyle=style, label=label)
     ax.legend(fontsize=8)
     if log2_x:
         ax.set_xscale("log", base=2)
@@ -788,6 +791,202 @@ def store_segment_alloc(rows: Rows) -> tuple[str, None]:
     return _table(lines, rows), None
 
 
+# The master: its scaling bench's rows and its load mode against Mooncake's master
+
+
+_MASTER_METRICS = ("get ops/s", "put ops/s", "Exists us/key", "Get us/key", "PutStart+PutEnd us/key",
+                   "put ops/s, full pool", "standby: snapshot applied", "promotion:", "restart from --state-dir: log",
+                   "restart from --state-dir: snapshot", "standby: longest put applied", "bytes/object",
+                   "longest put ms, collector as it comes", "longest put or tick ms, index frozen",
+                   "longest get or tick ms, index frozen")
+"""The top-level metrics of ``tidekv bench master`` (by the start of their names) in the order it
+writes them; an indented metric ("  p99.9 ...") belongs to the one above it in its run, or to the
+one its row's ``under`` names. A metric none of these starts goes last."""
+_MB = re.compile(r" \(([\d,.]+ MB)\)")
+_MASTER_COLUMNS = 9
+"""Runs per table at most: an objects count with more runs gets several tables, oldest first, each
+taking whole stretches of consecutive runs that gave the same rows where it can."""
+
+
+def _run_order(date: str | None, run: Any) -> tuple[str, int, Any]:
+    """Sort key of a run: its date, then its number (a row of several runs, ``run`` null, first)."""
+    if run is None:
+        return (date or "", 0, 0)
+    return (date or "", 1, run) if isinstance(run, int) else (date or "", 2, str(run))
+
+
+def _exact(value: Any, spec: str = "", transcribed: bool = True) -> str:
+    """A value of a row: a transcribed one as its page wrote it (a number written with an exponent,
+    ``25.1e3``, as "25.1 k"), a measured one formatted by ``spec``; a pair as "lo–hi"; none as "—"."""
+    if value is None:
+        return "—"
+    if isinstance(value, list):
+        return "–".join(_exact(v, spec, transcribed) for v in value)
+    if not transcribed:
+        return format(float(value), spec)
+    if isinstance(value, Decimal) and value.as_tuple().exponent > 0:
+        return f"{value.scaleb(-3)} k"
+    return _num(value)
+
+
+def _master_key(metric: str, parent: str | None) -> tuple[Any, ...]:
+    """Where a metric's row goes in the table: after the bench's metrics before it, an indented one
+    right after its parent's."""
+    def place(name: str) -> int:
+        starts = [i for i, m in enumerate(_MASTER_METRICS) if name.startswith(m)]
+        return max(starts, key=lambda i: len(_MASTER_METRICS[i])) if starts else len(_MASTER_METRICS)
+
+    if parent is None:
+        return (place(metric), metric, 0, "")
+    child = 0 if metric.strip().startswith("p99.9") else 1
+    return (place(parent), parent, 1 + child, metric)
+
+
+def master_scale(rows: Rows) -> tuple[str, Callable[[Path], None]]:
+    """``tidekv bench master --objects N``, one column per run (oldest first), its metrics as rows,
+    a table per objects count; a run may have every metric of the bench or only some."""
+    runs: dict[tuple[Any, ...], Rows] = {}
+    for row in rows:
+        runs.setdefault((row["date"], row.get("time_utc"), row["commit"], row["command"], row["run"],
+                         row.get("variant")), []).append(row)
+    ordered = sorted(runs.items(), key=lambda kv: (*_run_order(kv[0][0], kv[0][4]), kv[0][1] or ""))
+    cells: dict[tuple[Any, ...], dict[tuple[Any, ...], str]] = {}
+    labels: dict[tuple[Any, ...], str] = {}
+    notes: dict[str, int] = {}
+    for run_key, group in ordered:
+        parent = None
+        for r in group:
+            metric = _MB.sub("", r["metric"])
+            if not metric.startswith(" "):
+                parent = metric
+            under = _MB.sub("", r["under"]) if r.get("under") else parent
+            key = _master_key(metric, None if not metric.startswith(" ") else under)
+            labels[key] = metric if not metric.startswith(" ") else "&emsp;" + metric.strip()
+            exact = bool(r.get("transcribed"))
+            at_n = _exact(r["at_n"], ",.6g", exact)
+            if r.get("at_1k") is None and r.get("ratio") is None:
+                text = at_n
+            else:
+                at_1k = r.get("at_1k")
+                spec = ",.0f" if at_1k is not None and not isinstance(at_1k, list) and at_1k >= 100 else ".3g"
+                text = f"{_exact(at_1k, spec, exact)} → {at_n}"
+                if r.get("ratio") is not None:
+                    text += f" ({_exact(r['ratio'], '.2f', exact)}×)"
+            size = _MB.search(r["metric"])
+            if size:
+                text += f" ({size.group(1)})"
+            if r.get("note"):
+                text += f"<sup>{notes.setdefault(r['note'], len(notes) + 1)}</sup>"
+            cells.setdefault(run_key, {})[key] = text
+    lines = ["Cells with an arrow: at 1k objects → at the run's count (at N over at 1k). A run's column shows "
+             "the rows its page or its `--json` gave; \"—\": not given. Runs are numbered in date order."]
+    by_objects = _groups([(k, g) for k, g in ordered], lambda kv: kv[1][0]["objects"])
+    for objects, group in sorted(by_objects.items(), key=lambda kv: -kv[0]):
+        stretches: list[list[tuple[tuple[Any, ...], Rows]]] = []  # consecutive runs that gave the same rows
+        for item in group:
+            if stretches and set(cells[stretches[-1][-1][0]]) == set(cells[item[0]]):
+                stretches[-1].append(item)
+            else:
+                stretches.append([item])
+        tables: list[list[tuple[tuple[Any, ...], Rows]]] = []
+        for alike_runs in stretches:
+            size = -(-len(alike_runs) // -(-len(alike_runs) // _MASTER_COLUMNS))  # a long stretch in even pieces
+            for start in range(0, len(alike_runs), size):
+                piece = alike_runs[start:start + size]
+                if tables and len(tables[-1]) + len(piece) <= _MASTER_COLUMNS:
+                    tables[-1] += piece
+                else:
+                    tables.append(list(piece))
+        for number, chunk in enumerate(tables, 1):
+            commands = _unique(k[3] for k, _ in chunk)
+            names = [f"run {k[4]}" if k[4] is not None else "lowest–highest" for k, _ in chunk]
+            keys = {key for k, _ in chunk for key in cells[k]}
+            keys |= {_master_key(key[1], None) for key in keys if key[2]}  # an indented row's parent
+            for key in keys:
+                labels.setdefault(key, key[1])
+            lines += ["", f"**{objects:,} objects**" + (f" ({number} of {len(tables)})" if len(tables) > 1 else ""),
+                      "", "| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(chunk)]
+            for key in sorted(keys):
+                lines.append(f"| {labels[key]} | " + " | ".join(cells[k].get(key, "—") for k, _ in chunk) + " |")
+            alike: dict[str, list[str]] = {}
+            for (date, time, commit, command, run, variant), group_rows in chunk:
+                when = f"{date or 'date not given'}{f' {time} UTC' if time else ''}, commit {commit or '—'}"
+                words = f"{when}{f', {variant}' if variant else ''}" + (f", `{command}`" if len(commands) > 1 else "")
+                if run is None:
+                    words += f", lowest–highest of {group_rows[0].get('runs') or 'its'} runs"
+                alike.setdefault(words, []).append(str(run) if run is not None else "lowest–highest")
+            lines += ["", "; ".join(f"{'Runs' if len(n) > 1 else 'Run'} {', '.join(n)}: {w}" if n != ["lowest–highest"]
+                                    else f"Lowest–highest: {w}" for w, n in alike.items()) + "."]
+    if notes:
+        lines += ["", " ".join(f"<sup>{i}</sup> {note}." for note, i in notes.items())]
+    text = _table(lines, rows)
+
+    def plot(path: Path) -> None:
+        points: dict[int, tuple[list[int], list[float]]] = {}
+        for r in rows:
+            if r["metric"] == "bytes/object" and isinstance(r["run"], int) and isinstance(r["at_n"], (int, Decimal,
+                                                                                                      float)):
+                xs, ys = points.setdefault(r["objects"], ([], []))
+                xs.append(r["run"])
+                ys.append(float(r["at_n"]))
+        colors = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
+        series = {f"{objects:,} objects": (xs, ys, colors[i % len(colors)])
+                  for i, (objects, (xs, ys)) in enumerate(sorted(points.items(), reverse=True))}
+        _scatter(path, series, None, "run", "bytes per object (resident)", "The master's memory per object")
+
+    return text, plot
+
+
+def master_load(rows: Rows) -> tuple[str, None]:
+    """``tidekv bench master --load N --compare mooncake``: one line per run (or per range of runs its
+    page gave), tidekv's master against Mooncake's."""
+    single = [r for r in rows if r.get("groups", 1) == 1 and r.get("master") in ("shim", "mooncake")]
+    lines_of = _groups(single, lambda r: (r["date"], r.get("time_utc"), r["commit"], r["run"],
+                                          tuple(r.get("of_runs") or ())))
+
+    def order(key: tuple[Any, ...]) -> tuple[Any, ...]:
+        date, time, _, run, of_runs = key
+        return (*_run_order(date, run if run is not None else max(of_runs, default=0)), run is None, time or "")
+
+    lines = ["| run | date, time (UTC), commit | master's loop | busy poll | tidekv keys/s | tidekv µs CPU/key | "
+             "tidekv CPU share | Mooncake keys/s | Mooncake µs CPU/key | Mooncake CPU share | "
+             "tidekv / Mooncake: keys per master CPU s | tidekv / Mooncake: keys/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key in sorted(lines_of, key=order):
+        date, time, commit, run, of_runs = key
+        group = lines_of[key]
+        mine = next((r for r in group if r["master"] == "shim"), {})
+        theirs = next((r for r in group if r["master"] == "mooncake"), {})
+        if run is not None:
+            label = str(run)
+        elif of_runs == tuple(range(of_runs[0], of_runs[-1] + 1)):
+            label = f"{of_runs[0]}–{of_runs[-1]}, lowest–highest"
+        else:
+            label = f"{', '.join(str(n) for n in of_runs)}, lowest–highest"
+        busy = mine.get("busy_poll_us")
+        if busy is None:
+            env = re.search(r"TIDEKV_MASTER_BUSY_POLL_US=(\d+)", mine.get("command", ""))
+            busy = "default" if not mine else f"{env.group(1)} µs" if env else "default"
+        else:
+            busy = " / ".join(str(b) for b in busy) + " µs" if isinstance(busy, list) else f"{busy} µs"
+
+        def cell(r: dict[str, Any], field: str, spec: str, suffix: str = "") -> str:
+            value = r.get(field)
+            return "—" if value is None else _exact(value, spec, bool(r.get("transcribed"))) + suffix
+
+        lines.append(f"| {label} | {date or '—'}{f' {time}' if time else ''}, {commit or '—'} | "
+                     f"{mine.get('loop') or '—'} | {busy} | {cell(mine, 'keys_per_s', ',.0f')} | "
+                     f"{cell(mine, 'master_cpu_us_per_key', '.2f')} | {cell(mine, 'master_cpu_share', '.2f')} | "
+                     f"{cell(theirs, 'keys_per_s', ',.0f')} | {cell(theirs, 'master_cpu_us_per_key', '.2f')} | "
+                     f"{cell(theirs, 'master_cpu_share', '.2f')} | "
+                     f"{cell(mine, 'keys_per_cpu_s_vs_mooncake', '.2f', '×')} | "
+                     f"{cell(mine, 'keys_per_s_vs_mooncake', '.2f', '×')} |")
+    lines += ["", "tidekv: its master under Mooncake's store API on tidekv's drop-in; CPU share: the master "
+              "process's CPU seconds per second (1 = a core). A \"lowest–highest\" line: the page gave only the "
+              "range over those runs. Ratios > 1: tidekv does more."]
+    return _table(lines, rows), None
+
+
 RENDERERS: dict[str, Callable[[Rows], tuple[str, Callable[[Path], None] | None]]] = {
     "ha-failover": ha_failover,
     "store-disk": store_disk,
@@ -814,6 +1013,8 @@ RENDERERS: dict[str, Callable[[Rows], tuple[str, Callable[[Path], None] | None]]
     "store-4k": store_4k,
     "store-auth": store_auth,
     "store-segment-alloc": store_segment_alloc,
+    "master-scale": master_scale,
+    "master-load": master_load,
 }
 TRANSCRIBED = {name for name in RENDERERS if name not in ("ha-failover", "store-disk", "tensor-channel",
                                                           "master-load-groups", "store-tensors")}
