@@ -2,22 +2,21 @@
 object packed into one int.
 
 A plain object is complete (no put under way), has every replica readable (none held) and fits
-the fields below; the rest (pending puts, objects with held replicas, the odd huge one) stay
-``ObjectMeta`` records. An int holds no GC header, no replica tuple and no int per field, so an
-object costs its key, its dict entry and one int of 64 bytes (one replica): about 215 bytes with
-64-byte keys, against about 460 as records.
+the fields below: it is its key, its dict entry and one int of 64 bytes (one replica), about 215
+bytes with 64-byte keys against about 460 as a record. The rest (pending puts, objects with held
+replicas, the odd huge one) stay ``ObjectMeta`` records in a side dict, their shard entry a marker
+int carrying only the LRU stamp, so shards hold nothing the cycle collector tracks.
 
-Reading an object through ``index[key]`` or ``get`` unpacks it in place, so the caller holds the
-table's own record and may change it; ``settle`` packs such records again (the master calls it
-after every request, so no record outlives the request that unpacked it). ``pop``, ``items``,
-``values`` and ``by_age`` give unpacked copies: change an object through ``index[key]``. The
-master's hot paths (get, exists, locate, eviction) read the ints without unpacking.
+Reading an object through ``index[key]`` or ``get`` unpacks it in place (it becomes a record), so
+the caller holds the table's own record and may change it; ``settle`` packs such records again
+(the master calls it after every request and tick, so none outlives the request that unpacked
+it). ``pop``, ``items``, ``values`` and ``by_age`` give unpacked copies: change an object through
+``index[key]``. The master's hot paths (get, exists, locate, eviction) read the ints unpacked.
 
 Layout, lowest bits first: LRU stamp (48), lease end in 2^-20 s rounded up (52), pin (2), replicas
 wanted (6), token (48), size (40), replica count (4), then per replica the segment's number in
 this index (20) and the offset (44). Design notes: docs/store-design.md#the-object-index-packed
 """
-
 from __future__ import annotations
 
 import math
@@ -49,6 +48,7 @@ _COUNT = 15
 _SEG = (1 << _SEG_BITS) - 1
 _OFFSET = (1 << _OFFSET_BITS) - 1
 _STAMPLESS = ~((1 << _PIN_SHIFT) - 1)  # every field but the stamp and the lease
+_PACKED = 1 << _COUNT_SHIFT  # every packed object is at least this (one replica); a marker is below
 
 TICKS = 1 << 20  # lease ends are kept in 2^-20 s (about a µs), rounded up: a lease never ends early
 
@@ -102,10 +102,11 @@ def lease_ticks(until: float) -> int:
 class ObjectIndex(LruTable[bytes, ObjectMeta]):
     """Key -> ``ObjectMeta`` in LRU order; plain objects kept packed (module docstring)."""
 
-    __slots__ = ("_live", "_seg_ids", "seg_names")
+    __slots__ = ("_live", "_records", "_seg_ids", "seg_names")
 
     def __init__(self, shards: int = 16) -> None:
         super().__init__(shards)
+        self._records: dict[bytes, ObjectMeta] = {}  # objects not packed; their shard entry is a marker
         self._seg_ids: dict[str, int] = {}
         self.seg_names: list[str] = []  # a segment's number -> its name; numbers are never reused
         self._live: list[bytes] = []  # keys unpacked in place since the last ``settle``
@@ -130,7 +131,8 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
         want = want or count
         if not 0 < count <= _COUNT or want > _WANT or size > _SIZE or token > _TOKEN:
             return None
-        v = pin << _PIN_SHIFT | want << _WANT_SHIFT | token << _TOKEN_SHIFT | size << _SIZE_SHIFT | count << _COUNT_SHIFT
+        v = (pin << _PIN_SHIFT | want << _WANT_SHIFT | token << _TOKEN_SHIFT | size << _SIZE_SHIFT
+             | count << _COUNT_SHIFT)
         ids, shift = self._seg_ids, _REPLICAS_SHIFT
         for i in range(0, len(replicas), 2):
             name, offset = replicas[i], replicas[i + 1]
@@ -169,8 +171,9 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
         (a snapshot's: packed objects read without unpacking)."""
         out = []
         replicas_of, names = self.replicas_of, self.seg_names
+        records = self._records
         for key, v in super().items():
-            if type(v) is int:
+            if v >= _PACKED:  # type: ignore[operator]
                 if v >> _COUNT_SHIFT & _COUNT == 1:  # type: ignore[operator]
                     rep = v >> _REPLICAS_SHIFT  # type: ignore[operator]
                     replicas = [names[rep & _SEG], rep >> _SEG_BITS & _OFFSET]
@@ -178,8 +181,9 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
                     replicas = list(replicas_of(v))  # type: ignore[arg-type]
                 out.append(op(key, v >> _SIZE_SHIFT & _SIZE, replicas, v >> _PIN_SHIFT & 3,  # type: ignore[operator]
                               v >> _TOKEN_SHIFT & _TOKEN, v >> _WANT_SHIFT & _WANT))  # type: ignore[operator]
-            elif v.put is None:
-                out.append(op(key, v.size, list(v.all_replicas), v.pin, v.token, v.want))
+            elif records[key].put is None:
+                m = records[key]
+                out.append(op(key, m.size, list(m.all_replicas), m.pin, m.token, m.want))
         return out
 
     def unpack(self, v: int) -> ObjectMeta:
@@ -198,15 +202,11 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
             self.seg_names.append(name)
         return seg
 
-    def _used(self, value: ObjectMeta) -> int:
-        return value & _USED if type(value) is int else value.used  # type: ignore[operator, return-value]
+    def _used(self, value: int) -> int:  # type: ignore[override]
+        return value & _USED
 
-    def _restamp(self, value: ObjectMeta, used: int) -> ObjectMeta:
-        if type(value) is int:
-            return value & ~_USED | used  # type: ignore[operator, return-value]
-        value.used = used
-        packed = self.pack(value, used)
-        return value if packed is None else packed  # type: ignore[return-value]
+    def _restamp(self, value: int, used: int) -> int:  # type: ignore[override]
+        return value & ~_USED | used
 
     # ---- fields of a packed object (``raw`` values that are ints) -------------------------
 
@@ -260,17 +260,25 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
         return out
 
     # ---- access -------------------------------------------------------------------------
+    # A shard maps each key to an int: a packed object, or a marker (the stamp alone, below
+    # ``_PACKED``) standing for the key's record in ``_records``. Shards hold nothing but bytes
+    # and ints, so the cycle collector never tracks them (a dict of untracked values is
+    # untracked): ten million objects cost a collection nothing.
 
     def raw(self, key: bytes) -> ObjectMeta | int | None:
-        """The stored value: an int (a packed object), an ``ObjectMeta``, or None. Nothing unpacked."""
-        return self._shards[crc32(key) & self._mask].get(key)  # type: ignore[return-value]
+        """The object: an int (packed), an ``ObjectMeta`` (a record), or None. Nothing unpacked."""
+        v = self._shards[crc32(key) & self._mask].get(key)
+        if v is None or v >= _PACKED:  # type: ignore[operator]
+            return v
+        return self._records[key]
 
     def raw_items(self) -> Iterator[tuple[bytes, ObjectMeta | int]]:
-        return super().items()  # type: ignore[return-value]
+        records = self._records
+        return ((k, v if v >= _PACKED else records[k]) for k, v in super().items())  # type: ignore[operator]
 
     def read(self, key: bytes, until: float) -> int:
-        """Makes the packed object ``key`` (stored as ``v``) the most recently used, with a lease to
-        at least ``until``; returns its new value. The get path: nothing unpacked."""
+        """Makes the packed object ``key`` the most recently used, with a lease to at least
+        ``until``; returns its new value. The get path: nothing unpacked."""
         shard = self._shards[crc32(key) & self._mask]
         v: int = shard.pop(key)  # type: ignore[assignment]
         self._clock += 1
@@ -278,64 +286,108 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
         v = shard[key] = v & _STAMPLESS | lease << _LEASE_SHIFT | self._clock  # type: ignore[assignment]
         return v
 
+    def __setitem__(self, key: bytes, meta: ObjectMeta) -> None:
+        """Stores ``meta`` (packed when plain; the table then holds a copy, not ``meta``), keeping
+        the key's place when it has one."""
+        packed = self.pack(meta, 0)
+        if packed is None:
+            self._records[key] = meta
+            packed = 0  # a marker
+        elif self._records:
+            self._records.pop(key, None)
+        super().__setitem__(key, packed)  # type: ignore[arg-type]
+
     def __getitem__(self, key: bytes) -> ObjectMeta:
-        shard = self._shards[crc32(key) & self._mask]
-        v = shard[key]
-        if type(v) is int:
-            v = shard[key] = self.unpack(v)  # type: ignore[arg-type]
-            self._live.append(key)
-        return v
+        meta = self.get(key)
+        if meta is None:
+            raise KeyError(key)
+        return meta
 
     def get(self, key: bytes, default: ObjectMeta | None = None) -> ObjectMeta | None:  # type: ignore[override]
+        """The object's record, unpacked in place (packed again by ``settle``)."""
         shard = self._shards[crc32(key) & self._mask]
         v = shard.get(key)
         if v is None:
             return default
-        if type(v) is int:
-            v = shard[key] = self.unpack(v)  # type: ignore[arg-type]
-            self._live.append(key)
-        return v
+        if v < _PACKED:  # type: ignore[operator]
+            return self._records[key]
+        meta = self._records[key] = self.unpack(v)  # type: ignore[arg-type]
+        shard[key] = v & _USED  # type: ignore[assignment, operator]  # a marker: same place, same stamp
+        self._live.append(key)
+        return meta
+
+    def __delitem__(self, key: bytes) -> None:
+        super().__delitem__(key)
+        if self._records:
+            self._records.pop(key, None)
 
     def pop(self, key: bytes, *default: object) -> ObjectMeta:  # type: ignore[override]
         v = super().pop(key, *default)
-        return self.unpack(v) if type(v) is int else v  # type: ignore[arg-type]
+        if type(v) is not int:
+            return v  # the default
+        return self.unpack(v) if v >= _PACKED else self._records.pop(key)  # type: ignore[arg-type, operator]
+
+    def _meta(self, key: bytes, v: int) -> ObjectMeta:
+        """A copy of a packed object, or the record a marker stands for."""
+        return self.unpack(v) if v >= _PACKED else self._records[key]
 
     def items(self) -> Iterator[tuple[bytes, ObjectMeta]]:  # type: ignore[override]
-        unpack = self.unpack
-        return ((k, unpack(v) if type(v) is int else v) for k, v in super().items())  # type: ignore[arg-type]
+        meta = self._meta
+        return ((k, meta(k, v)) for k, v in super().items())  # type: ignore[arg-type]
 
     def values(self) -> Iterator[ObjectMeta]:  # type: ignore[override]
-        unpack = self.unpack
-        return (unpack(v) if type(v) is int else v for v in super().values())  # type: ignore[arg-type]
+        return (m for _, m in self.items())
 
     def by_age(self) -> Iterator[tuple[bytes, ObjectMeta]]:
-        unpack = self.unpack
-        return ((k, unpack(v) if type(v) is int else v) for k, v in super().by_age())  # type: ignore[arg-type]
+        meta = self._meta
+        return ((k, meta(k, v)) for k, v in super().by_age())  # type: ignore[arg-type]
+
+    def move_to_end(self, key: bytes) -> ObjectMeta:
+        super().move_to_end(key)
+        return self.raw(key)  # type: ignore[return-value]
+
+    def load(self, pairs: list[tuple[bytes, ObjectMeta | int]]) -> None:  # type: ignore[override]
+        """Fills the empty index from (key, packed int or record) pairs, oldest first."""
+        records = self._records
+        for key, v in pairs:
+            if type(v) is not int:
+                records[key] = v  # type: ignore[assignment]
+        super().load([(k, v if type(v) is int else 0) for k, v in pairs])  # type: ignore[misc]
 
     def oldest(self) -> Iterator[tuple[bytes, int, int, float, bool]]:
         """(key, size, pin, lease end, pending) in LRU order, oldest first: eviction's candidates,
         read without unpacking."""
+        records = self._records
         for key, v in super().by_age():
-            if type(v) is int:
+            if v >= _PACKED:  # type: ignore[operator]
                 yield (key, v >> _SIZE_SHIFT & _SIZE, v >> _PIN_SHIFT & 3,  # type: ignore[operator]
                        (v >> _LEASE_SHIFT & _LEASE) / TICKS, False)  # type: ignore[operator]
             else:
-                yield key, v.size, v.pin, v.lease_until, v.put is not None
+                m = records[key]
+                yield key, m.size, m.pin, m.lease_until, m.put is not None
 
     def settle(self) -> None:
         """Packs again the records unpacked in place since the last call (the master's requests and
         timer end with it)."""
         if not self._live:
             return
-        mask, shards, pack = self._mask, self._shards, self.pack
+        mask, shards, records, pack = self._mask, self._shards, self._records, self.pack
         for key in self._live:
+            meta = records.get(key)
+            if meta is None:
+                continue
             shard = shards[crc32(key) & mask]
-            v = shard.get(key)
-            if v is not None and type(v) is not int:
-                packed = pack(v, v.used)
-                if packed is not None:
-                    shard[key] = packed  # type: ignore[assignment]
+            mark = shard.get(key)
+            packed = pack(meta, mark) if mark is not None else None  # type: ignore[arg-type]
+            if packed is not None:
+                shard[key] = packed  # type: ignore[assignment]
+                del records[key]
         self._live.clear()
+
+    @property
+    def records(self) -> int:
+        """Objects kept as records (pending puts, held replicas, what does not fit)."""
+        return len(self._records)
 
     @property
     def unsettled(self) -> int:

@@ -30,15 +30,6 @@ V = TypeVar("V", bound=Stamped)
 _MISSING = object()
 
 
-class _Shard(dict):  # type: ignore[type-arg]
-    """A shard's dict. A subclass, because the collector untracks a plain dict whose values are all
-    untracked (an index of packed ints: ``index``), and every insert of a record tracks it again,
-    young: each young collection would then scan the whole shard. A subclass stays tracked, so it
-    ages into the old generation (and is frozen, ``collector``) once."""
-
-    __slots__ = ()
-
-
 class LruTable(MutableMapping[K, V], Generic[K, V]):
     """Iteration (``items``, ``values``, iter) goes shard by shard, each shard oldest first;
     ``by_age`` gives the LRU order. Mutating while iterating raises, as for a dict."""
@@ -48,7 +39,7 @@ class LruTable(MutableMapping[K, V], Generic[K, V]):
     def __init__(self, shards: int = 16) -> None:
         if shards < 1 or shards & (shards - 1):
             raise ValueError(f"shards must be a power of two, got {shards}")
-        self._shards: list[dict[K, V]] = [_Shard() for _ in range(shards)]
+        self._shards: list[dict[K, V]] = [{} for _ in range(shards)]
         self._mask = shards - 1
         self._clock = 0
 
