@@ -119,3 +119,19 @@ def test_the_collector_never_tracks_the_index() -> None:
     assert not any(gc.is_tracked(shard) for shard in index._shards)
     assert rig.put_end("w", b"pending", slot.token) == Status.OK
     assert index.records == 0 and type(index.raw(b"pending")) is int
+
+
+def test_a_restore_packs_ops_as_objects_pack() -> None:
+    from tidekv.store.master import journal as j
+
+    ops = [j.ObjectOp(b"a", 4096, ["s0", 0], 0, 7, 1), j.ObjectOp(b"b", 4096, ["s1", 1 << 40], 2, 8, 0),
+           j.ObjectOp(b"c", 100, ["s0", 64, "s1", 128], 1, 9, 2), j.ObjectOp(b"d", 1 << 41, ["s0", 0], 0, 10, 1),
+           j.ObjectOp(b"e", 4096, ["s0", 4096], 1, 11, 3)]
+    index = ObjectIndex()
+    packed = dict(index.pack_ops(ops))
+    assert type(packed[b"d"]) is ObjectMeta, "a size past 1 TiB stays a record"
+    for op in ops:
+        meta = ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token, op.want)
+        if type(packed[op.key]) is int:
+            assert packed[op.key] == index.pack(meta, 0)
+            assert _fields(index.unpack(packed[op.key])) == _fields(meta)

@@ -150,16 +150,22 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
     def pack_ops(self, ops: Iterable[Any]) -> list[tuple[bytes, int | ObjectMeta]]:
         """(key, packed object) of journal ``ObjectOp``s, a record where one does not fit: a restore's
         million objects, the one-replica case inline."""
-        ids, fits, out = self._seg_ids, _SIZE, []
-        count_one, seg_bits, replica_shift = 1 << _COUNT_SHIFT, _SEG_BITS, _REPLICAS_SHIFT
-        pin_shift, want_shift, token_shift, size_shift = _PIN_SHIFT, _WANT_SHIFT, _TOKEN_SHIFT, _SIZE_SHIFT
+        ids, out = self._seg_ids, []
+        fixed: dict[tuple[int, int], int] = {}  # (pin, size) -> those fields, one replica, wanted one
+        placed: dict[str, int] = {}  # segment name -> its number, in place
+        token_shift, offset_shift = _TOKEN_SHIFT, _REPLICAS_SHIFT + _SEG_BITS
         for op in ops:
             r = op.replicas
-            if len(r) == 2 and op.want <= 1 and op.size <= fits and op.token <= _TOKEN and 0 <= r[1] <= _OFFSET:
-                seg = ids.get(r[0])
-                if seg is not None:
-                    out.append((op.key, op.pin << pin_shift | 1 << want_shift | op.token << token_shift
-                                | op.size << size_shift | count_one | (seg | r[1] << seg_bits) << replica_shift))
+            if len(r) == 2 and op.want <= 1 and op.token <= _TOKEN and 0 <= r[1] <= _OFFSET:
+                base = fixed.get((op.pin, op.size))
+                seg = placed.get(r[0])
+                if base is None and op.size <= _SIZE:
+                    base = fixed[(op.pin, op.size)] = (op.pin << _PIN_SHIFT | 1 << _WANT_SHIFT | op.size << _SIZE_SHIFT
+                                                        | 1 << _COUNT_SHIFT)
+                if seg is None and ids.get(r[0]) is not None:
+                    seg = placed[r[0]] = ids[r[0]] << _REPLICAS_SHIFT
+                if base is not None and seg is not None:
+                    out.append((op.key, base | seg | op.token << token_shift | r[1] << offset_shift))
                     continue
             v = self.pack_fields(op.size, op.replicas, op.pin, op.token, op.want)
             out.append((op.key, v if v is not None else
@@ -347,12 +353,18 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
         return self.raw(key)  # type: ignore[return-value]
 
     def load(self, pairs: list[tuple[bytes, ObjectMeta | int]]) -> None:  # type: ignore[override]
-        """Fills the empty index from (key, packed int or record) pairs, oldest first."""
-        records = self._records
-        for key, v in pairs:
-            if type(v) is not int:
+        """Fills the empty index from (key, packed int without a stamp, or record) pairs, oldest
+        first, placed as ``LruTable.load`` places them."""
+        assert not self, "load into an empty table"
+        where, stamps = self._placements([key for key, _ in pairs])
+        shards, records = self._shards, self._records
+        for (key, v), i, used in zip(pairs, where, stamps):
+            if type(v) is int:
+                shards[i][key] = v | used  # type: ignore[assignment]
+            else:
                 records[key] = v  # type: ignore[assignment]
-        super().load([(k, v if type(v) is int else 0) for k, v in pairs])  # type: ignore[misc]
+                shards[i][key] = used  # type: ignore[assignment]  # a marker
+        self._clock = len(pairs)
 
     def oldest(self) -> Iterator[tuple[bytes, int, int, float, bool]]:
         """(key, size, pin, lease end, pending) in LRU order, oldest first: eviction's candidates,

@@ -14,6 +14,7 @@ docs/store-design.md, "The object table's shards".
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Iterator, MutableMapping
 from itertools import chain
 from typing import Generic, Protocol, TypeVar
@@ -104,16 +105,25 @@ class LruTable(MutableMapping[K, V], Generic[K, V]):
         is where a key spread at random lands in the whole. A key's shard is the same in every
         process (its CRC), so a snapshot written shard by shard elsewhere loads shard by shard."""
         assert not self, "load into an empty table"
-        shards, mask = self._shards, self._mask
-        where = [crc32(key) & mask for key, _ in pairs]  # once: a CRC is not cached as a hash() is
-        sizes = [where.count(i) for i in range(mask + 1)]
-        total = len(pairs)
+        where, stamps = self._placements([key for key, _ in pairs])
+        shards, restamp = self._shards, self._restamp
+        for (key, value), i, used in zip(pairs, where, stamps):
+            shards[i][key] = restamp(value, used)
+        self._clock = len(pairs)
+
+    def _placements(self, keys: list[K]) -> tuple[list[int], list[int]]:
+        """Each key's shard and stamp for ``load`` (see there): two passes, no sort."""
+        mask = self._mask
+        where = [crc32(key) & mask for key in keys]  # once: a CRC is not cached as a hash() is
+        counted = Counter(where)
+        sizes = [counted[i] for i in range(mask + 1)]
+        total = len(keys)
         places = [0] * (mask + 1)
-        restamp = self._restamp
-        for (key, value), i in zip(pairs, where):
+        stamps = []
+        for i in where:
             places[i] += 1
-            shards[i][key] = restamp(value, places[i] * total // sizes[i])
-        self._clock = total
+            stamps.append(places[i] * total // sizes[i])
+        return where, stamps
 
     def move_to_end(self, key: K) -> V:
         """Makes ``key`` the most recently used; returns its value (KeyError if absent)."""
