@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
+import pytest
 from tidekv.store.master.journal import JournalFile, Mirror
 from tidekv.store.wire import protocol as p
 from tidekv.store.wire.protocol import Pin, Status
@@ -103,8 +104,10 @@ def test_unacknowledged_items_and_the_counter_survive_a_journal_replay(tmp_path:
     assert restored.call(p.ChannelPush("c", [b"k0"], 100, 1 << 30), "w")[1] == [4]  # seqs are not reused
 
 
-def test_a_take_leases_its_items_and_the_holders_ack_frees_their_bytes_at_once() -> None:
+@pytest.mark.parametrize("start", [1000.0, 1000.1234567891])  # a clock a lease's 2^-20 s ticks do not hold exactly
+def test_a_take_leases_its_items_and_the_holders_ack_frees_their_bytes_at_once(start: float) -> None:
     rig = _rig(lease_ttl_s=3.0)
+    rig.clock.now = start
     _push(rig, [b"k0", b"k1"])
     lease_s, raw = rig.call(p.ChannelTake("c", "a", 5, 1.0), "w")
     items = msgspec.convert(raw, list[p.ChannelItem])

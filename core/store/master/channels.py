@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidekv.store.master import journal as j
+from tidekv.store.master.index import lease_ticks
 from tidekv.store.master.objects import ObjectTable
 from tidekv.store.wire.protocol import ChannelItem, Status
 
@@ -120,7 +121,9 @@ class ChannelTable:
             key = ch.items[seq][0]
             holder = ch.taken.get(seq)
             meta = self.objects.objects.get(key)
-            if holder is not None and holder[0] == consumer and meta is not None and meta.lease_until <= holder[2]:
+            # (compared as the index keeps leases: to 2^-20 s, rounded up)
+            if holder is not None and holder[0] == consumer and meta is not None \
+                    and lease_ticks(meta.lease_until) <= lease_ticks(holder[2]):
                 meta.lease_until = min(meta.lease_until, now)
             keys.append(key)
         self._forget(name, ch, found)
