@@ -36,6 +36,7 @@ from tidekv.store.client.master_client import MasterClient
 from tidekv.store.client.membership import Member
 from tidekv.store.client.object_io import ObjectIO, Parts, Pieces, Span, batch_error, in_order, span_of, trim
 from tidekv.store.client.pool import Pool, pick
+from tidekv.store.client.read_buffers import ReadBuffers
 from tidekv.store.client.segments import SegmentCalls
 from tidekv.store.client.staging import StagingArea
 from tidekv.store.client.tasks import TaskCalls
@@ -120,6 +121,7 @@ class Store(TensorCalls, TaskCalls, SegmentCalls):
         self._closed = threading.Event()
         self._groups: list[_Group] = []
         self._staging: StagingArea | None = None
+        self.read_buffers = ReadBuffers(engine)  # memory reads into new tensors land in (channels' takes)
         self._disk: DiskTierParts | None = None
         n = len(self._pool)
         group_config = config if n == 1 else dataclasses.replace(
@@ -599,6 +601,7 @@ class Store(TensorCalls, TaskCalls, SegmentCalls):
     # ---- internals ----------------------------------------------------------------------
 
     def _release_memory(self) -> None:
+        self.read_buffers.close()
         if self._staging is not None:
             self._staging.close()
             self._staging = None

@@ -32,7 +32,6 @@ from tidekv.errors import ChannelFullError, ConfigError, LeaseExpiredError, Stor
 from tidekv.store.client.tensors import read_object, torch_module
 from tidekv.store.wire import protocol as p
 from tidekv.store.wire.protocol import Pin, Status
-from tidekv.transfer.memory import advise_huge
 
 if TYPE_CHECKING:
     import torch
@@ -166,38 +165,41 @@ class TensorChannel:
         return dict(self._rpc.call(p.ChannelInfo(self.name)))
 
     def _read(self, items: list[p.ChannelItem], lease_deadline: float) -> list[Delivery]:
-        """The items' tensors, read where the take said under its lease, into one allocation on
-        huge pages registered once. An item whose replicas could not be read is left out (it is
-        handed out again after ``visibility_s``), and logged; so is one removed meanwhile."""
+        """The items' tensors, read where the take said under its lease, into one registered buffer
+        (``Store.read_buffers``: reused once the tensors of an earlier take are gone). An item whose
+        replicas could not be read is left out (it is handed out again after ``visibility_s``), and
+        logged; so is one removed meanwhile."""
         torch = torch_module()
         keys = [it.key for it in items]
-        whole = torch.empty(max(1, sum(it.size for it in items)), dtype=torch.uint8)
-        advise_huge(whole.data_ptr(), whole.numel())
-        region = self.store.engine.register(whole)
+        buffers = self.store.read_buffers
+        view, address = buffers.take(sum(it.size for it in items))
+        whole = torch.frombuffer(view, dtype=torch.uint8)
         bufs, pieces, offset = [], [], 0
         for it in items:
             bufs.append(whole[offset:offset + it.size])
-            pieces.append([(whole.data_ptr() + offset, it.size, 0)])
+            pieces.append([(address + offset, it.size, 0)])
             offset += it.size
         failed: set[bytes] = set()
+        results = [p.GetResult(Status.OK, it.size, it.locations) for it in items]
         try:
-            results = [p.GetResult(Status.OK, it.size, it.locations) for it in items]
-            try:
-                self.store._groups[self._group].io.read(keys, results, pieces, lease_deadline)
-            except LeaseExpiredError:
-                # The bytes of a channel's item are freed only when its object is removed (it is
-                # hard-pinned): one that still exists after the read was read whole.
-                failed = {k for k, ok in zip(keys, self.store.exists_many(keys)) if not ok}
-                logger.info("channel %r: a read outlived its lease; %d of %d item(s) were removed meanwhile "
-                            "(acked elsewhere) and are left out", self.name, len(failed), len(keys))
-            except TidekvError as exc:
-                if not exc.failures:
-                    raise
-                failed = {k for k, _ in exc.failures}
-                logger.warning("channel %r: %d item(s) could not be read (%s); they come back after visibility_s",
-                               self.name, len(failed), exc)
-        finally:
-            self.store.engine.unregister(region)
+            self.store._groups[self._group].io.read(keys, results, pieces, lease_deadline)
+        except LeaseExpiredError:
+            buffers.spoil(address)  # (below: a read that did not end clean)
+            # The bytes of a channel's item are freed only when its object is removed (it is
+            # hard-pinned): one that still exists after the read was read whole.
+            failed = {k for k, ok in zip(keys, self.store.exists_many(keys)) if not ok}
+            logger.info("channel %r: a read outlived its lease; %d of %d item(s) were removed meanwhile "
+                        "(acked elsewhere) and are left out", self.name, len(failed), len(keys))
+        except TidekvError as exc:
+            buffers.spoil(address)
+            if not exc.failures:
+                raise
+            failed = {k for k, _ in exc.failures}
+            logger.warning("channel %r: %d item(s) could not be read (%s); they come back after visibility_s",
+                           self.name, len(failed), exc)
+        except BaseException:
+            buffers.spoil(address)
+            raise
         return [Delivery(it.seq, read_object(buf, it.key)[1]) for it, buf in zip(items, bufs) if it.key not in failed]
 
     def _item_key(self) -> bytes:
