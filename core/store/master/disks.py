@@ -349,7 +349,14 @@ class DiskTable:
         segments = self.table.segments.segments
         mine = {name for name, seg in segments.items() if seg.client_id == client_id}
         queue = self.queues.setdefault(client_id, SpillQueue({}, {}))
-        for key, meta in self.table.objects.items():
+        index = self.table.objects
+        for key, v in index.raw_items():
+            if type(v) is int:
+                if not any(s in mine for s in index.segments_of(v)):
+                    continue
+                meta = index.unpack(v)  # (a copy: read only)
+            else:
+                meta = v
             if meta.put is not None or not any(s in mine for s in meta.replicas[::2]):
                 continue
             entry = self.entries.get(key)

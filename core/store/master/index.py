@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from zlib import crc32
 
+from tidekv.store.allocator import align
 from tidekv.store.master.shards import LruTable
 from tidekv.store.wire.protocol import Location
 
@@ -241,6 +242,11 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
         """Whether the object has fewer replicas than it wants (a repair's business)."""
         return v >> _COUNT_SHIFT & _COUNT < v >> _WANT_SHIFT & _WANT
 
+    @staticmethod
+    def footprint(v: int) -> int:
+        """Bytes a packed object occupies: its aligned size on each replica."""
+        return align(v >> _SIZE_SHIFT & _SIZE) * (v >> _COUNT_SHIFT & _COUNT)
+
     def replicas_of(self, v: int) -> tuple[object, ...]:
         """The flat (segment, offset, ...) replicas of a packed object."""
         names = self.seg_names
@@ -277,6 +283,10 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
         if v is None or v >= _PACKED:  # type: ignore[operator]
             return v
         return self._records[key]
+
+    def record_items(self) -> Iterator[tuple[bytes, ObjectMeta]]:
+        """The objects kept as records (every pending put is one), in no particular order."""
+        return iter(self._records.items())
 
     def raw_items(self) -> Iterator[tuple[bytes, ObjectMeta | int]]:
         records = self._records

@@ -586,8 +586,8 @@ class ObjectTable:
         out += self.objects.object_ops(j.ObjectOp)
         out += [j.ObjectOp(key, meta.size, list(meta.all_replicas), meta.pin, meta.token, meta.want)
                 for key, meta in self.suspended.items() if meta.put is None]
-        for table in (self.objects, self.upserts):
-            for key, meta in table.items():
+        for table in (self.objects.record_items(), self.upserts.items()):  # a pending put is a record
+            for key, meta in table:
                 if meta.put is not None:
                     out.append(j.StartOp(meta.put.token, key, meta.size, list(meta.replicas), meta.pin,
                                          meta.put.is_upsert, meta.put.writer, meta.want))
@@ -597,10 +597,12 @@ class ObjectTable:
     def count_usage(self) -> dict[str, int]:
         """Each tenant's bytes counted from scratch (what ``usage`` keeps up to date)."""
         usage: dict[str, int] = {}
-        for table in (self.objects, self.upserts, self.suspended):
-            for key, meta in table.items():
+        footprint = self.objects.footprint
+        for table in (self.objects.raw_items(), self.upserts.items(), self.suspended.items()):
+            for key, meta in table:
                 t = names.tenant_of(key)
-                usage[t] = usage.get(t, 0) + align(meta.size) * (len(meta.all_replicas) // 2)
+                usage[t] = usage.get(t, 0) + (footprint(meta) if type(meta) is int  # type: ignore[arg-type]
+                                              else align(meta.size) * (len(meta.all_replicas) // 2))
         for _, size, replicas, t in self.retired:
             if t is not None:
                 usage[t] = usage.get(t, 0) + align(size) * (len(replicas) // 2)

@@ -273,7 +273,8 @@ class Tenancy:
         return {
             "master_id": master_id,
             "tenant": tenant,
-            "keys": sum(1 for k, m in objects.objects.items() if m.put is None and namespace.owns(k)),
+            "keys": sum(1 for k, m in objects.objects.raw_items()
+                        if (type(m) is int or m.put is None) and namespace.owns(k)),
             "clients": sum(1 for c in self._segments.clients if tenant_of(c) == tenant),
             "segments": {plain(s.name): {"engine": s.engine, "capacity": s.capacity, "used": s.used} for s in own},
             "capacity_bytes": sum(s.capacity for s in own),
