@@ -144,9 +144,10 @@ def _fenced_blocks(text: str) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _tidekv_commands(page: Path) -> list[str]:
-    """The ``tidekv ...`` command lines of a page's shell blocks (a block with ``$`` prompts: only
-    the prompted lines), without environment assignments, comments, pipes or redirections."""
+def _commands(page: Path, program: str) -> list[str]:
+    """The command lines of ``program`` (a regex of its name) in a page's shell blocks (a block
+    with ``$`` prompts: only the prompted lines), from the program's name on, without environment
+    assignments, comments, pipes or redirections."""
     commands = []
     for language, lines in _fenced_blocks(page.read_text()):
         if language not in ("", "bash", "sh", "console", "shell"):
@@ -159,11 +160,16 @@ def _tidekv_commands(page: Path) -> list[str]:
                 if prompt is None:
                     continue
                 line = prompt.group(1)
-            found = re.search(r"(?:^|&& |; )\s*(?:\w+=\S+ )*(?:\S*/)?tidekv (.*)", line)
+            found = re.search(rf"(?:^|&& |; )\s*(?:\w+=\S+ )*(?:\S*/)?((?:{program})(?: .*|$))", line)
             if found is not None:
-                command = re.split(r"\s+#", found.group(1))[0]
+                command = re.split(r"\s+#", found.group(1))[0].strip()
                 commands.append(re.split(r" \| | && | > | >> |; | 2>", command)[0])
     return commands
+
+
+def _tidekv_commands(page: Path) -> list[str]:
+    """The ``tidekv ...`` command lines of a page, without the ``tidekv``."""
+    return [c[len("tidekv "):] for c in _commands(page, "tidekv") if c.startswith("tidekv ")]
 
 
 def test_every_tidekv_command_in_the_docs_parses() -> None:
@@ -301,3 +307,64 @@ def test_every_tidekv_command_in_the_guides_runs_or_says_why_not(tmp_path: Path)
     assert not failures, "\n\n".join(failures)
     stale = [p for p, _ in _NOT_RUN if p not in used]
     assert not stale, f"no command of the docs matches these _NOT_RUN entries any more: {stale}"
+
+
+_ENGINES = r"vllm serve|python3? -m (?:vllm|sglang|sglang_router)\.\S+|trtllm-serve|mooncake_\w+"
+"""The engines' and Mooncake's commands the guides show, beside tidekv's own."""
+_ENGINE_RUN = {"mooncake_master": ("tidekv.compat.mooncake_master", "listening on"),
+               "mooncake_http_metadata_server": ("tidekv.compat.mooncake_metadata_server", "serving")}
+"""Engine commands this machine runs as written (tidekv's drop-in serves them): until ready."""
+_ENGINE_NOT_RUN = (
+    (r"^(?:vllm serve|python3? -m vllm\.)", "serves a model of the reader's (`M`, `...`), whose weights a test "
+                                           "does not have; the vLLM job (integration/) runs vLLM's engine and its "
+                                           "OpenAI server on this machine's CPU with tidekv's connector"),
+    (r"^python3? -m sglang", "an SGLang server needs a GPU; the SGLang job (integration/sglang) runs tidekv's "
+                            "backends against SGLang's own classes"),
+    (r"^trtllm-serve", "needs TensorRT-LLM and a GPU; tests/trtllm runs the C ABI it loads"),
+    (r"^mooncake_client", "contributes a 4 GB segment, more memory than a test takes; tests/compat runs "
+                          "mooncake_client with a small one"),
+)
+"""Engine command lines that cannot run here, and why (a stale entry fails the test)."""
+
+
+def test_every_engine_command_in_the_guides_runs_or_says_why_not(tmp_path: Path) -> None:
+    """Each engine or Mooncake command line of the README and the docs either runs here as written
+    (tidekv's drop-in commands, until they say they serve) or names why not in
+    ``_ENGINE_NOT_RUN``: a new command line in a guide fails here until it is one or the other."""
+    import shlex
+
+    commands = sorted({c for page in [README, *sorted(DOCS.rglob("*.md"))] for c in _commands(page, _ENGINES)})
+    assert len(commands) >= 10, f"found only {len(commands)} engine commands in the docs: the extraction is broken"
+    used: set[str] = set()
+    unclassified, failures, ran = [], [], 0
+    for command in commands:
+        why = next((p for p, _ in _ENGINE_NOT_RUN if re.search(p, command)), None)
+        if why is not None:
+            used.add(why)
+            continue
+        args = shlex.split(command)
+        if args[0] not in _ENGINE_RUN:
+            unclassified.append(command)
+            continue
+        module, needle = _ENGINE_RUN[args[0]]
+        ran += 1
+        if args[0] == "mooncake_master":
+            _wait_for_ports(["master"])  # (its --rpc_port is the master's default, 50051)
+        code = f"import sys; from {module} import main; sys.exit(main(sys.argv[1:]))"
+        proc = subprocess.Popen([sys.executable, "-c", code, *args[1:]], cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            out = _ready(proc, needle, 60.0)
+            if needle not in out:
+                failures.append(f"{command}: never said {needle!r}:\n{out[-2000:]}")
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    assert not unclassified, f"engine command lines neither run here nor said why not (_ENGINE_NOT_RUN): {unclassified}"
+    assert ran >= 1 and not failures, "\n\n".join(failures)
+    stale = [p for p, _ in _ENGINE_NOT_RUN if p not in used]
+    assert not stale, f"no command of the docs matches these _ENGINE_NOT_RUN entries any more: {stale}"
