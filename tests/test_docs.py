@@ -368,3 +368,38 @@ def test_every_engine_command_in_the_guides_runs_or_says_why_not(tmp_path: Path)
     assert ran >= 1 and not failures, "\n\n".join(failures)
     stale = [p for p, _ in _ENGINE_NOT_RUN if p not in used]
     assert not stale, f"no command of the docs matches these _ENGINE_NOT_RUN entries any more: {stale}"
+
+
+def test_every_metric_a_page_names_is_in_the_metrics_reference() -> None:
+    """A metric a guide tells readers to watch exists under that name: each ``tidekv_*`` (or
+    ``vllm:tidekv_*``) name in backticks on a page is one the generated metrics reference lists
+    (``{a,b}`` expanded; a trailing ``*`` or a leading ``...`` matches by prefix or suffix)."""
+    reference = (DOCS / "reference" / "metrics.md").read_text()
+    known = set(re.findall(r"`((?:vllm:)?tidekv_\w+)`", reference))
+    assert len(known) > 40, "the metrics reference lists too few metrics: its format changed"
+    not_metrics = {"tidekv_last_error", "tidekv_update_weights", "tidekv_version"}
+    unknown, seen = [], 0
+    for page in [README, *sorted(DOCS.rglob("*.md"))]:
+        if page.parent.name == "reference" or "benchmarks" in page.parts:
+            continue
+        for quoted in re.findall(r"`([^`\n]*tidekv_[^`\n]*)`", page.read_text()):
+            # a name ends where its labels start ({reason="..."}); braces inside it list alternatives
+            for name in re.findall(r"(?<![\w.])(?:vllm:)?(?:\.\.\.)?tidekv_\w*(?:\{[\w,]+\}\w+)*\*?", quoted):
+                base = re.sub(r"\{[^}]*\}.*", "", name)
+                if base in not_metrics or re.match(r"tidekv_(?:vllm|sglang|trtllm|mooncake|weights)(?:_|$)", base):
+                    continue
+                seen += 1
+                alternatives = re.search(r"\{([^}]*)\}(\w*)", name)
+                names = ([base + a + alternatives.group(2) for a in alternatives.group(1).split(",")]
+                         if alternatives else [name])
+                for n in names:
+                    if n.endswith("*"):
+                        ok = any(k.startswith(n[:-1]) for k in known)
+                    elif n.startswith("..."):
+                        ok = any(k.endswith(n[3:]) for k in known)
+                    else:
+                        ok = n in known
+                    if not ok:
+                        unknown.append(f"{page.relative_to(REPO_ROOT)}: {n}")
+    assert seen > 15, f"found only {seen} metric names on the pages: the extraction is broken"
+    assert not unknown, "metrics named on pages but absent from docs/reference/metrics.md:\n" + "\n".join(unknown)
