@@ -152,17 +152,17 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
         """(key, packed object) of journal ``ObjectOp``s, a record where one does not fit: a restore's
         million objects, the one-replica case inline."""
         ids, out = self._seg_ids, []
-        fixed: dict[tuple[int, int], int] = {}  # (pin, size) -> those fields, one replica, wanted one
+        fixed: dict[int, int] = {}  # size * 4 + pin -> those fields, one replica, wanted one
         placed: dict[str, int] = {}  # segment name -> its number, in place
         token_shift, offset_shift = _TOKEN_SHIFT, _REPLICAS_SHIFT + _SEG_BITS
         for op in ops:
             r = op.replicas
             if len(r) == 2 and op.want <= 1 and op.token <= _TOKEN and 0 <= r[1] <= _OFFSET:
-                base = fixed.get((op.pin, op.size))
+                base = fixed.get(op.size * 4 + op.pin)
                 seg = placed.get(r[0])
-                if base is None and op.size <= _SIZE:
-                    base = fixed[(op.pin, op.size)] = (op.pin << _PIN_SHIFT | 1 << _WANT_SHIFT | op.size << _SIZE_SHIFT
-                                                        | 1 << _COUNT_SHIFT)
+                if base is None and op.size <= _SIZE and 0 <= op.pin <= 3:
+                    base = fixed[op.size * 4 + op.pin] = (op.pin << _PIN_SHIFT | 1 << _WANT_SHIFT
+                                                          | op.size << _SIZE_SHIFT | 1 << _COUNT_SHIFT)
                 if seg is None and ids.get(r[0]) is not None:
                     seg = placed[r[0]] = ids[r[0]] << _REPLICAS_SHIFT
                 if base is not None and seg is not None:
@@ -238,14 +238,18 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
         return v >> _WANT_SHIFT & _WANT
 
     @staticmethod
-    def short_of_replicas(v: int) -> bool:
-        """Whether the object has fewer replicas than it wants (a repair's business)."""
-        return v >> _COUNT_SHIFT & _COUNT < v >> _WANT_SHIFT & _WANT
-
-    @staticmethod
     def footprint(v: int) -> int:
         """Bytes a packed object occupies: its aligned size on each replica."""
         return align(v >> _SIZE_SHIFT & _SIZE) * (v >> _COUNT_SHIFT & _COUNT)
+
+    def short_of_replicas_keys(self) -> list[bytes]:
+        """Keys of the complete objects with fewer replicas than they want (what ``repairs``
+        restores), in one pass: a restore's million objects."""
+        count_shift, want_shift, records = _COUNT_SHIFT, _WANT_SHIFT, self._records
+        out = [k for k, v in super().items()
+               if v >= _PACKED and v >> count_shift & _COUNT < v >> want_shift & _WANT]  # type: ignore[operator]
+        out += [k for k, m in records.items() if m.put is None and len(m.replicas) // 2 < m.want]
+        return out
 
     def replicas_of(self, v: int) -> tuple[object, ...]:
         """The flat (segment, offset, ...) replicas of a packed object."""

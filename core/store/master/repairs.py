@@ -172,11 +172,7 @@ class RepairBook:
             seg = segments.get(op.segment)
             if seg is not None:
                 self.under_way[op.key] = Repair(op.token, op.size, op.segment, op.offset, seg.client_id, now + timeout_s)
-        degraded = self.degraded
-        short = self.table.objects.short_of_replicas
-        for key, meta in self.table.objects.raw_items():  # ``check`` inline: a million objects at a promotion
-            if short(meta) if type(meta) is int else meta.put is None and len(meta.replicas) // 2 < meta.want:
-                degraded[key] = None
+        self.degraded.update(dict.fromkeys(self.table.objects.short_of_replicas_keys()))
 
     def _abandon(self, key: bytes, repair: Repair, now: float) -> None:
         table = self.table
