@@ -135,3 +135,18 @@ def test_a_restore_packs_ops_as_objects_pack() -> None:
         if type(packed[op.key]) is int:
             assert packed[op.key] == index.pack(meta, 0)
             assert _fields(index.unpack(packed[op.key])) == _fields(meta)
+
+
+def test_a_restore_finds_the_objects_short_of_replicas() -> None:
+    """Packed or not, an object restored with fewer replicas than it wants is queued for repair."""
+    from tidekv.store.master import journal as j
+
+    mirror = Mirror(5.0)
+    mirror.apply([j.MountOp("h", "seg", "10.0.0.1:1", 1 << 20, 1 << 30),
+                  j.ObjectOp(b"whole", 4096, ["seg", 0], 0, 1, 1),
+                  j.ObjectOp(b"short", 4096, ["seg", 4096], 0, 2, 2),  # packed: one replica of two
+                  j.ObjectOp(b"big", 1 << 41, ["seg", 8192], 0, 3, 2)], 0.0)  # a record: too big to pack
+    rig = ServiceRig()
+    rig.service.restore(mirror)
+    assert type(rig.service.objects.objects.raw(b"short")) is int
+    assert set(rig.service.objects.repairs.degraded) == {b"short", b"big"}
