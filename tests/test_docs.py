@@ -258,6 +258,17 @@ def _ready(proc: subprocess.Popen[str], needle: str, timeout_s: float) -> str:
     return "".join(seen)
 
 
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """Ends a command a test ran: asked to stop, killed if it does not within 30 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def test_every_tidekv_command_in_the_guides_runs_or_says_why_not(tmp_path: Path) -> None:
     """Each ``tidekv`` command line of the README and the docs runs here as written: a server
     until it says it is ready, any other command to a zero exit; one that cannot run here names
@@ -296,13 +307,7 @@ def test_every_tidekv_command_in_the_guides_runs_or_says_why_not(tmp_path: Path)
                 if proc.returncode != 0:
                     failures.append(f"tidekv {command}: exit {proc.returncode}:\n{out[-2000:]}")
         finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            _stop(proc)
     assert ran >= 5, f"ran only {ran} of {len(commands)} commands: the classification is too broad"
     assert not failures, "\n\n".join(failures)
     stale = [p for p, _ in _NOT_RUN if p not in used]
@@ -358,12 +363,7 @@ def test_every_engine_command_in_the_guides_runs_or_says_why_not(tmp_path: Path)
             if needle not in out:
                 failures.append(f"{command}: never said {needle!r}:\n{out[-2000:]}")
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop(proc)
     assert not unclassified, f"engine command lines neither run here nor said why not (_ENGINE_NOT_RUN): {unclassified}"
     assert ran >= 1 and not failures, "\n\n".join(failures)
     stale = [p for p, _ in _ENGINE_NOT_RUN if p not in used]
