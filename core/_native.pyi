@@ -4,6 +4,11 @@ from collections.abc import Sequence
 
 from tidekv.errors import TransferError
 
+class FabricOptions:
+    provider: str
+    nics: str
+    def __init__(self) -> None: ...
+
 class EngineOptions:
     host: str
     port: int
@@ -19,7 +24,7 @@ class EngineOptions:
     inline_bytes: int
     shm_parallelism: int
     stream_copy_bytes: int
-    fabric_provider: str
+    fabric: FabricOptions  # the fabric transport's section
     enable_cross_memory_attach: bool
     defer_bytes: int
     defer_grace_us: int

@@ -112,6 +112,10 @@ def _check_settings(config: Any) -> None:
             raise ConfigError(f"{f.name}={value!r} is out of range; allowed {declared.low}..{declared.high}")
 
 
+FABRIC_MAX_NICS = 8
+"""NICs one engine's fabric transport stripes over (native/fabric/fabric_wire.h, kMaxRails)."""
+
+
 @dataclass(frozen=True, slots=True)
 class TransferConfig:
     """Settings of one TransferEngine.
@@ -168,11 +172,18 @@ class TransferConfig:
     """Incoming connections held at once (handshaking or serving); more are refused."""
     max_connections_per_peer: int = setting(64, 1, 4096)
     """Of which one peer engine may hold (it opens connections_per_peer)."""
-    fabric_provider: str = ""
+    fabric_provider: str = setting("", native="fabric.provider")
     """The libfabric provider of the fabric transport (one-sided RDMA), as ``fi_info -l`` names
     it: "verbs" (InfiniBand/RoCE), "efa" (AWS), or a software one ("tcp", slower than the tcp
     transport: for testing). Set it alike on every engine. Default "": verbs, then efa, where
     present (with neither, fabric is unavailable and tcp carries cross-host requests)."""
+    fabric_nics: str = setting("", native="fabric.nics")
+    """The NICs fabric stripes over, comma-separated, as ``fi_info -p PROVIDER`` names their
+    domains ("mlx5_0,mlx5_1"; for the tcp provider, interfaces), at most 8; "all": every one the
+    provider offers (loopback aside). Default "": for verbs and efa every NIC with an active
+    port, for a software provider the one of the engine's host address. Rail k reaches the peer's
+    rail k, so name them in the same order on every host. A request goes over the NICs on its
+    memory's NUMA node (all of them where none is, or the node is unknown)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.transport, TransportKind):
@@ -185,6 +196,10 @@ class TransferConfig:
             )
         if self.secret is not None and not self.secret:
             raise ConfigError("secret='' is invalid; use None for no secret")
+        nics = [name.strip() for name in self.fabric_nics.split(",") if name.strip()]
+        if len(nics) > FABRIC_MAX_NICS or len(set(nics)) != len(nics) or ("all" in nics and len(nics) > 1):
+            raise ConfigError(f"fabric_nics={self.fabric_nics!r} is invalid; name up to {FABRIC_MAX_NICS} different "
+                              "NICs, comma-separated, or 'all'")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> TransferConfig:
@@ -788,6 +803,8 @@ OTHER_VARIABLES: dict[str, str] = {
                          "tidekv's servers (``tidekv.eventloop``)",
     "TIDEKV_LIBFABRIC": "the libfabric library to load (default libfabric.so.1)",
     "TIDEKV_FABRIC_CONFIRM_BY_READ": "1: confirm fabric writes by a read even where the provider can deliver-complete (testing)",
+    "TIDEKV_FABRIC_NIC_NUMA": "NUMA nodes of fabric's NICs where sysfs does not know them (VMs report -1): "
+                              "`mlx5_0=0,mlx5_1=1`",
     "TIDEKV_SHIM": "the Mooncake drop-in's switch (``tidekv.compat``)",
     "TIDEKV_BENCH_DEBUG": "1: the vLLM PD benchmark prints per-hook times",
 }
@@ -882,9 +899,25 @@ def native_options(config: TransferConfig, options: Any) -> Any:
     """Sets every field of the native ``EngineOptions`` that a TransferConfig field declares
     (``Setting.native``; seconds become milliseconds, a transport its name, no secret "")."""
     for f in dataclasses.fields(config):
-        name, value = native_name(f), getattr(config, f.name)
-        setattr(options, name, native_value(f, value))
+        *sections, name = native_name(f).split(".")
+        target = functools.reduce(getattr, sections, options)  # a transport's own section: options.fabric
+        setattr(target, name, native_value(f, getattr(config, f.name)))
     return options
+
+
+def native_option_names(options: Any) -> set[str]:
+    """Every option of a native ``EngineOptions`` by its dotted name ("io_timeout_ms",
+    "fabric.provider"): a transport's section is an object of options itself."""
+    names = set()
+    for name in dir(options):
+        if name.startswith("_"):
+            continue
+        value = getattr(options, name)
+        if isinstance(value, (str, int, float, bool)):
+            names.add(name)
+        elif not callable(value):
+            names |= {f"{name}.{inner}" for inner in native_option_names(value)}
+    return names
 
 
 def native_name(f: dataclasses.Field[Any]) -> str:

@@ -62,7 +62,7 @@ EngineOptions options(const std::string& host) {
   o.port = 0;
   o.transport = "fabric";
   const char* provider = std::getenv("TIDEKV_FABRIC_PROVIDER");
-  o.fabric_provider = provider ? provider : "verbs";
+  o.fabric.provider = provider ? provider : "verbs";
   o.io_timeout_ms = 20000;
   return o;
 }

@@ -11,6 +11,14 @@
 
 namespace tidekv {
 
+// The fabric transport's own settings (fabric/).
+struct FabricOptions {
+  std::string provider;  // libfabric provider (empty: verbs, then efa)
+  // NICs (libfabric domain names, comma-separated) striped over, in rail order; "all": every one
+  // of the provider; "": every one with an active port for verbs/efa, else the host address's.
+  std::string nics;
+};
+
 // Mirrors tidekv.config.TransferConfig (validated there).
 struct EngineOptions {
   std::string host = "127.0.0.1";
@@ -36,7 +44,7 @@ struct EngineOptions {
   int idle_timeout_ms = 300000;          // a data connection idle this long is closed (both sides)
   int max_connections = 1024;            // open connections the listener and servers hold at once
   int max_connections_per_peer = 64;     // of which from one peer engine
-  std::string fabric_provider;           // libfabric provider for the fabric transport (empty: verbs, then efa)
+  FabricOptions fabric;
 };
 
 class Task;

@@ -8,7 +8,7 @@
 namespace tidekv::wire {
 
 constexpr uint32_t kMagic = 0x564b4454;  // "TDKV"
-constexpr uint32_t kProtocolVersion = 6;
+constexpr uint32_t kProtocolVersion = 7;
 
 // kRegionProof: asks the engine to vouch for a range of its memory (RegionProof below), then closes.
 enum class ConnType : uint32_t { kDescriptor = 1, kData = 2, kRegionProof = 3 };

@@ -99,6 +99,11 @@ py::list batch_results(Batch& b) {
 }  // namespace
 
 void register_engine(py::module_& m) {
+  py::class_<FabricOptions>(m, "FabricOptions")
+      .def(py::init<>())
+      .def_readwrite("provider", &FabricOptions::provider)
+      .def_readwrite("nics", &FabricOptions::nics);
+
   py::class_<EngineOptions>(m, "EngineOptions")
       .def(py::init<>())
       .def_readwrite("host", &EngineOptions::host)
@@ -118,7 +123,7 @@ void register_engine(py::module_& m) {
       .def_readwrite("reply_spin_us", &EngineOptions::reply_spin_us)
       .def_readwrite("shm_parallelism", &EngineOptions::shm_parallelism)
       .def_readwrite("stream_copy_bytes", &EngineOptions::stream_copy_bytes)
-      .def_readwrite("fabric_provider", &EngineOptions::fabric_provider)
+      .def_readwrite("fabric", &EngineOptions::fabric)  // a section: options.fabric.provider = ...
       .def_readwrite("enable_cross_memory_attach", &EngineOptions::enable_cross_memory_attach)
       .def_readwrite("server_threads", &EngineOptions::server_threads)
       .def_readwrite("handshake_timeout_ms", &EngineOptions::handshake_timeout_ms)

@@ -5,6 +5,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -45,6 +47,62 @@ std::string mr_mode_text(uint64_t mode) {
   return out.empty() ? "none" : out;
 }
 
+// The sysfs device of a libfabric domain name: efa's "rdmap0s6-rdm" and verbs' "mlx5_0-dgram"
+// are devices rdmap0s6 and mlx5_0; tcp's domains are interfaces (eth1).
+std::string sysfs_device(const std::string& domain) {
+  size_t dash = domain.rfind('-');
+  if (dash != std::string::npos) {
+    std::string tail = domain.substr(dash + 1);
+    if (tail == "rdm" || tail == "dgrm" || tail == "dgram" || tail == "xrc") return domain.substr(0, dash);
+  }
+  return domain;
+}
+
+std::string read_line(const std::string& path) {
+  FILE* f = fopen(path.c_str(), "r");
+  if (!f) return {};
+  char buf[128] = {0};
+  bool ok = fgets(buf, sizeof(buf), f) != nullptr;
+  fclose(f);
+  std::string line = ok ? buf : "";
+  while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) line.pop_back();
+  return line;
+}
+
+// The NUMA node sysfs gives the NIC's PCI device (RDMA device, else network interface); -1 none.
+int nic_numa_node(const std::string& domain) {
+  const std::string device = sysfs_device(domain);
+  for (const char* cls : {"/sys/class/infiniband/", "/sys/class/net/"}) {
+    std::string text = read_line(cls + device + "/device/numa_node");
+    if (!text.empty()) return std::atoi(text.c_str()) < 0 ? -1 : std::atoi(text.c_str());
+  }
+  return -1;
+}
+
+// A NIC's NUMA node as $TIDEKV_FABRIC_NIC_NUMA says ("mlx5_0=0,mlx5_1=1"), for machines whose
+// sysfs does not know it (VMs report -1); -2 when it does not name the NIC.
+int numa_override(const std::string& domain) {
+  const char* text = std::getenv("TIDEKV_FABRIC_NIC_NUMA");
+  if (!text) return -2;
+  std::string all = std::string(",") + text + ",";
+  std::string key = "," + domain + "=";
+  size_t at = all.find(key);
+  return at == std::string::npos ? -2 : std::atoi(all.c_str() + at + key.size());
+}
+
+// Whether an RDMA device has a port whose state is ACTIVE (a NIC with its link down carries nothing).
+bool has_active_port(const std::string& domain) {
+  const std::string ports = "/sys/class/infiniband/" + sysfs_device(domain) + "/ports";
+  DIR* dir = opendir(ports.c_str());
+  if (!dir) return false;
+  bool active = false;
+  while (dirent* e = readdir(dir))
+    if (e->d_name[0] != '.' && read_line(ports + "/" + e->d_name + "/state").find("ACTIVE") != std::string::npos)
+      active = true;
+  closedir(dir);
+  return active;
+}
+
 bool has_rdma_devices() {
   DIR* dir = opendir("/sys/class/infiniband");
   if (!dir) return false;
@@ -57,8 +115,38 @@ bool has_rdma_devices() {
 
 }  // namespace
 
-std::unique_ptr<Domain> Domain::open(EngineContext& ctx, const std::string& provider, const std::string& host,
-                                     std::string* why) {
+bool Domain::is_rdma(const std::string& provider) {
+  return provider.rfind("verbs", 0) == 0 || provider.rfind("efa", 0) == 0;
+}
+
+std::vector<std::string> Domain::nics(const std::string& provider) {
+  Library& lib = Library::get();
+  if (!lib.available()) return {};
+  fi_info* hints = lib.api().dupinfo(nullptr);
+  if (!hints) return {};
+  hints->caps = kCaps;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->domain_attr->mr_mode = int(kStrictMrMode);
+  hints->fabric_attr->prov_name = strdup(provider.c_str());
+  fi_info* info = nullptr;
+  int rc = lib.api().getinfo(kApiVersion, nullptr, nullptr, 0, hints, &info);
+  lib.api().freeinfo(hints);
+  std::vector<std::string> out;
+  if (rc != 0) return out;
+  for (fi_info* i = info; i; i = i->next) {
+    std::string name = i->domain_attr && i->domain_attr->name ? i->domain_attr->name : "";
+    if (name.empty() || name == "lo" || std::find(out.begin(), out.end(), name) != out.end()) continue;
+    if (is_rdma(provider) && !has_active_port(name)) continue;
+    out.push_back(name);
+  }
+  lib.api().freeinfo(info);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::unique_ptr<Domain> Domain::open(EngineContext& ctx, const std::string& provider, const std::string& nic,
+                                     const std::string& host, std::string* why) {
   if (provider.empty() && !has_rdma_devices()) {
     // Both RDMA providers need a device there; asking libfabric would only cost its start-up
     // (a few hundred milliseconds of provider probing) in every process.
@@ -100,11 +188,27 @@ std::unique_ptr<Domain> Domain::open(EngineContext& ctx, const std::string& prov
         hints->tx_attr->msg_order = FI_ORDER_RAW;
       }
       hints->fabric_attr->prov_name = strdup(name.c_str());
+      if (!nic.empty()) hints->domain_attr->name = strdup(nic.c_str());
       fi_info* info = nullptr;
-      // Bound to the engine's own interface where the provider can be (its address is what peers dial).
-      int rc = host.empty() ? -FI_ENODATA : api.getinfo(kApiVersion, host.c_str(), nullptr, FI_SOURCE, hints, &info);
+      // A named NIC, else bound to the engine's own interface where the provider can be (its
+      // address is what peers dial).
+      int rc = (host.empty() || !nic.empty()) ? -FI_ENODATA
+                                              : api.getinfo(kApiVersion, host.c_str(), nullptr, FI_SOURCE, hints, &info);
       if (rc == -FI_ENODATA) rc = api.getinfo(kApiVersion, nullptr, nullptr, 0, hints, &info);
       api.freeinfo(hints);
+      if (rc == 0 && !nic.empty()) {
+        // Layered providers (rxm) list every domain whatever the hint: take the NIC's own entry,
+        // IPv4 where it has one (the address peers dial), as a copy of its own.
+        fi_info* chosen = nullptr;
+        for (fi_info* i = info; i; i = i->next)
+          if (i->domain_attr && i->domain_attr->name && nic == i->domain_attr->name &&
+              (!chosen || (chosen->addr_format != FI_SOCKADDR_IN && i->addr_format == FI_SOCKADDR_IN)))
+            chosen = i;
+        fi_info* copy = chosen ? api.dupinfo(chosen) : nullptr;
+        api.freeinfo(info);
+        info = copy;
+        if (!info) rc = -FI_ENODATA;
+      }
       if (rc != 0) {
         if (!delivery_complete) tried += std::string(tried.empty() ? "" : "; ") + name + ": " + lib.error_text("fi_getinfo", rc);
         continue;
@@ -118,6 +222,11 @@ std::unique_ptr<Domain> Domain::open(EngineContext& ctx, const std::string& prov
       break;
     }
   }
+  if (!nic.empty()) {
+    *why = "NIC '" + nic + "' cannot be opened with " + (provider.empty() ? std::string("verbs or efa") : provider) +
+           " (" + tried + "); fi_info -p PROVIDER lists its NICs as 'domain:'";
+    return nullptr;
+  }
   *why = provider.empty() ? "no RDMA provider here (" + tried +
                                 "); set fabric_provider to use a software one (e.g. \"tcp\"), slower than the tcp transport"
                           : "provider '" + provider + "' cannot run here: " + tried;
@@ -129,6 +238,8 @@ bool Domain::setup(fi_info* info, std::string* why) {
   info_ = info;
   provider_ = info->fabric_attr->prov_name ? info->fabric_attr->prov_name : "?";
   domain_name_ = info->domain_attr->name ? info->domain_attr->name : "?";
+  numa_node_ = numa_override(domain_name_);
+  if (numa_node_ == -2) numa_node_ = nic_numa_node(domain_name_);
   mr_mode_ = uint64_t(info->domain_attr->mr_mode);
   max_message_ = info->ep_attr->max_msg_size ? info->ep_attr->max_msg_size : (1ull << 30);
   if (mr_mode_ & FI_MR_RAW) {
@@ -230,12 +341,12 @@ void Domain::close() {
   }
 }
 
-std::string Domain::describe() const {
-  return "provider " + provider_ + " on " + domain_name_ + " (mr_mode " + mr_mode_text(mr_mode_) + "; writes " +
-         (delivery_complete_ ? "delivery-complete" : "confirmed by a read after them") + ")";
+std::string Domain::modes() const {
+  return "mr_mode " + mr_mode_text(mr_mode_) + "; writes " +
+         (delivery_complete_ ? "delivery-complete" : "confirmed by a read after them");
 }
 
-Registration Domain::register_memory(uint64_t base, uint64_t length) {
+Registration Domain::register_memory(uint64_t base, uint64_t length, int numa_node) {
   std::lock_guard<std::mutex> lock(mu_);
   TIDEKV_CHECK(domain_, kClosed, "fabric: engine closed");
   uint64_t requested = (mr_mode_ & FI_MR_PROV_KEY) ? 0 : next_key_.fetch_add(1);
@@ -255,7 +366,7 @@ Registration Domain::register_memory(uint64_t base, uint64_t length) {
                                 ": " + Library::get().error_text("fi_mr_bind/enable", rc));
     }
   }
-  Registration r{base, length, fi_mr_key(mr), fi_mr_desc(mr), mr};
+  Registration r{base, length, fi_mr_key(mr), fi_mr_desc(mr), mr, numa_node};
   regions_[base] = r;
   return r;
 }

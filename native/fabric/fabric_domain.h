@@ -1,5 +1,5 @@
-// One libfabric endpoint and everything around it, for one engine: the provider chosen, the
-// domain (NIC), an RDM endpoint with its address vector and completion queue, the memory
+// One libfabric endpoint and everything around it, for one NIC of an engine (a "rail"; an engine
+// stripes over up to kMaxRails of them): the provider chosen, the domain (NIC), an RDM endpoint with its address vector and completion queue, the memory
 // registrations, and the progress thread. Both halves of the transport use it: as a target its
 // registered regions are read and written by peers' NICs with no work of ours beyond progress
 // (which providers with manual data progress, tcp among them, need from the target too); as an
@@ -26,6 +26,7 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "common/context.h"
 #include "fabric/fabric_api.h"
@@ -58,28 +59,39 @@ struct Registration {
   uint64_t key;
   void* desc;   // local descriptor (fi_mr_desc), passed with every operation on this memory
   fid_mr* mr;
+  int numa_node = -1;  // of the memory's first page when registered (-1: unknown, not placed yet)
 };
 
 class Domain {
  public:
-  // Opens the provider `provider` (empty: the best RDMA one found, verbs then efa) bound to the
-  // interface of `host` where the provider can be. nullptr with *why set when none can be opened.
-  static std::unique_ptr<Domain> open(EngineContext& ctx, const std::string& provider, const std::string& host,
-                                      std::string* why);
+  // Opens the provider `provider` (empty: the best RDMA one found, verbs then efa) on the NIC
+  // (libfabric domain) named `nic`, or where `nic` is empty the one the interface of `host` is on
+  // where the provider can say. nullptr with *why set when none can be opened.
+  static std::unique_ptr<Domain> open(EngineContext& ctx, const std::string& provider, const std::string& nic,
+                                      const std::string& host, std::string* why);
+  // The NICs (domain names, sorted) `provider` offers here, loopback left out; for verbs and efa
+  // only those with an active port. Empty when libfabric or the provider is missing.
+  static std::vector<std::string> nics(const std::string& provider);
+  // Whether `provider` moves data over RDMA NICs (verbs, efa), as opposed to a software provider.
+  static bool is_rdma(const std::string& provider);
   ~Domain();
   void close();
 
   const std::string& provider() const { return provider_; }
   const std::string& domain_name() const { return domain_name_; }
+  // The NIC's NUMA node from sysfs; -1 where it has none (virtual NICs, one-node machines).
+  int numa_node() const { return numa_node_; }
   uint64_t mr_mode() const { return mr_mode_; }
   const std::string& endpoint_name() const { return name_; }
   // How a completed write is known to have landed: "delivery-complete" or "read-after-write".
   bool has_delivery_complete() const { return delivery_complete_; }
   uint64_t max_message() const { return max_message_; }
-  std::string describe() const;
+  // "mr_mode LOCAL|PROV_KEY; writes delivery-complete": how registrations and writes work here.
+  std::string modes() const;
 
   // Registers [base, +length) for local and remote access; throws kConfig with the provider's words.
-  Registration register_memory(uint64_t base, uint64_t length);
+  // `numa_node` is the memory's node, kept with the registration to pick the nearest NIC.
+  Registration register_memory(uint64_t base, uint64_t length, int numa_node = -1);
   void deregister(const Registration& r);
   // The registration of this engine covering [addr, +length), for local descriptors and lookups.
   bool find(uint64_t addr, uint64_t length, Registration* out) const;
@@ -117,6 +129,7 @@ class Domain {
   const int io_timeout_ms_;
   std::string provider_;
   std::string domain_name_;
+  int numa_node_ = -1;
   std::string name_;
   uint64_t mr_mode_ = 0;
   bool delivery_complete_ = false;

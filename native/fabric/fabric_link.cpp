@@ -69,8 +69,9 @@ struct FabricLink::Group {
   std::vector<uint32_t> requests;
   std::unique_ptr<State[]> state;  // by request index in the batch
   std::atomic<uint32_t> writes_left{0};
+  std::atomic<uint32_t> write_rails{0};  // bit k: a write went over rail k (its own confirming read)
   std::mutex mu;
-  std::vector<uint32_t> landed;  // writes waiting for the confirming read
+  std::vector<uint32_t> landed;  // writes waiting for the confirming reads
 };
 
 namespace {
@@ -79,17 +80,34 @@ struct SliceOp final : Op {
   std::shared_ptr<FabricLink::Group> group;
   uint32_t request;
   std::shared_ptr<FabricLink::Remote> remote;
+  uint32_t rail;
   void finish(int err, const std::string& message) override {
-    group->link->slice_finished(group, request, remote, err, message);
+    group->link->slice_finished(group, request, remote, rail, err, message);
   }
 };
 
 }  // namespace
 
-FabricLink::FabricLink(EngineContext& ctx, Domain& domain, const Registration& scratch, PeerAddress peer,
-                       std::string endpoint)
-    : ctx_(ctx), domain_(domain), scratch_(scratch), peer_(std::move(peer)), endpoint_(std::move(endpoint)) {
-  addr_ = domain_.insert_peer(endpoint_);
+FabricLink::FabricLink(EngineContext& ctx, std::vector<Rail> rails, PeerAddress peer)
+    : ctx_(ctx),
+      delivery_complete_(rails.front().domain->has_delivery_complete()),
+      max_message_(rails.front().domain->max_message()),
+      peer_(std::move(peer)) {
+  for (Rail& r : rails) {
+    rails_.push_back(std::make_unique<Path>(std::move(r)));
+    rails_.back()->addr = rails_.back()->domain->insert_peer(rails_.back()->endpoint);
+  }
+}
+
+uint32_t FabricLink::rails_for(int numa_node, const Remote& remote, uint32_t out[kMaxRails]) const {
+  const uint32_t usable = uint32_t(std::min(rails_.size(), remote.keys.size()));
+  uint32_t n = 0;
+  if (numa_node >= 0)
+    for (uint32_t k = 0; k < usable; ++k)
+      if (rails_[k]->domain->numa_node() == numa_node) out[n++] = k;
+  if (n == 0)
+    for (uint32_t k = 0; k < usable; ++k) out[n++] = k;
+  return n;
 }
 
 FabricLink::~FabricLink() {
@@ -156,11 +174,11 @@ void FabricLink::open_control() {
         if (m.kind == uint32_t(MsgKind::kRegion)) {
           std::lock_guard<std::mutex> state(mu_);
           std::shared_ptr<Remote> remote;
-          if (m.status == uint32_t(wire::Status::kOk)) {
+          if (m.status == uint32_t(wire::Status::kOk) && m.rails >= 1 && m.rails <= kMaxRails) {
             remote = std::make_shared<Remote>();
             remote->base = m.addr;
             remote->length = m.length;
-            remote->key = m.key;
+            remote->keys.assign(m.keys, m.keys + m.rails);
             cache_[m.addr] = remote;
           }
           auto it = answers_.find(m.tag);
@@ -171,7 +189,7 @@ void FabricLink::open_control() {
             // Forget the region, then wait until nothing of ours is in flight to it.
             std::unique_lock<std::mutex> state(mu_);
             auto it = cache_.find(m.addr);
-            if (it != cache_.end() && it->second->key == m.key) {
+            if (it != cache_.end() && it->second->keys.front() == m.keys[0]) {
               std::shared_ptr<Remote> remote = it->second;
               remote->revoked = true;
               cache_.erase(it);
@@ -179,7 +197,7 @@ void FabricLink::open_control() {
                            [&] { return remote->inflight == 0 || closed_; });
             }
           }
-          send(Msg{kMsgMagic, uint32_t(MsgKind::kRevokeAck), m.tag, m.addr, 0, m.key, 0, 0});
+          send(Msg{kMsgMagic, uint32_t(MsgKind::kRevokeAck), m.tag, m.addr, 0, 0, 1, {m.keys[0]}});
         }
       }
     } catch (const std::exception&) {
@@ -224,7 +242,7 @@ std::shared_ptr<FabricLink::Remote> FabricLink::resolve(uint64_t addr, uint64_t 
     tag = next_tag_++;
     answers_[tag] = Answer{};
   }
-  send(Msg{kMsgMagic, uint32_t(MsgKind::kLookup), tag, addr, length, 0, 0, 0});
+  send(Msg{kMsgMagic, uint32_t(MsgKind::kLookup), tag, addr, length, 0, 0, {}});
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait_for(lock, std::chrono::milliseconds(ctx_.options.io_timeout_ms),
                [&] { return answers_[tag].answered || closed_ || control_lost_.load(); });
@@ -251,28 +269,31 @@ void FabricLink::plan(const std::shared_ptr<Batch>& batch, const std::vector<uin
   g->state.reset(new Group::State[batch->requests().size()]);
   for (uint32_t r : requests) {
     batch->expect_slices(r, 1);  // one report per request, once all its pieces have finished
-    if (batch->requests()[r].op == wire::Op::kWrite && !domain_.has_delivery_complete()) g->writes_left++;
+    if (batch->requests()[r].op == wire::Op::kWrite && !delivery_complete_) g->writes_left++;
   }
   batch->add_task(std::make_shared<Task>([g](const Deadline&) { g->link->run(g); }));
 }
 
 void FabricLink::run(const std::shared_ptr<Group>& g) {
-  fi_addr_t addr;
+  fi_addr_t addrs[kMaxRails];
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (needs_new_address_.exchange(false)) {
-      // An operation to the peer failed on the connection: start from a fresh address entry, so
-      // the provider connects again instead of reporting the dead connection.
-      domain_.remove_peer(addr_);
-      try {
-        addr_ = domain_.insert_peer(endpoint_);
-      } catch (const Error&) {
-        needs_new_address_.store(true);
+    for (size_t k = 0; k < rails_.size(); ++k) {
+      Path& rail = *rails_[k];
+      if (rail.needs_new_address.exchange(false)) {
+        // An operation to the peer failed on the connection: start from a fresh address entry, so
+        // the provider connects again instead of reporting the dead connection.
+        rail.domain->remove_peer(rail.addr);
+        try {
+          rail.addr = rail.domain->insert_peer(rail.endpoint);
+        } catch (const Error&) {
+          rail.needs_new_address.store(true);
+        }
       }
+      addrs[k] = rail.addr;
     }
-    addr = addr_;
   }
-  const uint64_t slice = std::min<uint64_t>(std::max<uint64_t>(kMinSlice, ctx_.options.slice_bytes), domain_.max_message());
+  const uint64_t slice = std::min<uint64_t>(std::max<uint64_t>(kMinSlice, ctx_.options.slice_bytes), max_message_);
   const std::function<void()> check = [this] { check_peer(); };
   for (uint32_t r : g->requests) {
     const Request& q = g->batch->requests()[r];
@@ -289,7 +310,9 @@ void FabricLink::run(const std::shared_ptr<Group>& g) {
     };
     uint32_t status = uint32_t(wire::Status::kOk);
     std::shared_ptr<Remote> remote;
-    Registration local{};
+    Registration local[kMaxRails]{};
+    uint32_t chosen[kMaxRails];
+    uint32_t n_rails = 0;
     try {
       remote = resolve(q.remote_addr, q.length, &status);
     } catch (const Error& e) {
@@ -302,9 +325,19 @@ void FabricLink::run(const std::shared_ptr<Group>& g) {
                     ? ": the range is GPU memory there, which fabric does not move"
                     : ": not inside a region registered there"));
     }
-    if (!s.failed && !domain_.find(q.local_addr, q.length, &local))
-      fail(ErrorKind::kNotRegistered, "the local range of " + range_text(q.op, q.local_addr, q.length) +
-                                          " is not registered with the fabric provider");
+    if (!s.failed) {
+      if (!rails_.front()->domain->find(q.local_addr, q.length, &local[0])) {
+        fail(ErrorKind::kNotRegistered, "the local range of " + range_text(q.op, q.local_addr, q.length) +
+                                            " is not registered with the fabric provider");
+      } else {
+        n_rails = rails_for(local[0].numa_node, *remote, chosen);
+        // Each chosen rail's own registration of the same memory (its local descriptor).
+        for (uint32_t i = 0; i < n_rails && !s.failed; ++i)
+          if (chosen[i] != 0 && !rails_[chosen[i]]->domain->find(q.local_addr, q.length, &local[chosen[i]]))
+            fail(ErrorKind::kNotRegistered, "the local range of " + range_text(q.op, q.local_addr, q.length) +
+                                                " is not registered on NIC " + rails_[chosen[i]]->domain->domain_name());
+      }
+    }
     uint32_t slices = uint32_t((q.length + slice - 1) / slice);
     if (!s.failed) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -324,15 +357,20 @@ void FabricLink::run(const std::shared_ptr<Group>& g) {
     s.remote = remote;
     s.left.store(slices + 1);  // +1: this loop's own hold, released after the last post
     uint32_t posted = 0;
+    const uint32_t first = next_rail_.fetch_add(1, std::memory_order_relaxed);
     for (uint64_t off = 0; off < q.length; off += slice, ++posted) {
+      const uint32_t k = chosen[(first + posted) % n_rails];
+      Domain& domain = *rails_[k]->domain;
       auto* op = new SliceOp();
       op->group = g;
       op->request = r;
       op->remote = remote;
+      op->rail = k;
       uint64_t len = std::min(slice, q.length - off);
+      if (q.op == wire::Op::kWrite) g->write_rails.fetch_or(1u << k, std::memory_order_relaxed);
       try {
-        domain_.post(q.op == wire::Op::kRead, op, q.local_addr + off, len, local.desc, addr,
-                     domain_.remote_address(q.remote_addr + off, remote->base), remote->key, check);
+        domain.post(q.op == wire::Op::kRead, op, q.local_addr + off, len, local[k].desc, addrs[k],
+                    domain.remote_address(q.remote_addr + off, remote->base), remote->keys[k], check);
       } catch (const Error& e) {
         delete op;
         fail(e.kind(), "peer " + peer_.name + ": " + e.what() + " during " + range_text(q.op, q.remote_addr, q.length));
@@ -350,7 +388,7 @@ void FabricLink::run(const std::shared_ptr<Group>& g) {
 }
 
 void FabricLink::slice_finished(const std::shared_ptr<Group>& g, uint32_t request, const std::shared_ptr<Remote>& remote,
-                                int err, const std::string& message) {
+                                uint32_t rail, int err, const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (--remote->inflight == 0 && remote->revoked) cv_.notify_all();
@@ -360,7 +398,7 @@ void FabricLink::slice_finished(const std::shared_ptr<Group>& g, uint32_t reques
     const Request& q = g->batch->requests()[request];
     ErrorKind kind = kind_of(err);
     if (kind == ErrorKind::kPeerUnavailable || kind == ErrorKind::kTimeout || kind == ErrorKind::kTransfer)
-      needs_new_address_.store(true);
+      rails_[rail]->needs_new_address.store(true);
     bool closed;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -380,7 +418,7 @@ void FabricLink::request_done(const std::shared_ptr<Group>& g, uint32_t request)
   const Request& q = g->batch->requests()[request];
   Group::State& s = g->state[request];
   const bool is_write = q.op == wire::Op::kWrite;
-  const bool confirm = is_write && !domain_.has_delivery_complete();
+  const bool confirm = is_write && !delivery_complete_;
   if (s.failed) {
     g->batch->fail_slice(request, s.kind, s.message);
   } else if (!confirm) {
@@ -396,12 +434,19 @@ void FabricLink::request_done(const std::shared_ptr<Group>& g, uint32_t request)
 
 namespace {
 
-// The read after a batch's writes (FI_ORDER_RAW): once it is back, they have landed.
+// A read after a batch's writes on one rail (FI_ORDER_RAW): once it is back, they have landed.
 struct FlushOp final : Op {
-  std::shared_ptr<FabricLink::Group> group;
-  std::shared_ptr<FabricLink::Remote> remote;
   std::function<void(int, const std::string&)> done;
   void finish(int err, const std::string& message) override { done(err, message); }
+};
+
+// The confirming reads of one batch, one per rail its writes went over: the writes are done when
+// the last read is back, failed with the first read's error.
+struct Flush {
+  std::atomic<uint32_t> left{0};
+  std::mutex mu;
+  int err = 0;
+  std::string message;
 };
 
 }  // namespace
@@ -413,12 +458,22 @@ void FabricLink::post_flush(const std::shared_ptr<Group>& g) {
     landed.swap(g->landed);
   }
   if (landed.empty()) return;
-  auto finish = [this, g, landed](int err, const std::string& message) {
+  auto flush = std::make_shared<Flush>();
+  auto finish = [this, g, landed, flush](int err, const std::string& message) {
+    {
+      std::lock_guard<std::mutex> lock(flush->mu);
+      if (err && !flush->err) {
+        flush->err = err;
+        flush->message = message;
+      }
+    }
+    if (flush->left.fetch_sub(1) != 1) return;
     for (uint32_t r : landed) {
       const Request& q = g->batch->requests()[r];
-      if (err) {
-        g->batch->fail_slice(r, kind_of(err), "peer " + peer_.name + ": the read confirming " +
-                                                  range_text(q.op, q.remote_addr, q.length) + " failed: " + message);
+      if (flush->err) {
+        g->batch->fail_slice(r, kind_of(flush->err), "peer " + peer_.name + ": the read confirming " +
+                                                         range_text(q.op, q.remote_addr, q.length) +
+                                                         " failed: " + flush->message);
       } else {
         ctx_.counters.bytes_written.fetch_add(q.length, std::memory_order_relaxed);
         ctx_.counters.fabric_bytes.fetch_add(q.length, std::memory_order_relaxed);
@@ -427,37 +482,37 @@ void FabricLink::post_flush(const std::shared_ptr<Group>& g) {
     }
   };
   const Request& last = g->batch->requests()[landed.back()];
-  fi_addr_t addr;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    addr = addr_;
-  }
   std::shared_ptr<Remote> remote = g->state[landed.back()].remote;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++remote->inflight;
-  }
-  auto* op = new FlushOp();
-  op->group = g;
-  op->remote = remote;
-  op->done = [this, remote, finish](int err, const std::string& message) {
+  std::vector<uint32_t> rails;
+  const uint32_t mask = g->write_rails.load();
+  for (uint32_t k = 0; k < rails_.size(); ++k)
+    if (mask & (1u << k)) rails.push_back(k);
+  flush->left.store(uint32_t(rails.size()));
+  for (uint32_t k : rails) {
+    Path& rail = *rails_[k];
+    fi_addr_t addr;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (--remote->inflight == 0 && remote->revoked) cv_.notify_all();
+      addr = rail.addr;
+      ++remote->inflight;
     }
-    finish(err, message);
-  };
-  try {
-    domain_.post(true, op, scratch_.base, 1, scratch_.desc, addr,
-                 domain_.remote_address(last.remote_addr + last.length - 1, remote->base), remote->key,
-                 [this] { check_peer(); });
-  } catch (const Error& e) {
-    delete op;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--remote->inflight == 0 && remote->revoked) cv_.notify_all();
+    auto* op = new FlushOp();
+    op->done = [this, remote, finish](int err, const std::string& message) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (--remote->inflight == 0 && remote->revoked) cv_.notify_all();
+      }
+      finish(err, message);
+    };
+    try {
+      rail.domain->post(true, op, rail.scratch.base, 1, rail.scratch.desc, addr,
+                        rail.domain->remote_address(last.remote_addr + last.length - 1, remote->base), remote->keys[k],
+                        [this] { check_peer(); });
+    } catch (const Error& e) {
+      auto done = std::move(op->done);
+      delete op;
+      done(FI_EIO, e.what());
     }
-    finish(FI_EIO, e.what());
   }
 }
 

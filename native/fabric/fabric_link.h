@@ -1,10 +1,11 @@
-// The initiating half of fabric: one peer's endpoint in this engine's address vector, and a
-// control connection to the peer through its listener on which regions are looked up (base,
-// length, key: cached until the peer revokes them) and revokes are acknowledged. Each request
-// is checked against the region the peer registered before anything is posted, so a range
-// outside it fails alone (a provider would take such an RMA and drop the connection); it is
-// then cut into slices posted as one-sided reads and writes, all in flight at once, finished
-// by the domain's progress thread. A write is reported done only once it has landed at the
+// The initiating half of fabric: one peer's endpoints in this engine's address vectors (rail k's
+// domain holds the peer's rail k), and a control connection to the peer through its listener on
+// which regions are looked up (base, length, a key per rail: cached until the peer revokes them)
+// and revokes are acknowledged. Each request is checked against the region the peer registered
+// before anything is posted, so a range outside it fails alone (a provider would take such an
+// RMA and drop the connection); it is then cut into slices posted as one-sided reads and writes,
+// all in flight at once, spread over the rails nearest the local memory (its NUMA node's NICs,
+// else all), finished by the domains' progress threads. A write is reported done only once it has landed at the
 // target (delivery-complete, or a read ordered after the batch's writes). Regions are cached only
 // while the control connection lives (a revoke could not reach us otherwise); a lost one is
 // reopened on the next lookup, whose handshake also tells the engine if the peer restarted.
@@ -30,8 +31,14 @@ namespace tidekv::fabric {
 
 class FabricLink final : public PeerLink, public std::enable_shared_from_this<FabricLink> {
  public:
-  FabricLink(EngineContext& ctx, Domain& domain, const Registration& scratch, PeerAddress peer,
-             std::string endpoint);
+  // One rail to the peer: this engine's domain (NIC) k, a few registered bytes on it that the
+  // read confirming writes lands in, and the peer's endpoint on its rail k.
+  struct Rail {
+    Domain* domain;
+    Registration scratch;
+    std::string endpoint;
+  };
+  FabricLink(EngineContext& ctx, std::vector<Rail> rails, PeerAddress peer);
   ~FabricLink() override;
   int preference(const Request& r, MemoryLocation local) const override;
   int host_preference() const override { return 5; }
@@ -43,14 +50,14 @@ class FabricLink final : public PeerLink, public std::enable_shared_from_this<Fa
   struct Remote {
     uint64_t base;
     uint64_t length;
-    uint64_t key;
+    std::vector<uint64_t> keys;  // by rail
     uint32_t inflight = 0;  // guarded by the link's mu_
     bool revoked = false;
   };
   struct Group;
   // Bookkeeping of one posted slice's end (called by the slice's Op).
-  void slice_finished(const std::shared_ptr<Group>& g, uint32_t request, const std::shared_ptr<Remote>& remote, int err,
-                      const std::string& message);
+  void slice_finished(const std::shared_ptr<Group>& g, uint32_t request, const std::shared_ptr<Remote>& remote,
+                      uint32_t rail, int err, const std::string& message);
 
  private:
   void run(const std::shared_ptr<Group>& g);
@@ -66,14 +73,22 @@ class FabricLink final : public PeerLink, public std::enable_shared_from_this<Fa
   void send(const Msg& m);
   void request_done(const std::shared_ptr<Group>& g, uint32_t request);
   void post_flush(const std::shared_ptr<Group>& g);
+  // The rails a request from local memory on `numa_node` takes: those whose NIC is on that node,
+  // else every one (the node unknown, or no NIC there); only rails the region has a key on.
+  uint32_t rails_for(int numa_node, const Remote& remote, uint32_t out[kMaxRails]) const;
+
+  struct Path : Rail {
+    explicit Path(Rail r) : Rail(std::move(r)) {}
+    fi_addr_t addr = FI_ADDR_UNSPEC;  // guarded by the link's mu_
+    std::atomic<bool> needs_new_address{false};
+  };
 
   EngineContext& ctx_;
-  Domain& domain_;
-  Registration scratch_;  // a few registered bytes the read after a batch's writes lands in
+  std::vector<std::unique_ptr<Path>> rails_;
+  const bool delivery_complete_;
+  const uint64_t max_message_;
   PeerAddress peer_;
-  std::string endpoint_;
-  fi_addr_t addr_ = FI_ADDR_UNSPEC;  // guarded by mu_
-  std::atomic<bool> needs_new_address_{false};
+  std::atomic<uint32_t> next_rail_{0};  // where the next request's first slice goes
 
   std::mutex control_mu_;  // opening the control connection; sending on it
   int control_fd_ = -1;

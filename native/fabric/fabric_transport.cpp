@@ -1,11 +1,15 @@
-// The fabric transport's engine-wide half: the domain (fabric_domain.h), every region of host
-// memory registered with it, the section peers reach the endpoint by, and the serving side of
-// the control connections: region lookups answered with the region's key, and revokes sent to
-// every initiator before a region's registration goes, so no key outlives its memory.
+// The fabric transport's engine-wide half: its rails (one domain per NIC, fabric_domain.h), every
+// region of host memory registered with each, the section peers reach the endpoints by, and the
+// serving side of the control connections: region lookups answered with the region's key on
+// every rail, and revokes sent to every initiator before a region's registrations go, so no key
+// outlives its memory.
 #include "fabric/fabric_transport.h"
 
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <condition_variable>
 #include <cstring>
@@ -25,64 +29,102 @@
 namespace tidekv {
 namespace {
 
+using fabric::Domain;
 using fabric::Msg;
 using fabric::MsgKind;
 using fabric::Registration;
+
+std::vector<std::string> split_names(const std::string& text) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t comma = std::min(text.find(',', at), text.size());
+    std::string name = text.substr(at, comma - at);
+    name.erase(0, name.find_first_not_of(" \t"));
+    name.erase(name.find_last_not_of(" \t") + 1);
+    if (!name.empty()) out.push_back(name);
+    at = comma + 1;
+  }
+  return out;
+}
+
+// The NUMA node of the page holding `addr`, without touching it (move_pages only asks); -1 when
+// the page is not placed yet or the kernel cannot say.
+int memory_numa_node(uint64_t addr) {
+  void* page = reinterpret_cast<void*>(addr & ~uint64_t(4095));
+  int status = -1;
+  if (syscall(SYS_move_pages, 0, 1, &page, nullptr, &status, 0) != 0 || status < 0) return -1;
+  return status;
+}
 
 class FabricTransport final : public Transport {
  public:
   explicit FabricTransport(TransportEnv env) : ctx_(env.ctx), regions_(env.regions) {
     std::string why;
-    domain_ = fabric::Domain::open(ctx_, ctx_.options.fabric_provider, ctx_.options.host, &why);
-    if (!domain_) {
+    if (!open_rails(&why)) {
+      for (auto& rail : rails_) rail.domain->close();
+      rails_.clear();
       reason_ = why;
       return;
     }
-    try {
-      scratch_ = domain_->register_memory(reinterpret_cast<uint64_t>(scratch_bytes_), sizeof(scratch_bytes_));
-    } catch (const Error& e) {
-      reason_ = e.what();
-      domain_.reset();
-      return;
+    const Domain& first = *rails_.front().domain;
+    reason_ = "provider " + first.provider() + " on ";
+    for (size_t k = 0; k < rails_.size(); ++k) {
+      const Domain& d = *rails_[k].domain;
+      reason_ += (k ? ", " : "") + d.domain_name() + (d.numa_node() >= 0 ? " (NUMA " + std::to_string(d.numa_node()) + ")" : "");
     }
-    reason_ = domain_->describe();
+    reason_ += " (" + first.modes() + ")";
   }
   ~FabricTransport() override { close(); }
 
   TransportId id() const override { return TransportId::kFabric; }
   const char* name() const override { return "fabric"; }
-  Availability availability() const override { return {domain_ != nullptr, reason_}; }
+  Availability availability() const override { return {!rails_.empty(), reason_}; }
 
   std::string describe() override {
-    if (!domain_) return {};
+    if (rails_.empty()) return {};
     fabric::Section s{};
     s.magic = fabric::kSectionMagic;
-    const std::string& name = domain_->endpoint_name();
-    s.name_bytes = uint32_t(std::min(name.size(), sizeof(s.name)));
-    std::memcpy(s.name, name.data(), s.name_bytes);
-    s.mr_mode = domain_->mr_mode();
-    std::strncpy(s.provider, domain_->provider().c_str(), sizeof(s.provider) - 1);
-    return std::string(reinterpret_cast<const char*>(&s), sizeof(s));
+    s.rails = uint32_t(rails_.size());
+    s.mr_mode = rails_.front().domain->mr_mode();
+    std::strncpy(s.provider, rails_.front().domain->provider().c_str(), sizeof(s.provider) - 1);
+    std::string out(reinterpret_cast<const char*>(&s), sizeof(s));
+    for (const auto& rail : rails_) {
+      fabric::Rail r{};
+      const std::string& name = rail.domain->endpoint_name();
+      r.name_bytes = uint32_t(std::min(name.size(), sizeof(r.name)));
+      std::memcpy(r.name, name.data(), r.name_bytes);
+      r.numa_node = rail.domain->numa_node();
+      out.append(reinterpret_cast<const char*>(&r), sizeof(r));
+    }
+    return out;
   }
 
   void on_register(const RegionView& region) override {
-    if (!domain_ || region.location.kind != MemoryKind::kCpu) return;
-    Registration r = domain_->register_memory(region.addr, region.length);
+    if (rails_.empty() || region.location.kind != MemoryKind::kCpu) return;
+    const int node = memory_numa_node(region.addr);
+    std::vector<Registration> regs;
+    try {
+      for (auto& rail : rails_) regs.push_back(rail.domain->register_memory(region.addr, region.length, node));
+    } catch (...) {
+      for (size_t k = 0; k < regs.size(); ++k) rails_[k].domain->deregister(regs[k]);
+      throw;
+    }
     std::lock_guard<std::mutex> lock(mu_);
-    served_[region.addr] = r;
+    served_[region.addr] = std::move(regs);
   }
 
   void on_unregister(const RegionView& region) override {
-    if (!domain_) return;
-    Registration r{};
+    if (rails_.empty()) return;
+    std::vector<Registration> regs;
     std::vector<std::shared_ptr<Control>> peers;
     uint64_t tag;
     {
-      // First no lookup finds it, then every initiator forgets it, then the key dies.
+      // First no lookup finds it, then every initiator forgets it, then the keys die.
       std::lock_guard<std::mutex> lock(mu_);
       auto it = served_.find(region.addr);
       if (it == served_.end()) return;
-      r = it->second;
+      regs = std::move(it->second);
       served_.erase(it);
       tag = next_tag_++;
       for (auto& c : controls_)
@@ -91,7 +133,8 @@ class FabricTransport final : public Transport {
           peers.push_back(c);
         }
     }
-    Msg revoke{fabric::kMsgMagic, uint32_t(MsgKind::kRevoke), tag, r.base, r.length, r.key, 0, 0};
+    const Registration& r = regs.front();
+    Msg revoke{fabric::kMsgMagic, uint32_t(MsgKind::kRevoke), tag, r.base, r.length, 0, 1, {r.key}};
     for (auto& c : peers) {
       if (!c->send(revoke)) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -111,26 +154,42 @@ class FabricTransport final : public Transport {
                                               region.location.str() + " region at " + std::to_string(r.base) +
                                               "; its key is revoked anyway (the peer's operations on it fail)");
     }
-    domain_->deregister(r);
+    for (size_t k = 0; k < regs.size(); ++k) rails_[k].domain->deregister(regs[k]);
   }
 
   std::shared_ptr<PeerLink> connect(const PeerAddress& peer, const std::string* section) override {
-    if (!domain_ || !section || section->size() != sizeof(fabric::Section)) return nullptr;
+    if (rails_.empty() || !section || section->size() < sizeof(fabric::Section)) return nullptr;
     fabric::Section s;
     std::memcpy(&s, section->data(), sizeof(s));
-    if (s.magic != fabric::kSectionMagic || s.name_bytes > sizeof(s.name)) return nullptr;
+    if (s.magic != fabric::kSectionMagic || s.rails == 0 || s.rails > fabric::kMaxRails ||
+        section->size() != sizeof(s) + s.rails * sizeof(fabric::Rail))
+      return nullptr;
+    const Domain& ours = *rails_.front().domain;
     std::string provider(s.provider, strnlen(s.provider, sizeof(s.provider)));
-    if (provider != domain_->provider()) {
+    if (provider != ours.provider()) {
       ctx_.log.emit_once("fabric-provider:" + peer.name, LogLevel::kWarning,
                          "fabric: peer " + peer.name + " runs provider " + provider + ", this engine " +
-                             domain_->provider() + ": fabric cannot reach it (set the same fabric_provider on both)");
+                             ours.provider() + ": fabric cannot reach it (set the same fabric_provider on both)");
       return nullptr;
     }
-    return std::make_shared<fabric::FabricLink>(ctx_, *domain_, scratch_, peer,
-                                                 std::string(reinterpret_cast<const char*>(s.name), s.name_bytes));
+    // Rail k reaches the peer's rail k (NICs named in the same order on every host).
+    std::vector<fabric::FabricLink::Rail> rails;
+    for (uint32_t k = 0; k < std::min<uint32_t>(s.rails, uint32_t(rails_.size())); ++k) {
+      fabric::Rail r;
+      std::memcpy(&r, section->data() + sizeof(s) + k * sizeof(r), sizeof(r));
+      if (r.name_bytes > sizeof(r.name)) return nullptr;
+      rails.push_back({rails_[k].domain.get(), rails_[k].scratch,
+                       std::string(reinterpret_cast<const char*>(r.name), r.name_bytes)});
+    }
+    if (s.rails != rails_.size())
+      ctx_.log.emit_once("fabric-rails:" + peer.name, LogLevel::kWarning,
+                         "fabric: peer " + peer.name + " has " + std::to_string(s.rails) + " NIC(s), this engine " +
+                             std::to_string(rails_.size()) + ": " + std::to_string(rails.size()) +
+                             " are used (rail k to rail k; set fabric_nics alike on every host)");
+    return std::make_shared<fabric::FabricLink>(ctx_, std::move(rails), peer);
   }
 
-  bool accepts_connections() const override { return domain_ != nullptr; }
+  bool accepts_connections() const override { return !rails_.empty(); }
 
   void adopt(Connection conn) override {
     auto c = std::make_shared<Control>();
@@ -138,7 +197,7 @@ class FabricTransport final : public Transport {
     c->what = conn.what;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (closed_ || !domain_) {
+      if (closed_ || rails_.empty()) {
         ::close(conn.fd);
         return;
       }
@@ -167,7 +226,7 @@ class FabricTransport final : public Transport {
       if (c->thread.joinable()) c->thread.join();
       ::close(c->fd);
     }
-    if (domain_) domain_->close();
+    for (auto& rail : rails_) rail.domain->close();
   }
 
  private:
@@ -198,16 +257,18 @@ class FabricTransport final : public Transport {
         reader.read_exact(&m, sizeof(m), true);
         if (m.magic != fabric::kMsgMagic) break;
         if (m.kind == uint32_t(MsgKind::kLookup)) {
-          Msg reply{fabric::kMsgMagic, uint32_t(MsgKind::kRegion), m.tag, 0, 0, 0, uint32_t(wire::Status::kNotRegistered), 0};
+          Msg reply{fabric::kMsgMagic, uint32_t(MsgKind::kRegion), m.tag, 0, 0, uint32_t(wire::Status::kNotRegistered), 0, {}};
           {
             std::lock_guard<std::mutex> lock(mu_);
             auto it = served_.upper_bound(m.addr);
             if (it != served_.begin()) {
-              const Registration& r = std::prev(it)->second;
+              const std::vector<Registration>& regs = std::prev(it)->second;
+              const Registration& r = regs.front();
               if (m.addr >= r.base && m.length <= r.length && m.addr - r.base <= r.length - m.length) {
                 reply.addr = r.base;
                 reply.length = r.length;
-                reply.key = r.key;
+                reply.rails = uint32_t(regs.size());
+                for (size_t k = 0; k < regs.size(); ++k) reply.keys[k] = regs[k].key;
                 reply.status = uint32_t(wire::Status::kOk);
               }
             }
@@ -234,15 +295,74 @@ class FabricTransport final : public Transport {
     acks_.notify_all();
   }
 
+  // Opens the NICs fabric_nics names (or finds them): false with *why when fabric cannot run.
+  bool open_rails(std::string* why) {
+    const FabricOptions& o = ctx_.options.fabric;
+    std::vector<std::string> named = split_names(o.nics);
+    const bool all = named.size() == 1 && named.front() == "all";
+    // The first rail settles the provider (the default tries verbs, then efa).
+    std::string first_nic = (named.empty() || all) ? std::string() : named.front();
+    std::unique_ptr<Domain> first = Domain::open(ctx_, o.provider, first_nic, ctx_.options.host, why);
+    if (!first) return false;
+    const std::string provider = first->provider();
+    std::vector<std::string> names;
+    if (all || (named.empty() && Domain::is_rdma(provider))) {
+      names = Domain::nics(provider);  // sorted, loopback and NICs whose ports are down left out
+      if (names.empty()) names.push_back(first->domain_name());
+    } else {
+      names = named.empty() ? std::vector<std::string>{first->domain_name()} : named;
+    }
+    if (names.size() > fabric::kMaxRails) {
+      ctx_.log.emit(LogLevel::kWarning, "fabric: " + std::to_string(names.size()) + " NICs found; the first " +
+                                            std::to_string(fabric::kMaxRails) + " are used");
+      names.resize(fabric::kMaxRails);
+    }
+    rails_.reserve(fabric::kMaxRails);  // never moved: each rail's scratch bytes are registered where they are
+    for (const std::string& name : names) {
+      std::unique_ptr<Domain> d;
+      if (first && (name == first->domain_name() || name == first_nic)) {
+        d = std::move(first);
+      } else {
+        d = Domain::open(ctx_, provider, name, ctx_.options.host, why);
+        if (!d) return false;
+      }
+      if (!rails_.empty() && (d->mr_mode() != rails_.front().domain->mr_mode() ||
+                              d->has_delivery_complete() != rails_.front().domain->has_delivery_complete())) {
+        *why = "NIC " + d->domain_name() + " registers memory or completes writes differently from " +
+               rails_.front().domain->domain_name() + " (" + d->modes() + " vs " + rails_.front().domain->modes() +
+               "): name NICs of one kind in fabric_nics";
+        d->close();
+        return false;
+      }
+      Rail rail;
+      rail.domain = std::move(d);
+      rails_.push_back(std::move(rail));
+      Rail& r = rails_.back();
+      try {
+        r.scratch = r.domain->register_memory(reinterpret_cast<uint64_t>(r.scratch_bytes), sizeof(r.scratch_bytes));
+      } catch (const Error& e) {
+        *why = e.what();
+        return false;
+      }
+    }
+    if (first) first->close();  // it was not among the NICs named
+    return true;
+  }
+
+  // One NIC: its domain, and a few registered bytes a read confirming writes lands in.
+  struct Rail {
+    std::unique_ptr<Domain> domain;
+    alignas(64) uint8_t scratch_bytes[64] = {};
+    Registration scratch{};
+  };
+
   EngineContext& ctx_;
   const RegionTable& regions_;
-  std::unique_ptr<fabric::Domain> domain_;
+  std::vector<Rail> rails_;  // never resized once open_rails returned (links hold its domains)
   std::string reason_;
-  alignas(64) uint8_t scratch_bytes_[64] = {};
-  Registration scratch_{};
   std::mutex mu_;
   std::condition_variable acks_;
-  std::map<uint64_t, Registration> served_;  // regions peers may look up, by base
+  std::map<uint64_t, std::vector<Registration>> served_;  // regions peers may look up, by base: one per rail
   std::list<std::shared_ptr<Control>> controls_;
   uint64_t next_tag_ = 1;
   bool closed_ = false;

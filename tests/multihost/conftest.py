@@ -17,7 +17,7 @@ from tests.multihost.namespaces import RigError
 from tests.multihost.rig import Rig, missing_prerequisites
 
 MakeRig = Callable[..., Rig]
-"""``make(n_hosts: int, *, pods: Mapping[int, int] | None = None) -> Rig``"""
+"""``make(n_hosts: int, *, pods: Mapping[int, int] | None = None, nics: int = 1) -> Rig``"""
 
 _RIGS = pytest.StashKey[list[Rig]]()
 
@@ -33,7 +33,7 @@ def pytest_runtest_makereport(item: pytest.Item,
 
 @pytest.fixture
 def multihost(request: pytest.FixtureRequest) -> Iterator[MakeRig]:
-    """Factory: ``multihost(n_hosts, pods={pod index: node index})`` returns a ``Rig``, closed after the test.
+    """Factory: ``multihost(n_hosts, pods={pod index: node index}, nics=1)`` returns a ``Rig``, closed after the test.
 
     Skips the test (naming what is missing, with the failed command's stderr) where no rig can be
     made here.
@@ -41,11 +41,11 @@ def multihost(request: pytest.FixtureRequest) -> Iterator[MakeRig]:
     rigs: list[Rig] = []
     request.node.stash[_RIGS] = rigs
 
-    def make(n_hosts: int, *, pods: Mapping[int, int] | None = None) -> Rig:
+    def make(n_hosts: int, *, pods: Mapping[int, int] | None = None, nics: int = 1) -> Rig:
         reason = missing_prerequisites(with_pods=bool(pods))
         if reason is not None:
             pytest.skip(f"multihost rig: {reason}")
-        rig = Rig(n_hosts, pods=pods)
+        rig = Rig(n_hosts, pods=pods, nics=nics)
         rigs.append(rig)
         return rig
 

@@ -1,11 +1,14 @@
-"""Several hosts on one machine for tests: network namespaces joined by one Linux bridge (``Rig``).
+"""Several hosts on one machine for tests: network namespaces joined by Linux bridges (``Rig``).
 
 A ``Rig`` of N hosts is N network namespaces, each with loopback up and an ``eth0`` (one end of a
 veth pair) holding one IPv4 address of a private /24; the other ends are ports of one bridge.
+``Rig(n, nics=2)`` gives every host a second NIC, ``eth1``, on a second bridge and /24 (the next
+one), as machines with two RDMA rails have.
 The bridge and its ports live in a switch namespace of the rig's own, not in the machine's, so
 that the machine's firewall and ``br_netfilter`` settings never see the rig's traffic and a rig
 adds nothing to ``ip link`` here. ``host.cut()`` sets the host's bridge port down (its packets
-go nowhere: connects time out or fail, both ways) and ``host.heal()`` sets it up again.
+go nowhere: connects time out or fail, both ways; every NIC of the host) and ``host.heal()`` sets
+it up again.
 
 Each host stands for a machine: besides its address it has a boot id of its own, a random one
 mounted over the kernel's (``/proc/sys/kernel/random/boot_id``) for its processes, so that
@@ -23,7 +26,8 @@ Names carry the maker's pid (``tkv<pid hex>-<n>-h0``...), so that making a rig f
 rigs of dead processes left (``namespaces.remove_stale_rigs``); ``close()`` kills every process
 in the rig's namespaces, whoever started it, then deletes them. Rigs are made under a
 machine-wide lock, and the switch namespace's name carries the rig's subnet
-(``...-sw-10.231.0.0``), so that rigs made at once (pytest-xdist workers) get different subnets.
+(``...-sw-10.231.0.0``, ``...-sw-10.231.0.0x2`` for two NICs), so that rigs made at once
+(pytest-xdist workers) get different subnets.
 Not thread-safe. Needs root, ``ip`` (iproute2), ``sh``, ``mount`` and, for pods, ``unshare``
 (util-linux); ``missing_prerequisites`` says what is missing.
 Neighbours: ``namespaces.py`` (the kernel side), ``pod.py``, ``conftest.py`` (the ``multihost``
@@ -37,6 +41,7 @@ import contextlib
 import functools
 import ipaddress
 import itertools
+import json
 import logging
 import os
 import re
@@ -67,8 +72,9 @@ _WITH_BOOT_ID = 'mount --bind "$0" /proc/sys/kernel/random/boot_id && exec "$@"'
 """``sh -c`` script: mounts the file named by $0 over the boot id, then execs the command.
 `ip netns exec` made the mount namespace it runs in (a slave one: nothing propagates back)."""
 _POD_UNSHARE = ("unshare", "--pid", "--fork", "--mount", "--mount-proc", "--ipc", "--kill-child")
-_SWITCH_RE = re.compile(r"-sw-(\d+\.\d+\.\d+\.0)$")
-"""A switch namespace's name ends with its rig's subnet."""
+_SWITCH_RE = re.compile(r"-sw-(\d+\.\d+\.\d+\.0)(?:x(\d+))?$")
+"""A switch namespace's name ends with its rig's first subnet and, past one, how many /24s follow."""
+MAX_NICS = 4
 _rig_numbers = itertools.count()
 _open_rigs: set[Rig] = set()
 
@@ -114,21 +120,24 @@ def missing_prerequisites(*, with_pods: bool) -> str | None:
 
 
 class Host:
-    """One host of a rig: a network namespace whose ``eth0`` has address ``ip`` on the rig's bridge.
+    """One host of a rig: a network namespace whose ``eth0`` has address ``ip`` on the rig's bridge
+    (and with ``nics`` > 1, ``eth1``... with ``ips[1]``... on the rig's further bridges).
 
     ``node`` names the host whose machine it stands for: its own name, or for a pod its node's;
     ``boot_id`` is that machine's, as the host's processes read it.
     """
 
-    def __init__(self, rig: Rig, name: str, netns: str, address: str, port: str, node: str, boot_id: str) -> None:
+    def __init__(self, rig: Rig, name: str, netns: str, addresses: list[str], ports: list[str], node: str,
+                 boot_id: str) -> None:
         self.name = name
         self.netns = netns
-        self.ip = address
+        self.ips = addresses
+        self.ip = addresses[0]
         self.node = node
         self.boot_id = boot_id
         self.is_cut = False
         self._rig = rig
-        self._port = port
+        self._ports = ports
         self._boot_id_file = ns.RUN_DIR / f"{netns}.boot_id"
 
     @property
@@ -185,19 +194,27 @@ class Host:
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
     def cut(self) -> None:
-        """Cuts this host off from every other one, both ways (its bridge port goes down)."""
-        ip("-n", self._rig.switch_netns, "link", "set", self._port, "down")
+        """Cuts this host off from every other one, both ways (its bridge ports go down)."""
+        for port in self._ports:
+            ip("-n", self._rig.switch_netns, "link", "set", port, "down")
         self.is_cut = True
         logger.info("rig %s: %s (%s) cut off", self._rig.tag, self.name, self.ip)
 
     def heal(self) -> None:
         """Undoes ``cut()``. Also forgets the address resolutions that failed meanwhile, on every
         host, so that the first packet after does not wait out the kernel's ARP retry timer (1 s)."""
-        ip("-n", self._rig.switch_netns, "link", "set", self._port, "up")
+        for port in self._ports:
+            ip("-n", self._rig.switch_netns, "link", "set", port, "up")
         for host in self._rig.hosts:
             ip("-n", host.netns, "neigh", "flush", "all")
         self.is_cut = False
         logger.info("rig %s: %s (%s) healed", self._rig.tag, self.name, self.ip)
+
+    def nic_bytes(self) -> dict[str, int]:
+        """Bytes each NIC (``eth0``...) has sent and received so far, as the kernel counts them."""
+        links = json.loads(ip("-n", self.netns, "-s", "-j", "link", "show"))
+        return {link["ifname"]: link["stats64"]["rx"]["bytes"] + link["stats64"]["tx"]["bytes"]
+                for link in links if link["ifname"].startswith("eth")}
 
     def pids(self) -> list[int]:
         """The processes running on this host now, by their pids in this machine's PID namespace."""
@@ -253,16 +270,19 @@ class Rig:
     Args:
         n_hosts: how many hosts, named ``h0``... with addresses ``.1``... of ``subnet``.
         pods: ``{pod index: node index}``: which hosts are pods, and on which host's node.
+        nics: NICs per host (``eth0``...), each on a bridge and /24 of its own (``subnets``).
 
     Raises:
         ValueError: a bad count or pod mapping.
         RigError: a command failed or timed out (quoting its stderr); what was made is removed.
     """
 
-    def __init__(self, n_hosts: int, *, pods: Mapping[int, int] | None = None) -> None:
+    def __init__(self, n_hosts: int, *, pods: Mapping[int, int] | None = None, nics: int = 1) -> None:
         pods = dict(pods or {})
         if not 1 <= n_hosts <= 200:
             raise ValueError(f"n_hosts={n_hosts}: a rig has 1 to 200 hosts")
+        if not 1 <= nics <= MAX_NICS:
+            raise ValueError(f"nics={nics}: a rig's hosts have 1 to {MAX_NICS} NICs")
         for pod_index, node_index in pods.items():
             if not (0 <= pod_index < n_hosts and 0 <= node_index < n_hosts) or node_index in pods:
                 raise ValueError(f"pods={pods}: each entry maps a host index to the index of another host "
@@ -270,7 +290,9 @@ class Rig:
         self.tag = f"{ns.PREFIX}{os.getpid():x}-{next(_rig_numbers)}"
         self.switch_netns = ""
         self.bridge = _ifname(f"{self.tag}br")
+        self.bridges = [self.bridge, *(_ifname(f"{self.tag}b{k}") for k in range(1, nics))]
         self.subnet = ipaddress.IPv4Network("0.0.0.0/32")
+        self.subnets = [self.subnet]
         self.hosts: list[Host] = []
         self._processes: list[subprocess.Popen[Any]] = []
         self._netns: list[str] = []
@@ -280,8 +302,9 @@ class Rig:
         try:
             with ns.machine_lock():
                 ns.remove_stale_rigs()
-                self.subnet = _free_subnet()
-                self.switch_netns = f"{self.tag}-sw-{self.subnet.network_address}"
+                self.subnets = _free_subnets(nics)
+                self.subnet = self.subnets[0]
+                self.switch_netns = f"{self.tag}-sw-{self.subnet.network_address}" + (f"x{nics}" if nics > 1 else "")
                 self._build(n_hosts, pods)
             for host in self.hosts:
                 if isinstance(host, PodHost):
@@ -294,22 +317,26 @@ class Rig:
 
     def _build(self, n_hosts: int, pods: dict[int, int]) -> None:
         self._add_netns(self.switch_netns)
-        ip("-n", self.switch_netns, "link", "add", self.bridge, "type", "bridge", "forward_delay", "0")
-        ip("-n", self.switch_netns, "link", "set", self.bridge, "up")
-        addresses = list(self.subnet.hosts())
+        for bridge in self.bridges:
+            ip("-n", self.switch_netns, "link", "add", bridge, "type", "bridge", "forward_delay", "0")
+            ip("-n", self.switch_netns, "link", "set", bridge, "up")
+        addresses = [list(subnet.hosts()) for subnet in self.subnets]
         boot_ids = {i: str(uuid.uuid4()) for i in range(n_hosts) if i not in pods}
         for i in range(n_hosts):
-            name, netns, port = f"h{i}", f"{self.tag}-h{i}", _ifname(f"{self.tag}v{i}")
+            name, netns = f"h{i}", f"{self.tag}-h{i}"
+            ports = [_ifname(f"{self.tag}{'vwxy'[k]}{i}") for k in range(len(self.bridges))]
             node = pods.get(i, i)
             kind = PodHost if i in pods else Host
-            host = kind(self, name, netns, str(addresses[i]), port, f"h{node}", boot_ids[node])
+            host = kind(self, name, netns, [str(a[i]) for a in addresses], ports, f"h{node}", boot_ids[node])
             self._files.append(host._boot_id_file)
             host._boot_id_file.write_text(f"{host.boot_id}\n")
             self._add_netns(netns)
-            ip("-n", self.switch_netns, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", netns)
-            ip("-n", self.switch_netns, "link", "set", port, "master", self.bridge, "up")
-            ip("-n", netns, "addr", "add", f"{host.ip}/{self.subnet.prefixlen}", "dev", "eth0")
-            ip("-n", netns, "link", "set", "eth0", "up")
+            for k, (port, bridge, subnet) in enumerate(zip(ports, self.bridges, self.subnets, strict=True)):
+                ip("-n", self.switch_netns, "link", "add", port, "type", "veth", "peer", "name", f"eth{k}",
+                   "netns", netns)
+                ip("-n", self.switch_netns, "link", "set", port, "master", bridge, "up")
+                ip("-n", netns, "addr", "add", f"{host.ips[k]}/{subnet.prefixlen}", "dev", f"eth{k}")
+                ip("-n", netns, "link", "set", f"eth{k}", "up")
             ip("-n", netns, "link", "set", "lo", "up")
             self.hosts.append(host)
 
@@ -328,12 +355,13 @@ class Rig:
 
     def names(self) -> list[str]:
         """Every namespace and interface name this rig made (the hosts' ``eth0`` and ``lo`` aside)."""
-        return [*self._netns, self.bridge, *(host._port for host in self.hosts)]
+        return [*self._netns, *self.bridges, *(port for host in self.hosts for port in host._ports)]
 
     def describe(self) -> str:
         """The rig, then one line per host: name, address, kind, namespace, whether it is cut."""
         state = "closed" if self._is_closed else "open"
-        return "\n".join([f"rig {self.tag} ({state}), subnet {self.subnet}, switch netns {self.switch_netns}",
+        return "\n".join([f"rig {self.tag} ({state}), subnets {', '.join(map(str, self.subnets))}, "
+                          f"switch netns {self.switch_netns}",
                           *(f"  {host!r}" for host in self.hosts)])
 
     def close(self) -> None:
@@ -399,16 +427,23 @@ def read_line(fd: int, timeout_s: float) -> str:
     return data.partition(b"\n")[0].decode(errors="replace")
 
 
-def _free_subnet() -> ipaddress.IPv4Network:
+def _free_subnets(count: int) -> list[ipaddress.IPv4Network]:
+    """``count`` consecutive /24s that no address here and no other rig uses."""
     # Other rigs' subnets are read from their switches' names, not from inside their namespaces:
     # an `ip -n` there would be a process in another rig's host for a moment.
     taken = _networks(ip("-o", "-4", "addr", "show"))
-    taken += [ipaddress.IPv4Network(f"{m[1]}/24") for name in ns.rig_netns_names() if (m := _SWITCH_RE.search(name))]
+    for name in ns.rig_netns_names():
+        if m := _SWITCH_RE.search(name):
+            first = ipaddress.IPv4Network(f"{m[1]}/24")
+            taken += [ipaddress.IPv4Network((int(first.network_address) + 256 * k, 24)) for k in range(int(m[2] or 1))]
     for pool in SUBNET_POOLS:
-        for subnet in pool.subnets(new_prefix=24):
-            if not any(subnet.overlaps(net) for net in taken):
-                return subnet
-    raise RigError(f"no free /24 in {', '.join(map(str, SUBNET_POOLS))}: all overlap {', '.join(map(str, taken))}")
+        subnets = list(pool.subnets(new_prefix=24))
+        for start in range(len(subnets) - count + 1):
+            run = subnets[start:start + count]
+            if not any(subnet.overlaps(net) for subnet in run for net in taken):
+                return run
+    raise RigError(f"no {count} free /24s in {', '.join(map(str, SUBNET_POOLS))}: all overlap "
+                   f"{', '.join(map(str, taken))}")
 
 
 def _networks(ip_o_addr: str) -> list[ipaddress.IPv4Network]:

@@ -118,3 +118,39 @@ def test_two_pods_of_one_node_take_tcp(multihost: Callable[..., Rig], target_on:
     result = json.loads(out.strip().splitlines()[-1])
     assert result["transport"] == "tcp" and result["mismatch"] is None, result
     assert "shares this host's boot id" in err and "using tcp" in err, err[-4000:]
+
+
+@pytest.mark.skipif("fabric" not in TRANSPORTS,
+                    reason="fabric cannot run here (libfabric1 not installed; tidekv doctor says why)")
+@pytest.mark.parametrize(("nics", "env", "used"), [
+    ("eth0,eth1", {}, ["eth0", "eth1"]),
+    ("eth1", {}, ["eth1"]),
+    ("eth0,eth1", {"TIDEKV_FABRIC_CONFIRM_BY_READ": "1"}, ["eth0", "eth1"]),
+    # This machine's memory is all on node 0: the NIC said to be there serves it alone.
+    ("eth0,eth1", {"TIDEKV_FABRIC_NIC_NUMA": "eth0=1,eth1=0"}, ["eth1"]),
+    ("eth0,eth1", {"TIDEKV_FABRIC_NIC_NUMA": "eth0=1,eth1=1"}, ["eth0", "eth1"]),
+], ids=["two", "one", "confirm-by-read", "numa-near", "numa-none-near"])
+def test_fabric_stripes_over_the_nics_named(nics: str, env: dict[str, str], used: list[str],
+                                            multihost: Callable[..., Rig], tmp_path: Path) -> None:
+    """Two NICs per host (two veth pairs on two subnets: two rails, as RDMA machines have), both
+    engines given ``fabric_nics``: the contract holds byte for byte, and each NIC that should carry
+    the data carried a share of it as the initiator's kernel counts them, the other none (rail k of
+    one host reaches rail k of the other; naming eth1 alone shows the counters tell the NICs
+    apart). Also with writes confirmed by a read on every rail they took (providers without
+    delivery-complete), and with the NICs' NUMA nodes set: the memory's node picks its NIC, all
+    of them where none is on it."""
+    h1, h2 = multihost(2, nics=2).hosts
+    target = TargetProcess({name: ("alloc", REGION_BYTES, seed) for name, seed in SEEDS.items()},
+                           {"fabric_nics": nics}, tmp_path / "target.log", prefix=h2.command([]), host=h2.ip)
+    try:
+        before = h1.nic_bytes()
+        result = _result(_initiator(h1, target, "contract", "fabric", TIDEKV_FABRIC_NICS=nics, **env))
+        carried = {nic: count - before[nic] for nic, count in h1.nic_bytes().items()}
+    finally:
+        target.stop()
+    assert result["transport"] == "fabric" and result["mismatch"] is None, result
+    share = result["moved"] // (2 * len(used))
+    assert all(carried[nic] > share for nic in used), (carried, result["moved"], result["log"])
+    # eth0 also carries the control connection (region lookups) to the target's address.
+    idle = [nic for nic in ("eth0", "eth1") if nic not in used]
+    assert all(carried[nic] < result["moved"] // 20 for nic in idle), (carried, result["moved"])

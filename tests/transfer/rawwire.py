@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 MAGIC = 0x564B4454
-VERSION = 6
+VERSION = 7  # wire::kProtocolVersion (native/common/wire.h); a mismatch fails every test here at its handshake
 TRANSPORT_TCP = 1
 TRANSPORT_SHM = 2
 

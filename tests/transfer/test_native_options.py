@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import tidekv
 from tidekv import _native
-from tidekv.config import TransferConfig
+from tidekv.config import TransferConfig, native_option_names
 from tidekv.transfer import engine as engine_module
 
 NATIVE_ONLY = {"defer_bytes", "defer_grace_us"}
@@ -23,15 +23,23 @@ NATIVE_ONLY = {"defer_bytes", "defer_grace_us"}
 
 
 def _native_fields() -> set[str]:
-    return {n for n in dir(_native.EngineOptions()) if not n.startswith("_")}
+    return native_option_names(_native.EngineOptions())
 
 
-def _stub_fields() -> set[str]:
+def _stub_fields(class_name: str = "EngineOptions") -> set[str]:
+    """The options the stub types on ``class_name``, a section's (typed as another class of the
+    stub) by dotted name."""
     stub = Path(tidekv.__file__).with_name("_native.pyi")
-    tree = ast.parse(stub.read_text())
-    options = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "EngineOptions")
-    return {node.target.id for node in options.body
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+    classes = {node.name: node for node in ast.parse(stub.read_text()).body if isinstance(node, ast.ClassDef)}
+    names = set()
+    for node in classes[class_name].body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            kind = ast.unparse(node.annotation)
+            if kind in classes:
+                names |= {f"{node.target.id}.{inner}" for inner in _stub_fields(kind)}
+            else:
+                names.add(node.target.id)
+    return names
 
 
 def test_the_stub_types_every_native_option() -> None:
@@ -45,8 +53,14 @@ def test_the_engine_fills_every_native_option_from_the_config(monkeypatch: pytes
     written: set[str] = set()
 
     class Recording:
+        def __init__(self, prefix: str = "") -> None:
+            object.__setattr__(self, "prefix", prefix)
+
+        def __getattr__(self, section: str) -> Recording:
+            return Recording(f"{self.prefix}{section}.")
+
         def __setattr__(self, name: str, value: Any) -> None:
-            written.add(name)
+            written.add(self.prefix + name)
 
     monkeypatch.setattr(engine_module._native, "EngineOptions", Recording)
     engine_module._native_options("127.0.0.1", 0, TransferConfig())

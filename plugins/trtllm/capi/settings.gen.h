@@ -27,7 +27,8 @@ void read_declared_settings(const Reader& r, EngineOptions& o) {
   r.seconds("TIDEKV_IDLE_TIMEOUT_S", 0.5, 86400, o.idle_timeout_ms);
   r.integer("TIDEKV_MAX_CONNECTIONS", 1LL, 1048576LL, o.max_connections);
   r.integer("TIDEKV_MAX_CONNECTIONS_PER_PEER", 1LL, 4096LL, o.max_connections_per_peer);
-  r.text("TIDEKV_FABRIC_PROVIDER", o.fabric_provider);
+  r.text("TIDEKV_FABRIC_PROVIDER", o.fabric.provider);
+  r.text("TIDEKV_FABRIC_NICS", o.fabric.nics);
 }
 
 }  // namespace tidekv::capi
