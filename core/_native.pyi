@@ -4,6 +4,18 @@ from collections.abc import Sequence
 
 from tidekv.errors import TransferError
 
+class TcpOptions:
+    connections_per_peer: int
+    reply_spin_us: int
+    server_threads: int
+    def __init__(self) -> None: ...
+
+class ShmOptions:
+    parallelism: int
+    stream_copy_bytes: int
+    enable_cross_memory_attach: bool
+    def __init__(self) -> None: ...
+
 class FabricOptions:
     provider: str
     nics: str
@@ -13,7 +25,6 @@ class EngineOptions:
     host: str
     port: int
     transport: str  # "auto" or a transport's name (forced)
-    connections_per_peer: int
     worker_threads: int
     slice_bytes: int
     io_timeout_ms: int
@@ -22,14 +33,11 @@ class EngineOptions:
     max_regions: int
     unregister_timeout_ms: int
     inline_bytes: int
-    shm_parallelism: int
-    stream_copy_bytes: int
-    fabric: FabricOptions  # the fabric transport's section
-    enable_cross_memory_attach: bool
+    tcp: TcpOptions  # each transport's section
+    shm: ShmOptions
+    fabric: FabricOptions
     defer_bytes: int
     defer_grace_us: int
-    reply_spin_us: int
-    server_threads: int
     handshake_timeout_ms: int
     idle_timeout_ms: int
     max_connections: int

@@ -126,7 +126,7 @@ class TransferConfig:
 
     transport: TransportKind = TransportKind.AUTO
     """Transport selection (auto, tcp, shm, cuda, fabric)."""
-    connections_per_peer: int = setting(4, 1, 64)
+    connections_per_peer: int = setting(4, 1, 64, native="tcp.connections_per_peer")
     """tcp connections opened to each peer; slices are striped over them."""
     worker_threads: int = setting(4, 1, 256)
     """Threads that run transfer tasks."""
@@ -150,18 +150,18 @@ class TransferConfig:
     """Same-host batches up to this size are copied before transfer() returns (on the calling
     thread: about 25 µs for 1 MiB, less than the deferred path's kernel timer costs on a VM, where
     arming and stopping it took 15 µs of a 1 MiB copy's 40)."""
-    shm_parallelism: int = setting(2, 1, 64)
+    shm_parallelism: int = setting(2, 1, 64, native="shm.parallelism")
     """Threads that share one large same-host batch."""
-    stream_copy_bytes: int = setting(8 << 20, 0, 1 << 50)
+    stream_copy_bytes: int = setting(8 << 20, 0, 1 << 50, native="shm.stream_copy_bytes")
     """Same-host batches of at least this many bytes are copied with streaming (non-temporal)
     stores, which bypass the caches: about 2x memcpy per thread once a batch outgrows them
     (``python benchmarks/copy_probe.py``). 0 = never."""
-    enable_cross_memory_attach: bool = True
+    enable_cross_memory_attach: bool = setting(True, native="shm.enable_cross_memory_attach")
     """Allow same-host peers to copy registered memory with process_vm_readv/writev."""
-    busy_poll_us: int = setting(100, 0, 100_000, native="reply_spin_us")
+    busy_poll_us: int = setting(100, 0, 100_000, native="tcp.reply_spin_us")
     """tcp: poll for a reply (or the next frame) this long before sleeping; one thread per
     process at a time. Trades a little CPU for latency. 0 = never."""
-    server_threads: int = setting(4, 1, 256)
+    server_threads: int = setting(4, 1, 256, native="tcp.server_threads")
     """Threads that serve peers' tcp data connections (however many are open)."""
     handshake_timeout_s: float = setting(5.0, 0.05, 600, native="handshake_timeout_ms")
     """An incoming connection that has not finished its handshake by then is dropped."""

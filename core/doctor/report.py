@@ -27,7 +27,7 @@ from tidekv.doctor.selftest import Progress, SelfTestResult, SelfTestState, Targ
 from tidekv.errors import ConfigError
 from tidekv.hostaddr import HOST_VARIABLE, advertised_host, default_route_source, is_loopback
 from tidekv.kvcache.settings import CONNECTOR_CONFIG_ENV, MASTER_ENV
-from tidekv.transfer import memory, transports
+from tidekv.transfer import memory, topology, transports
 from tidekv.transfer.transports import TransportStatus
 
 CONFIG_FILE_NOTE = ("no config file is read: defaults and TIDEKV_* variables only "
@@ -123,7 +123,7 @@ def diagnose(environ: Mapping[str, str] | None = None, *, timeout_s: float = 30.
         version=__version__,
         python=f"{platform.python_version()} ({sys.executable})",
         native_module=_native_module(),
-        host=(*host_facts(), address_fact(env)),
+        host=(*host_facts(), address_fact(env), *nic_facts(config, env)),
         transports=statuses,
         components=components,
         other_variables=tuple((name, env[name], what) for name, what in OTHER_VARIABLES.items() if name in env),
@@ -177,6 +177,17 @@ def address_fact(environ: Mapping[str, str]) -> HostFact:
                         f"without a master on the default route's interface; set ${HOST_VARIABLE} or ${MASTER_ENV}")
     except ConfigError as exc:
         return HostFact("listen address", "?", str(exc))
+
+
+def nic_facts(config: TransferConfig, environ: Mapping[str, str], sysfs: str = "/sys") -> list[HostFact]:
+    """Which NICs fabric sends each memory over (``tidekv.transfer.topology``): the NICs
+    ``fabric_nics`` names, else the RDMA devices with an active port; nothing without NICs."""
+    names = [n.strip() for n in config.fabric_nics.split(",") if n.strip() and n.strip() != "all"]
+    if not names:
+        names = [d for d in transports.rdma_devices() if " ACTIVE" in transports.describe_rdma_device(d)]
+    nics = topology.find_nics(names, environ, sysfs)
+    rows = topology.memory_nic_map(nics, topology.numa_nodes(sysfs), topology.find_gpus(sysfs))
+    return [HostFact(f"fabric: {memory}", used, why) for memory, used, why in rows]
 
 
 def unrecognised_variables(environ: Mapping[str, str]) -> list[str]:

@@ -6,7 +6,7 @@
 // requests whose bytes are not in the caches (a KV hand-off's rarely are) copy at 14-16 GB/s per
 // thread with glibc's memcpy and 21-23 GB/s streaming (benchmarks/copy_probe.py); bytes still in
 // the caches from the call before copy faster with memcpy (the probe's --hot), so only batches of
-// at least EngineOptions::stream_copy_bytes (8 MiB) stream.
+// at least ShmOptions::stream_copy_bytes (8 MiB) stream.
 #pragma once
 
 #include <cstddef>

@@ -99,6 +99,18 @@ py::list batch_results(Batch& b) {
 }  // namespace
 
 void register_engine(py::module_& m) {
+  py::class_<TcpOptions>(m, "TcpOptions")
+      .def(py::init<>())
+      .def_readwrite("connections_per_peer", &TcpOptions::connections_per_peer)
+      .def_readwrite("reply_spin_us", &TcpOptions::reply_spin_us)
+      .def_readwrite("server_threads", &TcpOptions::server_threads);
+
+  py::class_<ShmOptions>(m, "ShmOptions")
+      .def(py::init<>())
+      .def_readwrite("parallelism", &ShmOptions::parallelism)
+      .def_readwrite("stream_copy_bytes", &ShmOptions::stream_copy_bytes)
+      .def_readwrite("enable_cross_memory_attach", &ShmOptions::enable_cross_memory_attach);
+
   py::class_<FabricOptions>(m, "FabricOptions")
       .def(py::init<>())
       .def_readwrite("provider", &FabricOptions::provider)
@@ -109,7 +121,6 @@ void register_engine(py::module_& m) {
       .def_readwrite("host", &EngineOptions::host)
       .def_readwrite("port", &EngineOptions::port)
       .def_readwrite("transport", &EngineOptions::transport)
-      .def_readwrite("connections_per_peer", &EngineOptions::connections_per_peer)
       .def_readwrite("worker_threads", &EngineOptions::worker_threads)
       .def_readwrite("slice_bytes", &EngineOptions::slice_bytes)
       .def_readwrite("io_timeout_ms", &EngineOptions::io_timeout_ms)
@@ -120,12 +131,10 @@ void register_engine(py::module_& m) {
       .def_readwrite("inline_bytes", &EngineOptions::inline_bytes)
       .def_readwrite("defer_bytes", &EngineOptions::defer_bytes)
       .def_readwrite("defer_grace_us", &EngineOptions::defer_grace_us)
-      .def_readwrite("reply_spin_us", &EngineOptions::reply_spin_us)
-      .def_readwrite("shm_parallelism", &EngineOptions::shm_parallelism)
-      .def_readwrite("stream_copy_bytes", &EngineOptions::stream_copy_bytes)
-      .def_readwrite("fabric", &EngineOptions::fabric)  // a section: options.fabric.provider = ...
-      .def_readwrite("enable_cross_memory_attach", &EngineOptions::enable_cross_memory_attach)
-      .def_readwrite("server_threads", &EngineOptions::server_threads)
+      // Each transport's section: options.tcp.server_threads = ...
+      .def_readwrite("tcp", &EngineOptions::tcp)
+      .def_readwrite("shm", &EngineOptions::shm)
+      .def_readwrite("fabric", &EngineOptions::fabric)
       .def_readwrite("handshake_timeout_ms", &EngineOptions::handshake_timeout_ms)
       .def_readwrite("idle_timeout_ms", &EngineOptions::idle_timeout_ms)
       .def_readwrite("max_connections", &EngineOptions::max_connections)

@@ -44,7 +44,7 @@ std::shared_ptr<ShmLink> ShmLink::open(EngineContext& ctx, const std::string& pe
   // engine of this process, whose memory needs no cross-memory attach.
   bool is_same_process = d.pid == getpid();
   bool cma_ok = false;
-  if (ctx.options.enable_cross_memory_attach && !is_same_process) {
+  if (ctx.options.shm.enable_cross_memory_attach && !is_same_process) {
     uint8_t probe[16] = {0};
     iovec local{probe, sizeof(probe)};
     iovec remote{reinterpret_cast<void*>(d.token_addr), sizeof(probe)};
@@ -103,10 +103,10 @@ void ShmLink::plan(const std::shared_ptr<Batch>& batch, const std::vector<uint32
     total += q.length;
   }
   // Split by bytes into at most shm_parallelism tasks: memory bandwidth, not latency, is the limit.
-  size_t tasks = std::min<size_t>(slices.size(), size_t(std::max(1, ctx_.options.shm_parallelism)));
+  size_t tasks = std::min<size_t>(slices.size(), size_t(std::max(1, ctx_.options.shm.parallelism)));
   if (total < (1ULL << 20)) tasks = 1;  // below this, waking a second thread costs more than it saves
   // A batch too large to stay in the caches is copied around them (common/copy.h).
-  const bool stream = ctx_.options.stream_copy_bytes > 0 && total >= ctx_.options.stream_copy_bytes;
+  const bool stream = ctx_.options.shm.stream_copy_bytes > 0 && total >= ctx_.options.shm.stream_copy_bytes;
   Batch* raw = batch.get();
   auto emit = [&](std::vector<Slice> part) {
     batch->add_task(std::make_shared<Task>([self = shared_from_this(), raw, keep = batch, part = std::move(part),

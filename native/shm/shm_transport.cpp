@@ -31,7 +31,7 @@ std::string probe_cross_memory_attach() {
 class ShmTransport final : public Transport {
  public:
   explicit ShmTransport(TransportEnv env) : ctx_(env.ctx), regions_(env.regions) {
-    if (ctx_.options.enable_cross_memory_attach) {
+    if (ctx_.options.shm.enable_cross_memory_attach) {
       // Lets same-host peers use process_vm_readv/writev on us under Yama ptrace_scope=1.
       prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
     }
@@ -39,7 +39,7 @@ class ShmTransport final : public Transport {
   TransportId id() const override { return TransportId::kShm; }
   const char* name() const override { return "shm"; }
   Availability availability() const override {
-    std::string cma = ctx_.options.enable_cross_memory_attach ? probe_cross_memory_attach()
+    std::string cma = ctx_.options.shm.enable_cross_memory_attach ? probe_cross_memory_attach()
                                                               : "disabled (enable_cross_memory_attach=False)";
     return {true, "same-host host memory: allocate()d memory mapped; other registered memory by cross-memory attach: " + cma};
   }

@@ -40,7 +40,7 @@ TcpLink::Connection::~Connection() {
 }
 
 TcpLink::TcpLink(EngineContext& ctx, PeerAddress peer)
-    : ctx_(ctx), peer_(std::move(peer)), peer_name_(peer_.name), max_open_(ctx.options.connections_per_peer) {}
+    : ctx_(ctx), peer_(std::move(peer)), peer_name_(peer_.name), max_open_(ctx.options.tcp.connections_per_peer) {}
 
 TcpLink::~TcpLink() { close(); }
 
@@ -158,7 +158,7 @@ void TcpLink::plan(const std::shared_ptr<Batch>& batch, const std::vector<uint32
     }
     batch->expect_slices(r, n);
   }
-  size_t groups = std::min<size_t>(slices.size(), size_t(std::max(1, ctx_.options.connections_per_peer)));
+  size_t groups = std::min<size_t>(slices.size(), size_t(std::max(1, ctx_.options.tcp.connections_per_peer)));
   std::vector<std::shared_ptr<Group>> parts;
   for (size_t i = 0; i < groups; ++i) {
     parts.push_back(std::make_shared<Group>());
@@ -268,7 +268,7 @@ bool TcpLink::step(Group& g, const Deadline& deadline) {
       if (!send_window(g, deadline)) return false;
       while (g.done < g.window_end) {
         if (g.conn->reader->buffered() < sizeof(wire::ResponseHeader) &&
-            !spin_until_readable(g.conn->fd, ctx_.options.reply_spin_us) && deadline &&
+            !spin_until_readable(g.conn->fd, ctx_.options.tcp.reply_spin_us) && deadline &&
             !wait_readable(g.conn->fd, *deadline, ctx_.options.io_timeout_ms, peer_name_))
           return false;
         handle_reply(g);

@@ -40,7 +40,7 @@ TcpServer::TcpServer(EngineContext& ctx, const RegionTable& regions) : ctx_(ctx)
   ev.data.ptr = nullptr;
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
   try {
-    for (int i = 0; i < std::max(1, ctx.options.server_threads); ++i) threads_.emplace_back([this] { run(); });
+    for (int i = 0; i < std::max(1, ctx.options.tcp.server_threads); ++i) threads_.emplace_back([this] { run(); });
   } catch (const std::system_error& e) {
     stop();
     TIDEKV_THROW(kConfig, std::string("cannot start the tcp server's threads: ") + e.what());
@@ -199,7 +199,7 @@ bool TcpServer::serve(Conn& c) {
         flush();
         // A peer in a request loop sends its next frame within microseconds: poll a little
         // before going back to epoll (a wake-up costs more than the spin).
-        if (!spin_until_readable(c.fd, ctx_.options.reply_spin_us)) return true;
+        if (!spin_until_readable(c.fd, ctx_.options.tcp.reply_spin_us)) return true;
       }
       reader.read_exact(&h, sizeof(h), /*at_frame_boundary=*/iov.empty());
       if (h.magic != wire::kMagic || h.op > uint8_t(wire::Op::kWrite))
