@@ -74,6 +74,28 @@ _FABRIC_PROVIDERS = {"rdma": "verbs", "efa": "efa"}
 """Mooncake's RDMA protocols, as the fabric transport's libfabric providers."""
 
 
+def transfer_config_for(protocol: str, device_names: str = "") -> TransferConfig:
+    """The TransferConfig a Mooncake protocol and NIC list ask for: "tcp" forces tcp, "rdma" and
+    "efa" pick fabric's provider, and the devices ("mlx5_0,mlx5_1", Mooncake's ``device_name`` /
+    ``rdma_devices``) become ``fabric_nics``. ``TIDEKV_*`` variables set win over both.
+
+    Raises:
+        ConfigError: the environment, or the device list, is invalid.
+    """
+    transport = _transport_for(protocol)
+    config = TransferConfig.from_env(transport=transport)
+    if protocol not in _FABRIC_PROVIDERS or transport is not TransportKind.AUTO:
+        if device_names:
+            logger.debug("mooncake compat: device names %r not used by protocol %r", device_names, protocol)
+        return config
+    changes = {}
+    if not config.fabric_provider:
+        changes["fabric_provider"] = _FABRIC_PROVIDERS[protocol]
+    if device_names and not config.fabric_nics:
+        changes["fabric_nics"] = device_names
+    return dataclasses.replace(config, **changes)
+
+
 class TransferEngine:
     """``mooncake.engine.TransferEngine``, backed by one ``tidekv.TransferEngine``.
 
@@ -105,20 +127,15 @@ class TransferEngine:
                          "pass %r", metadata_server, P2P_HANDSHAKE)
             return _FAILED
         host, port = _split_hostname(local_hostname)
-        transport = _transport_for(protocol)
-        if device_name:
-            logger.debug("mooncake compat: device_name %r ignored (tidekv picks its own transport)", device_name)
         try:
-            config = TransferConfig.from_env(transport=transport)
-            if protocol in _FABRIC_PROVIDERS and not config.fabric_provider and transport is TransportKind.AUTO:
-                config = dataclasses.replace(config, fabric_provider=_FABRIC_PROVIDERS[protocol])
+            config = transfer_config_for(protocol, device_name)
             self._engine = _TidekvEngine(host=host, port=port, config=config)
         except TidekvError as exc:
             logger.error("mooncake compat: cannot start a transfer engine on %r (protocol %r): %s",
                          local_hostname, protocol, exc)
             return _FAILED
         logger.info("mooncake compat: engine %s up for protocol %r (tidekv transport %s)",
-                    self._engine.name, protocol, transport.value)
+                    self._engine.name, protocol, config.transport.value)
         if protocol in _FABRIC_PROVIDERS:
             for name, available, reason in self._engine.transports():
                 if name == "fabric" and not available:

@@ -11,8 +11,8 @@ its bytes go directly between its engine and the holders, this process's segment
 Flags are read as ``mooncake_master``'s are (gflags style, through its ``parse_flags``).
 Mooncake's flags without a counterpart here (offload, the client HTTP server, tenants) are
 refused, naming the flag, when set to anything but their defaults; ``--threads``,
-``--http_port``, ``--start_offload_rpc_server``, ``--protocol``, ``--device_names`` and
-``--metadata_server`` are accepted and select nothing. Differences: ``--host`` defaults to
+``--http_port``, ``--start_offload_rpc_server`` and ``--metadata_server`` are accepted and select
+nothing; ``--protocol rdma``/``efa`` and ``--device_names`` select fabric and its NICs. Differences: ``--host`` defaults to
 ``$TIDEKV_HOST``, else the address that routes to the master (Mooncake: 0.0.0.0; tidekv
 refuses to advertise a wildcard), ``--port=0`` takes a free
 port (logged), and with an ``etcd://`` master or a sharded pool there is no relay (a dummy client
@@ -85,8 +85,10 @@ FLAGS: dict[str, Flag] = {
     "metadata_server": Flag("metadata_server", _text, "accepted, not used (tidekv's engines handshake directly)"),
     "global_segment_size": Flag("global_segment_size", _size, "memory contributed to the pool (default 4 GB)"),
     "local_buffer_size": Flag("local_buffer_size", _size, "staging memory (default 0: tidekv takes 1 MiB)"),
-    "protocol": Flag("protocol", _text, "accepted; tidekv picks shm or tcp per peer (default tcp)"),
-    "device_names": Flag("device_names", _text, "accepted, not used"),
+    "protocol": Flag("protocol", _text, "tcp (default): tidekv picks shm or tcp per peer; rdma or efa: fabric "
+                     "where it runs"),
+    "device_names": Flag("device_names", _text, "with --protocol rdma or efa, the NICs fabric stripes over "
+                         "(mlx5_0,mlx5_1; fabric_nics)"),
     "tenant_id": Flag(None, _text, "\"default\" only"),
     "enable_offload": Flag("enable_offload", parse_bool, "keep evicted objects on local disk, in "
                            "$MOONCAKE_OFFLOAD_FILE_STORAGE_PATH (tidekv's disk tier)", True),

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tidekv.compat.mooncake import _split_hostname
+from tidekv.compat.mooncake import _split_hostname, transfer_config_for
 from tidekv.compat.mooncake_admin import AdminMethods
 from tidekv.compat.mooncake_config import SETUP_ENV_VARIABLES as _ENV_KEYS
 from tidekv.compat.mooncake_config import SETUP_KEYS as _DICT_ALIASES
@@ -42,7 +42,7 @@ from tidekv.compat.mooncake_types import (
     error_code,
     placement,
 )
-from tidekv.config import ETCD_SCHEME, POOL_SEPARATOR, StoreConfig, TransferConfig, TransportKind, parse_size
+from tidekv.config import ETCD_SCHEME, POOL_SEPARATOR, StoreConfig, parse_size
 from tidekv.errors import ConfigError, ObjectLeasedError, ObjectNotFoundError, TidekvError
 from tidekv.logs import WarnEvery
 from tidekv.store.client.store import ObjectInfo, Store
@@ -437,7 +437,7 @@ class MooncakeDistributedStore(TensorMethods, AdminMethods):
         host, port = _split_hostname(local_hostname)
         disk = ssd_offload_path if offload_enabled(enable_ssd_offload) else None
         return self._connect("setup", master_server_addr, host, port, global_segment_size, local_buffer_size, shared,
-                             disk)
+                             disk, protocol, rdma_devices)
 
     def _setup_from_dict(self, config: dict[str, Any]) -> int:
         values: dict[str, Any] = {}
@@ -459,7 +459,8 @@ class MooncakeDistributedStore(TensorMethods, AdminMethods):
             return int(ErrorCode.INVALID_PARAMS)
 
     def _connect(self, op: str, master: str, host: str, port: int, segment_size: Any, buffer_size: Any,
-                 engine: _TidekvEngine | None, offload: str | None = None) -> int:
+                 engine: _TidekvEngine | None, offload: str | None = None, protocol: str = "tcp",
+                 devices: str = "") -> int:
         if self._store is not None:
             logger.error("mooncake store compat: %s() called on a store that is set up; close() it first", op)
             return int(ErrorCode.INVALID_PARAMS)
@@ -470,9 +471,8 @@ class MooncakeDistributedStore(TensorMethods, AdminMethods):
                                           **self._disk_settings(offload))
             address = master_address(master)
             if engine is None:
-                transfer = TransferConfig.from_env()
-                if os.environ.get("MC_FORCE_TCP") == "1":
-                    transfer = TransferConfig.from_env(transport=TransportKind.TCP)
+                # The store's "tcp" (its default) leaves same-host peers on shm; "rdma"/"efa" pick fabric.
+                transfer = transfer_config_for("" if protocol == "tcp" else protocol, devices)
                 engine = own = _TidekvEngine(host=host, port=port, config=transfer)
             store = Store.connect(address, config=config, engine=engine)
         except TidekvError as exc:

@@ -116,7 +116,8 @@ def memory_nic_map(nics: Sequence[Nic], nodes: Sequence[int], gpus: Sequence[Gpu
         why = f"the NICs on node {node}" if near[0].numa_node == node else "no NIC is known to be on this node: all"
         rows.append((f"host memory, node {node}", ", ".join(nic.name for nic in near), why))
     for gpu in gpus:
-        rows.append((f"GPU {gpu.address} (node {gpu.numa_node})", ", ".join(n.name for n in nics_nearest_gpu(gpu, nics)),
+        nearest = ", ".join(nic.name for nic in nics_nearest_gpu(gpu, nics))
+        rows.append((f"GPU {gpu.address} (node {gpu.numa_node})", nearest,
                      "nearest on PCIe, for GPUDirect; fabric does not carry GPU memory yet"))
     return rows
 

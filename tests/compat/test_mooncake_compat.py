@@ -228,3 +228,46 @@ def test_rdma_protocols_select_fabric_and_say_when_it_cannot_run(
             assert f"protocol {protocol!r} asks for RDMA" in caplog.text and reason in caplog.text
     finally:
         te.get_engine().close()
+
+
+def test_mooncake_device_names_become_fabric_nics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mooncake's ``device_name`` / ``rdma_devices`` ("mlx5_0,mlx5_1") name the NICs fabric
+    stripes over, for "rdma" and "efa"; ``TIDEKV_FABRIC_NICS`` set wins; too many is refused."""
+    from tidekv.compat import mooncake_store
+    from tidekv.compat.mooncake import transfer_config_for
+    from tidekv.config import TransportKind
+    from tidekv.errors import ConfigError
+
+    for variable in ("TIDEKV_FABRIC_PROVIDER", "TIDEKV_FABRIC_NICS", "TIDEKV_TRANSPORT", "MC_FORCE_TCP"):
+        monkeypatch.delenv(variable, raising=False)
+    config = transfer_config_for("rdma", "mlx5_0,mlx5_1")
+    assert (config.transport, config.fabric_provider, config.fabric_nics) == \
+        (TransportKind.AUTO, "verbs", "mlx5_0,mlx5_1")
+    assert transfer_config_for("efa", "rdmap0s6-rdm").fabric_nics == "rdmap0s6-rdm"
+    tcp = transfer_config_for("tcp", "mlx5_0")
+    assert (tcp.transport, tcp.fabric_nics) == (TransportKind.TCP, "")
+    with pytest.raises(ConfigError, match="fabric_nics"):
+        transfer_config_for("rdma", ",".join(f"mlx5_{i}" for i in range(9)))
+    monkeypatch.setenv("TIDEKV_FABRIC_NICS", "mlx5_3")
+    assert transfer_config_for("rdma", "mlx5_0").fabric_nics == "mlx5_3"
+    monkeypatch.delenv("TIDEKV_FABRIC_NICS")
+
+    # The store's setup() starts its engine the same way (its "tcp" keeps same-host peers on shm).
+    started = []
+
+    def recorded(protocol: str, devices: str = "") -> object:
+        started.append(transfer_config_for(protocol, devices))
+        return started[-1]
+
+    class NoMaster:
+        @staticmethod
+        def connect(*args: object, **kwargs: object) -> None:
+            raise ConfigError("no master: setup fails after its engine started, which is all this test needs")
+
+    monkeypatch.setattr(mooncake_store, "transfer_config_for", recorded)
+    monkeypatch.setattr(mooncake_store, "Store", NoMaster)
+    store = mooncake_store.MooncakeDistributedStore()
+    assert store.setup("127.0.0.1", "P2PHANDSHAKE", 1 << 20, 1 << 20, "rdma", "mlx5_0,mlx5_1", "127.0.0.1:1") != 0
+    assert store.setup("127.0.0.1", "P2PHANDSHAKE", 1 << 20, 1 << 20, "tcp", "", "127.0.0.1:1") != 0
+    assert [(c.transport, c.fabric_provider, c.fabric_nics) for c in started] == [
+        (TransportKind.AUTO, "verbs", "mlx5_0,mlx5_1"), (TransportKind.AUTO, "", "")]

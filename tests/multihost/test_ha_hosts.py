@@ -1,4 +1,5 @@
-"""A cluster of masters across hosts (``rig``): the leader's host cut off from everything.
+"""A cluster of masters across hosts (``rig``): the leader's host cut off from everything; and a
+pool of four such clusters, one leader cut off (``test_four_ha_groups_...``).
 
 Hosts h0, h1 and h2 each run one member of a three-member etcd (``EtcdServer(hosts=...)``) and
 one ``tidekv master`` of cluster "ha" (``--etcd`` naming all three members, its own host's first);
@@ -412,3 +413,88 @@ def test_leader_host_cut_off_fails_over_without_split_brain_and_rejoins_as_stand
         assert new_leader_s < NEW_LEADER_BOUND_S
         assert looked_up is not None and looked_up[0] - cut_at < CLIENT_BOUND_S
         assert put is not None and put[0] - cut_at < CLIENT_BOUND_S, "no put acknowledged while the old leader is cut off"
+
+
+def test_four_ha_groups_a_leader_cut_off_delays_only_its_group(multihost: Callable[..., Rig], tmp_path: Path) -> None:
+    """A pool sharded over four master groups, each an HA cluster (leader on h0..h3, a standby in
+    sync on h4..h7; one etcd on h8, where the holder and the reader run too). Cutting group g0's
+    leader off leaves the other groups' batches as fast as before, while g0's keys wait for its
+    standby to take over; then every one of them reads back whole (none lost to the failover)."""
+    from tidekv.store.wire.pool_map import PoolMap
+
+    hosts = multihost(9).hosts
+    edge = hosts[8]
+    (tmp_path / "etcd").mkdir()
+    etcd = EtcdServer(tmp_path / "etcd", hosts=[EtcdHost(edge.ip, tuple(edge.command([])))], pre_vote=True)
+    flags = ["--leader-ttl-s", str(LEADER_TTL_S), "--sync-timeout-s", str(MASTER["sync_timeout_s"]),
+             "--client-ttl-s", str(MASTER["client_ttl_s"]), "--lease-ttl-s", str(MASTER["lease_ttl_s"])]
+    children: list[Any] = []
+
+    def master(where: Host, group: int) -> CliMaster:
+        started = CliMaster(where, ["--host", where.ip, "--port", "0", "--metrics-port", "0", "--etcd",
+                                    etcd.members[0].url, "--cluster", f"g{group}", *flags],
+                            tmp_path / f"master-g{group}-{where.name}.log", f"g{group}@{where.name}")
+        children.append(started)
+        return started
+
+    def health(*masters: CliMaster) -> list[dict[str, Any]]:
+        done = edge.run([sys.executable, "-I", HEALTH, "once", *(m.health_url for m in masters)], timeout_s=15)
+        assert done.returncode == 0, done.stderr
+        out: list[dict[str, Any]] = json.loads(done.stdout)
+        return out
+
+    try:
+        leaders = [master(hosts[g], g) for g in range(4)]
+        wait_until(lambda: all(h.get("role") == "leader" and h.get("serving") for h in health(*leaders)), 30.0,
+                   "four serving leaders", interval_s=0.2)
+        standbys = [master(hosts[4 + g], g) for g in range(4)]
+        pool = ";".join(f"g{g}=etcd://{etcd.endpoints}/g{g}" for g in range(4))
+        for name, segment, settings in (("holder", 64 * MIB, STORE), ("reader", 0, PROBING)):
+            children.append(AgentProcess(pool, segment, settings, tmp_path / f"{name}.log", name,
+                                         prefix=edge.command([])))
+        holder, reader = children[-2:]
+        wait_until(lambda: all(len(h.get("insync", [])) == 2 for h in health(*leaders)), 30.0,
+                   "each leader's standby in sync", interval_s=0.2)
+        keys = [f"obj-{i}" for i in range(48)]
+        for i, key in enumerate(keys):
+            holder.call("put", key=key, seed=i, size=32 * 1024 + i)
+        expected = {k: digest(payload(i, 32 * 1024 + i)) for i, k in enumerate(keys)}
+        pool_map = PoolMap([f"g{g}" for g in range(4)])
+        cut_keys = [k for k in keys if pool_map.group_of(k.encode()) == 0]
+        others = [k for k in keys if k not in cut_keys]
+        assert cut_keys and others
+        before = reader.call("get_many", keys=others, rounds=20)
+
+        cut_at = time.monotonic()
+        hosts[0].cut()
+        during = reader.call("get_many", keys=others, rounds=20)
+        assert not during["failed"] and during["digests"] == before["digests"], during["failed"]
+        slowest_before, slowest_during = max(before["elapsed_s"]), max(during["elapsed_s"])
+        assert slowest_during < max(0.5, 5 * slowest_before), \
+            f"the other groups' gets slowed while g0's leader was cut off: {slowest_before:.3f} -> " \
+            f"{slowest_during:.3f} s"
+        # g0's keys: typed failures until its standby leads, then every one whole.
+        failed: Counter[str] = Counter()
+        while (reply := reader.call("get_many", keys=cut_keys))["failed"]:
+            assert set(reply["failed"].values()) <= TYPED | {"LeaseExpiredError"}, reply["failed"]
+            failed.update(reply["failed"].values())
+            assert time.monotonic() < cut_at + CLIENT_BOUND_S + 5, f"g0's keys still fail after the bound: {failed}"
+        answered_s = time.monotonic() - cut_at
+        assert reply["digests"] == [expected[k] for k in cut_keys]
+        assert [h["role"] for h in health(standbys[0])] == ["leader"]
+        print(f"other groups' batch of {len(others)} gets, slowest of 20: {slowest_before * 1e3:.1f} ms before the "
+              f"cut, {slowest_during * 1e3:.1f} ms during it; g0's keys read again {answered_s:.2f} s after the "
+              f"cut ({dict(failed)} before)")
+        hosts[0].heal()
+        final = reader.call("get_many", keys=keys)
+        assert not final["failed"] and final["digests"] == [expected[k] for k in keys]
+    except Exception:
+        print("\n".join(f"--- {c.name}\n{c.log_text()}" for c in children), etcd.log_text())
+        raise
+    finally:
+        for child in children:
+            if isinstance(child, CliMaster):
+                child.interrupt()
+        for child in reversed(children):
+            child.stop()
+        etcd.stop()

@@ -90,14 +90,15 @@ class Agent:
             channel = self.store.tensor_channel(cmd["name"])
             got = timed = 0
             started = time.monotonic() if cmd.get("time_all") else None
+            items = []
             while got < cmd["n"]:
-                items = channel.take(cmd["batch"], timeout_s=60)
+                items = channel.take(cmd["batch"], timeout_s=60, ack=items)  # acks the last batch on the way
                 got += len(items)
-                channel.ack(items)
                 if started is None and not cmd.get("time_all"):  # from the first batch in hand: not the wait
                     started = time.monotonic()
                 else:
                     timed += len(items)
+            channel.ack(items)
             return {"seconds": time.monotonic() - started, "items": got, "timed_items": timed}
         if op == "read_into":  # rounds of get_many_into of `keys` into one registered buffer; each round's seconds
             size = cmd["size"]

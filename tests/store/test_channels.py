@@ -53,6 +53,19 @@ def test_items_come_out_in_order_and_acks_remove_their_objects() -> None:
                                                  "lost": 0}
 
 
+def test_a_take_acks_what_it_carries_before_taking() -> None:
+    """``ChannelTake.acks``: the consume loop's one round trip per batch; the acked items and
+    their objects are gone, and the room they left is taken at once."""
+    rig = _rig()
+    _push(rig, [b"k0", b"k1", b"k2", b"k3"])
+    first = _take(rig, 2)
+    _, items = rig.call(p.ChannelTake("c", "a", 10, 5.0, [i.seq for i in first]), "w")
+    assert [i.seq for i in msgspec.convert(items, list[p.ChannelItem])] == [2, 3]
+    assert not rig.exists(b"k0") and not rig.exists(b"k1") and rig.exists(b"k2")
+    assert rig.call(p.ChannelInfo("c"), "w")["items"] == 2
+    assert rig.call(p.ChannelAck("c", [0, 1]), "w") == [Status.NOT_FOUND] * 2  # acked by the take
+
+
 def test_a_push_past_the_bound_is_refused_per_key() -> None:
     rig = _rig()
     statuses, seqs = _push(rig, [b"a", b"b", b"c"], max_items=2)

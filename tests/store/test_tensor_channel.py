@@ -88,3 +88,14 @@ def test_a_consumer_that_dies_loses_nothing(store: Store, master: MasterProcess,
     assert sorted(done) == [0, 1, 2]
     assert survivor.ack(first + again) == 3 and survivor.ack([0]) == 0
     assert survivor.info() == {"items": 0, "ready": 0, "taken": 0, "bytes": 0, "next_seq": 3, "lost": 0}
+
+
+def test_a_take_acks_the_batch_before_it(store: Store) -> None:
+    """The consume loop ``items = ch.take(n, ack=items)``: one round trip per batch, nothing left over."""
+    channel = store.tensor_channel("loop")
+    channel.put_many([_tensor(i) for i in range(4)])
+    first = channel.take(2, timeout_s=5)
+    second = channel.take(2, timeout_s=5, ack=first)
+    assert [d.seq for d in second] == [2, 3] and channel.info()["items"] == 2
+    assert channel.take(2, timeout_s=0, ack=second) == [] and channel.info()["items"] == 0
+    assert not list(store.keys())

@@ -29,7 +29,8 @@ def _machine(tmp_path: Path) -> Path:
         (sysfs / "devices/system/node" / f"node{node}").mkdir(parents=True)
     (sysfs / "devices/system/node/online").write_text("0-1\n")
     switch = "pci0000:00/0000:00:01.0/0000:10:00.0"
-    for name, pci, numa in (("mlx5_0", f"{switch}/0000:11:00.0", 0), ("mlx5_1", "pci0000:80/0000:80:01.0/0000:81:00.0", 1)):
+    for name, pci, numa in (("mlx5_0", f"{switch}/0000:11:00.0", 0),
+                            ("mlx5_1", "pci0000:80/0000:80:01.0/0000:81:00.0", 1)):
         device = _device(sysfs, pci, numa)
         (sysfs / "class/infiniband" / name).mkdir(parents=True)
         os.symlink(device, sysfs / "class/infiniband" / name / "device")

@@ -135,14 +135,20 @@ class TensorChannel:
 
     # ---- consuming ----------------------------------------------------------------------
 
-    def take(self, max_items: int = 1, timeout_s: float | None = None) -> list[Delivery]:
+    def take(self, max_items: int = 1, timeout_s: float | None = None, *,
+             ack: Sequence[Delivery | int] = ()) -> list[Delivery]:
         """Up to ``max_items`` items, oldest first, waiting up to ``timeout_s`` (None: forever,
-        0: not at all) for the first; [] when none came. Ack each when done with it."""
+        0: not at all) for the first; [] when none came. Ack each when done with it: by ``ack()``,
+        or by passing the items done with as ``ack`` to the next take, which acks them in the same
+        round trip to the master (a consume loop: ``items = ch.take(n, ack=items)``)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         delay = _POLL_S[0]
+        acks = [it.seq if isinstance(it, Delivery) else int(it) for it in ack]
         while True:
             started = time.monotonic()
-            lease_s, items = self._rpc.call(p.ChannelTake(self.name, self.consumer, max_items, self.visibility_s))
+            lease_s, items = self._rpc.call(p.ChannelTake(self.name, self.consumer, max_items, self.visibility_s,
+                                                          acks))
+            acks = []  # acked with the first call
             if items:
                 out = self._read(items, started + lease_s if lease_s > 0 else float("inf"))
                 if out:

@@ -167,13 +167,18 @@ class MasterService:
             p.Repairs: self._repairs,
             p.Spills: self._spills,
             p.ChannelPush: lambda m, now: self.channels.push(m.channel, m.keys, m.max_items, m.max_bytes),
-            p.ChannelTake: lambda m, now: (self.config.lease_ttl_s, self.channels.take(
-                m.channel, m.consumer, m.max_items, m.visibility_s, self.config.lease_ttl_s, now)),
+            p.ChannelTake: self._channel_take,
             p.ChannelAck: lambda m, now: self.channels.ack(m.channel, m.seqs, m.consumer, now),
             p.ChannelInfo: lambda m, now: self.channels.info(m.channel, now),
             p.CreateTask: self._create_task,
             p.QueryTask: lambda m, now: self.tasks.query((m.id[0], m.id[1])) if len(m.id) == 2 else None,
         }
+
+    def _channel_take(self, m: p.ChannelTake, now: float) -> tuple[float, list[p.ChannelItem]]:
+        if m.acks:
+            self.channels.ack(m.channel, m.acks, m.consumer, now)
+        return self.config.lease_ttl_s, self.channels.take(m.channel, m.consumer, m.max_items, m.visibility_s,
+                                                           self.config.lease_ttl_s, now)
 
     # ---- entry points -------------------------------------------------------------------
 

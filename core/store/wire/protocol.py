@@ -255,12 +255,14 @@ class ChannelPush(msgspec.Struct, tag="chan_push", array_like=True):
 
 
 class ChannelTake(msgspec.Struct, tag="chan_take", array_like=True):
-    """A consumer takes up to ``max_items`` ready items, hidden from other consumers for ``visibility_s``."""
+    """A consumer takes up to ``max_items`` ready items, hidden from other consumers for
+    ``visibility_s``, having first acked ``acks`` (as ChannelAck would: one round trip for both)."""
 
     channel: str
     consumer: str
     max_items: int
     visibility_s: float
+    acks: list[int] = []
 
 
 class ChannelAck(msgspec.Struct, tag="chan_ack", array_like=True):
