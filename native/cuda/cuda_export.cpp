@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/errors.h"
+#include "common/text.h"
 #include "cuda/driver.h"
 
 namespace tidekv::cuda {
@@ -17,11 +18,6 @@ constexpr int CU_POINTER_ATTRIBUTE_MAPPING_SIZE = 18;
 constexpr int CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR = 19;
 constexpr uint32_t kMaxChunks = 1u << 20;
 
-std::string hex(uint64_t v) {
-  char b[24];
-  snprintf(b, sizeof(b), "0x%llx", (unsigned long long)v);
-  return b;
-}
 
 void set_why(ChunkRecord& c, const std::string& why) {
   std::memset(c.why, 0, sizeof(c.why));

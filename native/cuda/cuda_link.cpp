@@ -10,6 +10,7 @@
 
 #include "common/errors.h"
 #include "common/host_identity.h"
+#include "common/text.h"
 #include "cuda/driver.h"
 
 namespace tidekv::cuda {
@@ -18,11 +19,6 @@ namespace {
 int pidfd_open(int pid) { return int(syscall(SYS_pidfd_open, pid, 0)); }
 int pidfd_getfd(int pidfd, int fd) { return int(syscall(SYS_pidfd_getfd, pidfd, fd, 0)); }
 
-std::string hex(uint64_t v) {
-  char b[24];
-  snprintf(b, sizeof(b), "0x%llx", (unsigned long long)v);
-  return b;
-}
 
 std::string describe(const Slice& s) {
   return std::string(" during ") + (s.op == wire::Op::kRead ? "READ" : "WRITE") + " [" + hex(s.remote) + ", +" +

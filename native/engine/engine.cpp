@@ -15,6 +15,7 @@
 #include "common/handshake.h"
 #include "common/region_proof.h"
 #include "common/socket.h"
+#include "common/text.h"
 #include "transport/registry.h"
 
 
@@ -26,11 +27,6 @@ void fill_random(uint8_t* out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = uint8_t(rd());
 }
 
-std::string hex(uint64_t v) {
-  char b[24];
-  snprintf(b, sizeof(b), "0x%llx", (unsigned long long)v);
-  return b;
-}
 
 }  // namespace
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "common/text.h"
 #include "fabric/fabric_wire.h"
 #include "fabric/rdma/fi_cm.h"
 #include "fabric/rdma/fi_rma.h"
@@ -26,11 +27,6 @@ constexpr size_t kCompletionsPerRead = 64;
 constexpr auto kSpin = std::chrono::microseconds(50);      // after activity, poll this long before sleeping
 constexpr auto kExpireEvery = std::chrono::milliseconds(50);
 
-std::string hex_range(uint64_t base, uint64_t length) {
-  char b[64];
-  snprintf(b, sizeof(b), "[0x%llx, +%llu)", (unsigned long long)base, (unsigned long long)length);
-  return b;
-}
 
 std::string mr_mode_text(uint64_t mode) {
   std::string out;

@@ -8,16 +8,14 @@
 
 #include "common/errors.h"
 #include "common/handshake.h"
+#include "common/text.h"
 #include "common/wire.h"
 
 namespace tidekv::fabric {
 namespace {
 
 std::string range_text(wire::Op op, uint64_t addr, uint64_t length) {
-  char b[96];
-  snprintf(b, sizeof(b), "%s [0x%llx, +%llu)", op == wire::Op::kRead ? "READ" : "WRITE", (unsigned long long)addr,
-           (unsigned long long)length);
-  return b;
+  return tidekv::range_text(op == wire::Op::kRead ? "READ" : "WRITE", addr, length);
 }
 
 ErrorKind kind_of(int err) {

@@ -11,6 +11,7 @@
 
 #include "common/errors.h"
 #include "common/handshake.h"
+#include "common/text.h"
 #include "cuda/driver.h"
 
 namespace tidekv {
@@ -20,13 +21,6 @@ constexpr size_t kRoundSlices = 256;  // the acks of one round must fit in socke
 constexpr uint64_t kStageBytes = 8 << 20;  // pinned bounce memory per connection (GPU bytes of one round)
 constexpr size_t kNoMark = SIZE_MAX;
 
-std::string range_text(const char* op, uint64_t addr, uint64_t len) {
-  return std::string(op) + " [0x" + [](uint64_t v) {
-    char b[32];
-    snprintf(b, sizeof(b), "%llx", (unsigned long long)v);
-    return std::string(b);
-  }(addr) + ", +" + std::to_string(len) + ")";
-}
 
 }  // namespace
 
