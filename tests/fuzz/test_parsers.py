@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from tidekv import _native
 from tidekv.config import MasterConfig, TransferConfig
 from tidekv.errors import ConfigError, ProtocolVersionError
-from tidekv.store.master.service import MasterService, Session
+from tidekv.store.master.service import MasterService
+from tidekv.store.master.session import Session
 from tidekv.store.wire import protocol as p
 from tidekv.transfer.engine import _native_options
 

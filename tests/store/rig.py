@@ -15,7 +15,8 @@ import msgspec
 from tidekv.config import MasterConfig
 from tidekv.store.master.journal import JournalFile, Mirror
 from tidekv.store.master.mount_check import PendingMount
-from tidekv.store.master.service import MasterService, Session
+from tidekv.store.master.service import MasterService
+from tidekv.store.master.session import Session
 from tidekv.store.wire import protocol as p
 from tidekv.store.wire.protocol import Pin, Status
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 from tidekv.store.master import listing
-from tidekv.store.master.service import Session
+from tidekv.store.master.session import Session
 from tidekv.store.wire import protocol as p
 
 from tests.store.rig import ServiceRig

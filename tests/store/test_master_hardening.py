@@ -5,7 +5,7 @@ space broke every later stats and put; deep msgpack escaped the handler)."""
 from __future__ import annotations
 
 import pytest
-from tidekv.store.master.service import Session
+from tidekv.store.master.session import Session
 from tidekv.store.wire import protocol as p
 
 from tests.store.rig import RpcFailed, ServiceRig

@@ -18,7 +18,7 @@ from tidekv.errors import AuthenticationError
 from tidekv.store.wire.mount_proof import context
 
 if TYPE_CHECKING:
-    from tidekv.store.master.service import Session
+    from tidekv.store.master.session import Session
 
 CHECK_TIMEOUT_S = 5.0
 """How long the master waits for an engine to answer a check (connect, handshake, verdict)."""
