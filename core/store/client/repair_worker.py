@@ -2,8 +2,9 @@
 holder's own segment when the master asks.
 
 The worker asks the master for repairs about once a heartbeat (``Repairs``, which also carries
-the reports of the last round), reads each object from one of its live replicas into the address
-the master reserved in this holder's segment, and reports which copies are complete. A copy
+the reports of the last round; the loop is ``poller.MasterPoller``'s), reads each object from one
+of its live replicas into the address the master reserved in this holder's segment, and reports
+which copies are complete. A copy
 that fails from one replica is tried from the next; one that fails from all is reported failed
 (the master tries again later, perhaps elsewhere). While there is work it asks again at once.
 Neighbours: ``client`` (``Store`` runs one when it contributes a segment), ``master_client``.
@@ -17,6 +18,7 @@ from collections import defaultdict
 
 from tidekv.errors import TidekvError
 from tidekv.store.client.master_client import MasterClient
+from tidekv.store.client.poller import MasterPoller
 from tidekv.store.wire import protocol as p
 from tidekv.transfer import TransferEngine, TransferOp, TransferRequest, TransferState
 
@@ -26,41 +28,23 @@ MAX_BYTES_PER_ROUND = 64 << 20
 """Bytes of copies asked for per request: a round stays short, and so does its report's wait."""
 
 
-class RepairWorker:
+class RepairWorker(MasterPoller):
     def __init__(self, rpc: MasterClient, engine: TransferEngine, client_id: str, interval_s: float,
                  closed: threading.Event) -> None:
+        super().__init__("repairs", client_id, interval_s, closed)
         self._rpc = rpc
         self._engine = engine
-        self._client_id = client_id
-        self._interval_s = interval_s
-        self._closed = closed
+        self._done: list[p.RepairResult] = []  # the last round's reports, sent with the next request
         self.copied = 0  # objects copied (for tests and stats)
-        self._thread = threading.Thread(target=self._loop, name=f"tidekv-repair-{client_id}", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
+    def _ask(self) -> list[p.RepairTask]:
+        tasks: list[p.RepairTask] = self._rpc.call(p.Repairs(self._client_id, self._done, MAX_BYTES_PER_ROUND),
+                                                   failover_timeout_s=0)
+        return tasks
 
-    def join(self, timeout_s: float) -> None:
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
-
-    def _loop(self) -> None:
-        done: list[p.RepairResult] = []
-        busy = False
-        warned = False
-        while not self._closed.wait(0 if busy else self._interval_s):
-            try:
-                tasks: list[p.RepairTask] = self._rpc.call(p.Repairs(self._client_id, done, MAX_BYTES_PER_ROUND),
-                                                           failover_timeout_s=0)
-                warned = False
-            except TidekvError as exc:  # reports are kept for the next round (a repeated one is ignored)
-                if not warned:
-                    logger.warning("store client %s: asking for repairs failed: %s", self._client_id, exc)
-                    warned = True
-                busy = False
-                continue
-            done = self.copy(tasks) if tasks else []
-            busy = bool(tasks)
+    def _work(self, tasks: list[p.RepairTask]) -> bool:
+        self._done = self.copy(tasks) if tasks else []
+        return bool(tasks)
 
     def copy(self, tasks: list[p.RepairTask]) -> list[p.RepairResult]:
         """Makes each copy, trying its sources in turn; returns one result per task."""

@@ -7,8 +7,9 @@ spill finds the room the master counted on) and spills to make: each object is w
 this holder's own segment, where the master keeps it leased until the report. When the master
 asks (it did not know a disk: a new disk, a restarted holder, a master without the index), the
 next rounds report every record the disks hold. Disk hits the master hands back (``promote``)
-are read into slots of this holder's segment, put under their own version. Neighbours: ``disk`` (the files), ``membership``
-(runs this beside the heartbeat), ``master.disks`` (the master's side).
+are read into slots of this holder's segment, put under their own version. Neighbours: ``disk``
+(the files), ``membership`` (runs this beside the heartbeat), ``poller`` (the loop),
+``master.disks`` (the master's side).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import threading
 from tidekv.errors import OutOfSpaceError, TidekvError
 from tidekv.store.client.disk import DiskRecord, DiskTier
 from tidekv.store.client.master_client import MasterClient
+from tidekv.store.client.poller import MasterPoller
 from tidekv.store.wire import protocol as p
 
 logger = logging.getLogger(__name__)
@@ -29,73 +31,54 @@ REPORT_BATCH = 4096
 """Records per request when reporting what the disks hold."""
 
 
-class SpillWorker:
+class SpillWorker(MasterPoller):
     def __init__(self, rpc: MasterClient, tier: DiskTier, records: list[DiskRecord], engine: str, address: str,
                  client_id: str, interval_s: float, closed: threading.Event, segment: str = "") -> None:
+        super().__init__("spills", client_id, interval_s, closed, at_once=True)  # the first round registers the disks
         self._rpc = rpc
         self._segment = segment
         self._tier = tier
-        self._client_id = client_id
-        self._interval_s = interval_s
-        self._closed = closed
         self._disks = [p.DiskInfo(name, engine, address, capacity)
                        for name, capacity in zip(tier.ids, tier.capacities, strict=True)]
         self._records: dict[tuple[int, int], DiskRecord] = {(r.disk, r.offset): r for r in records}
         self._lock = threading.Lock()
+        # Sent with the next request: spills finished and failed, or (when the master asked) every record.
+        self._done: list[p.SpillDone] = []
+        self._failed: list[bytes] = []
+        self._report: list[p.SpillDone] = []
         self.spilled = 0  # records written (for tests and stats)
         self.promoted = 0  # objects brought back to memory from disk
         self.registered = threading.Event()  # set once the master answered a round (it knows the disks)
-        self._thread = threading.Thread(target=self._loop, name=f"tidekv-spill-{client_id}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def join(self, timeout_s: float) -> None:
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
 
     def records(self) -> list[DiskRecord]:
         """What this holder's disks hold now."""
         with self._lock:
             return list(self._records.values())
 
-    def _loop(self) -> None:
-        done: list[p.SpillDone] = []
-        failed: list[bytes] = []
-        report: list[p.SpillDone] = []
-        busy = True  # the first round at once: it registers the disks
-        warned = False
-        while not self._closed.wait(0 if busy else self._interval_s):
-            sending = report[:REPORT_BATCH]
-            try:
-                work: p.SpillWork = self._rpc.call(
-                    p.Spills(self._client_id, self._disks, sending or done, [] if sending else failed, bool(sending),
-                             MAX_BYTES_PER_ROUND), failover_timeout_s=0)
-                warned = False
-                self.registered.set()
-            except TidekvError as exc:  # kept for the next round (a repeated report is ignored)
-                if not warned:
-                    logger.warning("store client %s: asking for spills failed: %s", self._client_id, exc)
-                    warned = True
-                busy = False
-                continue
-            if sending:
-                del report[:len(sending)]
-            else:
-                done, failed = [], []
-            if self._closed.is_set():
-                break  # closing: the tier may already be
-            if work.report:
-                report = [self._wire(r) for r in self.records()]
-                logger.info("store client %s: reporting %d records on its disks to the master", self._client_id,
-                            len(report))
-            self._free(work.drops)
-            if work.promote:
-                self._promote(work.promote)
-            new_done, new_failed = self._spill(work.tasks)
-            done += new_done
-            failed += new_failed
-            busy = bool(work.tasks or work.drops or report or work.promote)
+    def _ask(self) -> p.SpillWork:
+        sending = self._report[:REPORT_BATCH]
+        work: p.SpillWork = self._rpc.call(
+            p.Spills(self._client_id, self._disks, sending or self._done, [] if sending else self._failed,
+                     bool(sending), MAX_BYTES_PER_ROUND), failover_timeout_s=0)
+        self.registered.set()
+        if sending:
+            del self._report[:len(sending)]
+        else:
+            self._done, self._failed = [], []
+        return work
+
+    def _work(self, work: p.SpillWork) -> bool:
+        if work.report:
+            self._report = [self._wire(r) for r in self.records()]
+            logger.info("store client %s: reporting %d records on its disks to the master", self._client_id,
+                        len(self._report))
+        self._free(work.drops)
+        if work.promote:
+            self._promote(work.promote)
+        done, failed = self._spill(work.tasks)
+        self._done += done
+        self._failed += failed
+        return bool(work.tasks or work.drops or self._report or work.promote)
 
     def _free(self, drops: list[p.DiskDrop]) -> None:
         for drop in drops:
