@@ -344,6 +344,8 @@ static void refusals(struct ctx* c) {
   CHECK(showLinks(c->e, links, sizeof(links), 0) == TE_ERR_NOT_IMPLEMENTED, "showLinks");
   CHECK(uninstallTransport(c->e, "tcp") == TE_ERR_NOT_IMPLEMENTED, "uninstallTransport");
   CHECK(installTransport(c->e, "tcp", NULL) != NULL, "installTransport(tcp)");
+  const char* matrix[2] = {"{\"cpu:0\": [[\"mlx5_0\"], []]}", NULL}; /* Mooncake's NIC matrix: logged as not read */
+  CHECK(installTransport(c->e, "tcp", (void**)matrix) != NULL, "installTransport(tcp, matrix)");
   /* rdma is fabric; with no RDMA device and no TIDEKV_FABRIC_PROVIDER it cannot run, and says why */
   CHECK(installTransport(c->e, "rdma", NULL) == NULL, "installTransport(rdma)");
   CHECK(strstr(tidekv_last_error(), "transport 'fabric' is not available here") != NULL, "installTransport(rdma) reason");

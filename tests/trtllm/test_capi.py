@@ -161,6 +161,7 @@ def test_agent_sequence_between_two_processes(transport: str, harness: Path, env
                      "ok peer killed"):
             assert step in run.stdout, report
         assert target.proc.returncode == -signal.SIGKILL, report
+        assert "NIC priority matrix) are not read; fabric's NICs come from TIDEKV_FABRIC_NICS" in run.stderr, report
     finally:
         target.stop()
 

@@ -104,6 +104,13 @@ transport_t installTransport(transfer_engine_t engine, const char* proto, void**
         std::string name = text(proto, "proto");
         // Mooncake's RDMA protocols are tidekv's fabric transport (libfabric: verbs, efa).
         if (name == "rdma" || name == "efa") name = "fabric";
+        // Mooncake reads its NIC priority matrix from args[0]; tidekv's engine opened its NICs
+        // when it was created, from TIDEKV_FABRIC_NICS: say so rather than drop the matrix silently.
+        if (args != nullptr && args[0] != nullptr)
+          tidekv::capi::log(tidekv::LogLevel::kWarning,
+                            "installTransport(" + std::string(proto) +
+                                "): args (Mooncake's NIC priority matrix) are not read; fabric's NICs come from "
+                                "TIDEKV_FABRIC_NICS, set before createTransferEngine (`tidekv doctor` lists them)");
         // tidekv's transports are all installed at start; the one asked for is "installed" when
         // it is available here. The handle is only a token (the registry's own name): no function takes it.
         std::string known;
