@@ -187,7 +187,12 @@ def nic_facts(config: TransferConfig, environ: Mapping[str, str], sysfs: str = "
         names = [d for d in transports.rdma_devices() if " ACTIVE" in transports.describe_rdma_device(d)]
     nics = topology.find_nics(names, environ, sysfs)
     rows = topology.memory_nic_map(nics, topology.numa_nodes(sysfs), topology.find_gpus(sysfs))
-    return [HostFact(f"fabric: {memory}", used, why) for memory, used, why in rows]
+    facts = [HostFact(f"fabric: {memory}", used, why) for memory, used, why in rows]
+    missing = [name for name in names if name not in {nic.name for nic in nics}]
+    if missing:
+        facts.append(HostFact("fabric: NICs not found", ", ".join(missing),
+                              "fabric_nics names them, but sysfs has no such RDMA device or interface"))
+    return facts
 
 
 def unrecognised_variables(environ: Mapping[str, str]) -> list[str]:

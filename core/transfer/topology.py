@@ -71,19 +71,19 @@ def numa_nodes(sysfs: str = "/sys") -> list[int]:
 
 
 def find_nics(names: Sequence[str], environ: Mapping[str, str], sysfs: str = "/sys") -> list[Nic]:
-    """The NICs ``names`` names, with their NUMA node from ``$TIDEKV_FABRIC_NIC_NUMA``
-    ("mlx5_0=0,mlx5_1=1") or sysfs (the RDMA device's, else the interface's)."""
+    """The NICs of ``names`` that sysfs knows (an RDMA device or a network interface), with their
+    NUMA node from ``$TIDEKV_FABRIC_NIC_NUMA`` ("mlx5_0=0,mlx5_1=1") or sysfs."""
     override = dict(part.split("=", 1) for part in environ.get(NUMA_OVERRIDE_VARIABLE, "").split(",") if "=" in part)
     out = []
     for name in names:
         device = re.sub(r"-(rdm|dgrm|dgram|xrc)$", "", name)
-        pci_path, node = "", -1
-        for cls in ("class/infiniband", "class/net"):
-            link = os.path.join(sysfs, cls, device, "device")
-            if os.path.exists(link):
-                pci_path = os.path.realpath(link)
-                node = _int(_read(os.path.join(link, "numa_node")))
-                break
+        known = [os.path.join(sysfs, cls, device) for cls in ("class/infiniband", "class/net")
+                 if os.path.exists(os.path.join(sysfs, cls, device))]
+        if not known:
+            continue
+        link = os.path.join(known[0], "device")  # absent for virtual interfaces
+        pci_path = os.path.realpath(link) if os.path.exists(link) else ""
+        node = _int(_read(os.path.join(link, "numa_node"))) if pci_path else -1
         if name in override:
             node = _int(override[name])
         out.append(Nic(name, max(node, -1), pci_path))

@@ -68,7 +68,7 @@ def test_the_override_sets_nodes_sysfs_does_not_know(tmp_path: Path) -> None:
     env = {"TIDEKV_FABRIC_NIC_NUMA": "eth9=1,mlx5_1=0"}
     nics = topology.find_nics(["mlx5_0", "mlx5_1", "eth9"], env, sysfs)
     assert [(n.name, n.numa_node) for n in nics] == [("mlx5_0", 0), ("mlx5_1", 0), ("eth9", 1)]
-    facts = nic_facts(TransferConfig(fabric_nics="mlx5_0,mlx5_1,eth9"), env, sysfs)
+    facts = nic_facts(TransferConfig(fabric_nics="mlx5_0,mlx5_1,eth9,mlx5_7"), env, sysfs)
     assert [(f.name, f.value) for f in facts] == [
         ("fabric: host memory, node 0", "mlx5_0, mlx5_1"), ("fabric: host memory, node 1", "eth9"),
-        ("fabric: GPU 0000:12:00.0 (node 0)", "mlx5_0")]
+        ("fabric: GPU 0000:12:00.0 (node 0)", "mlx5_0"), ("fabric: NICs not found", "mlx5_7")]
