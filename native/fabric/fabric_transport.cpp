@@ -306,7 +306,9 @@ class FabricTransport final : public Transport {
     if (!first) return false;
     const std::string provider = first->provider();
     std::vector<std::string> names;
-    if (all || (named.empty() && Domain::is_rdma(provider))) {
+    // NICs found rather than named: one that cannot be opened is left out (logged), not fatal.
+    const bool found = all || (named.empty() && Domain::is_rdma(provider));
+    if (found) {
       names = Domain::nics(provider);  // sorted, loopback and NICs whose ports are down left out
       if (names.empty()) names.push_back(first->domain_name());
     } else {
@@ -318,13 +320,28 @@ class FabricTransport final : public Transport {
       names.resize(fabric::kMaxRails);
     }
     rails_.reserve(fabric::kMaxRails);  // never moved: each rail's scratch bytes are registered where they are
+    auto add = [&](std::unique_ptr<Domain> d) {
+      Rail& r = rails_.emplace_back();
+      r.domain = std::move(d);
+      try {
+        r.scratch = r.domain->register_memory(reinterpret_cast<uint64_t>(r.scratch_bytes), sizeof(r.scratch_bytes));
+      } catch (const Error& e) {
+        *why = e.what();
+        return false;
+      }
+      return true;
+    };
     for (const std::string& name : names) {
       std::unique_ptr<Domain> d;
       if (first && (name == first->domain_name() || name == first_nic)) {
         d = std::move(first);
       } else {
         d = Domain::open(ctx_, provider, name, ctx_.options.host, why);
-        if (!d) return false;
+        if (!d) {
+          if (!found) return false;
+          ctx_.log.emit(LogLevel::kWarning, "fabric: NIC " + name + " left out: " + *why);
+          continue;
+        }
       }
       if (!rails_.empty() && (d->mr_mode() != rails_.front().domain->mr_mode() ||
                               d->has_delivery_complete() != rails_.front().domain->has_delivery_complete())) {
@@ -332,19 +349,13 @@ class FabricTransport final : public Transport {
                rails_.front().domain->domain_name() + " (" + d->modes() + " vs " + rails_.front().domain->modes() +
                "): name NICs of one kind in fabric_nics";
         d->close();
-        return false;
+        if (!found) return false;
+        ctx_.log.emit(LogLevel::kWarning, "fabric: " + *why);
+        continue;
       }
-      Rail rail;
-      rail.domain = std::move(d);
-      rails_.push_back(std::move(rail));
-      Rail& r = rails_.back();
-      try {
-        r.scratch = r.domain->register_memory(reinterpret_cast<uint64_t>(r.scratch_bytes), sizeof(r.scratch_bytes));
-      } catch (const Error& e) {
-        *why = e.what();
-        return false;
-      }
+      if (!add(std::move(d))) return false;
     }
+    if (first && rails_.empty()) return add(std::move(first));  // none found opened: the host address's NIC
     if (first) first->close();  // it was not among the NICs named
     return true;
   }
