@@ -277,13 +277,34 @@ def _frozen() -> FrozenHeap:
     return heap
 
 
+def _restarts_spawned(objects: int) -> tuple[float, int, float, int, float]:
+    """``_restarts`` in a new process of its own, as a restarted master is (and so that what it
+    frees does not make room for a fill measured after it)."""
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+        return child.submit(_restarts, objects).result()
+
+
+def _restart_metrics(objects: int, restarts: tuple[float, int, float, int, float]) -> list[dict[str, Any]]:
+    from_log, log_bytes, from_snapshot, snapshot_bytes, restore_s = restarts
+    return [
+        {"metric": "promotion: master restored from the mirror, s", "at_1k": None, "at_n": restore_s,
+         "ratio": None, "objects": objects},
+        {"metric": f"restart from --state-dir: log of the puts ({log_bytes / 1e6:,.0f} MB), s", "at_1k": None,
+         "at_n": from_log, "ratio": None, "objects": objects},
+        {"metric": f"restart from --state-dir: snapshot ({snapshot_bytes / 1e6:,.0f} MB), s", "at_1k": None,
+         "at_n": from_snapshot, "ratio": None, "objects": objects},
+    ]
+
+
+def restart_rows(objects: int) -> list[dict[str, Any]]:
+    """The restart rows alone (``--restarts-only``)."""
+    return _restart_metrics(objects, _restarts_spawned(objects))
+
+
 def run(objects: int, seconds: float) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
-    # In a new process of its own, as a restarted master is (and so that what it frees does not
-    # make room for the fill below, whose growth is measured).
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
-        from_log, log_bytes, from_snapshot, snapshot_bytes, restore_s = child.submit(_restarts, objects).result()
+    restarts = _restarts_spawned(objects)  # first: see there
     svc = MasterService(MasterConfig(port=0, metrics_port=-1, high_watermark=1.0))
     _call(svc, 0, p.Hello("bench", p.PROTOCOL_VERSION))
     capacity = (objects * 2 + 1_000_000) * _OBJECT_BYTES  # bookkeeping only: no memory behind it
@@ -323,12 +344,7 @@ def run(objects: int, seconds: float) -> list[dict[str, Any]]:
          "at_n": full_big, "ratio": full_big / full_small, "objects": objects},
         {"metric": "standby: snapshot applied to a mirror, s", "at_1k": None, "at_n": mirror_s, "ratio": None,
          "objects": objects},
-        {"metric": "promotion: master restored from the mirror, s", "at_1k": None, "at_n": restore_s,
-         "ratio": None, "objects": objects},
-        {"metric": f"restart from --state-dir: log of the puts ({log_bytes / 1e6:,.0f} MB), s", "at_1k": None,
-         "at_n": from_log, "ratio": None, "objects": objects},
-        {"metric": f"restart from --state-dir: snapshot ({snapshot_bytes / 1e6:,.0f} MB), s", "at_1k": None,
-         "at_n": from_snapshot, "ratio": None, "objects": objects},
+        *_restart_metrics(objects, restarts),
         {"metric": f"standby: longest put applied ms ({puts:,} puts)", "at_1k": None,
          "at_n": longest_apply * 1e3, "ratio": None, "objects": objects},
         {"metric": "  p99.9 put applied ms", "at_1k": None, "at_n": p999_apply * 1e3, "ratio": None,
@@ -362,6 +378,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     parser.add_argument("--objects", type=int, default=1_000_000, help="objects to fill the master with (default 1000000)")
     parser.add_argument("--seconds", type=float, default=2.0, help="measuring time per rate (default 2)")
     parser.add_argument("--json", metavar="FILE", help="write one JSON object per row to FILE")
+    parser.add_argument("--restarts-only", action="store_true",
+                        help="only a lone master's restarts from --state-dir holding --objects objects (from the "
+                             "log, from a snapshot) and the restore a promotion does: what sizes a master's outage")
     load = parser.add_argument_group("load mode (--load N): N client processes send prompt lookups, reads and saves "
                                      "to a master process; master CPU per key operation (tidekv.bench.master_load)")
     load.add_argument("--load", type=int, metavar="N", help="run the load mode with N client processes")
@@ -379,7 +398,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def _main(args: argparse.Namespace) -> int:
     if args.load is not None:
         return _load_main(args)
-    rows = run(args.objects, args.seconds)
+    rows = restart_rows(args.objects) if args.restarts_only else run(args.objects, args.seconds)
     cols = [
         Column("metric", "metric", align="<"),
         Column("at_1k", "at 1k objects", lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"),

@@ -43,10 +43,11 @@ class OffsetAllocator:
         alloc = cls(capacity)
         alloc._remove_free(0, capacity)
         end = total = 0
-        for offset, size in sorted(used):  # a million at a restore: one ``align`` each, no empty gaps
+        mask = ALIGNMENT - 1
+        for offset, size in sorted(used):  # ten million at a restore: ``align`` inline, no empty gaps
             if offset > end:
                 alloc._add_free(end, offset - end)
-            size = align(size)
+            size = (size + mask) & ~mask
             end = offset + size
             total += size
         alloc.used = total

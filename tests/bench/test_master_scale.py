@@ -33,3 +33,11 @@ def test_rows_of_a_small_run() -> None:
     assert len(collections) == 2 and all(c >= 0 for c in collections)
     assert gc.get_freeze_count() == 0, "the bench thaws what it froze"
     assert gc.callbacks == [] or all(cb.__name__ != "timed" for cb in gc.callbacks), "the bench's timer is gone"
+
+
+def test_restarts_only_gives_the_restart_rows_alone() -> None:
+    rows = master_scale.restart_rows(objects=5_000)
+    assert [r["metric"].split(",")[0].split(" (")[0] for r in rows] == [
+        "promotion: master restored from the mirror", "restart from --state-dir: log of the puts",
+        "restart from --state-dir: snapshot"]
+    assert all(r["at_n"] > 0 and r["objects"] == 5_000 for r in rows)

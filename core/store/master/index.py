@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 from zlib import crc32
 
@@ -173,9 +174,61 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
                         ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token, op.want)))
         return out
 
+    def load_ops(self, ops: Iterable[Any]) -> None:
+        """Fills the empty index from journal ``ObjectOp``s in a mirror's order: a restore's ten
+        million objects, so one pass with the one-replica case inline and nothing built between.
+        Each keeps the LRU stamp it was snapshotted with, so the order survives a restart exactly;
+        one without (a put since the snapshot, in the order put) is newer than everything before it.
+        A journal written before snapshots carried stamps is placed as ``load`` places pairs."""
+        assert not self, "load into an empty table"
+        ops = iter(ops)
+        first = next(ops, None)
+        if first is None:
+            return
+        ops = chain((first,), ops)
+        if not first.used:
+            self.load(self.pack_ops(ops))
+            return
+        shards, records, mask, ids = self._shards, self._records, self._mask, self._seg_ids
+        last = [0] * (mask + 1)  # each shard's newest stamp: a shard stays in stamp order
+        top = 0
+        fixed: dict[int, int] = {}  # as in ``pack_ops``
+        placed: dict[str, int] = {}
+        token_shift, offset_shift = _TOKEN_SHIFT, _REPLICAS_SHIFT + _SEG_BITS
+        for op in ops:
+            key = op.key
+            i = crc32(key) & mask
+            used = op.used
+            if used <= last[i]:
+                used = top + 1 if not used else last[i] + 1
+            last[i] = used
+            if used > top:
+                top = used
+            r = op.replicas
+            v = None
+            if len(r) == 2 and op.want <= 1 and op.token <= _TOKEN and 0 <= r[1] <= _OFFSET:
+                base = fixed.get(op.size * 4 + op.pin)
+                seg = placed.get(r[0])
+                if base is None and op.size <= _SIZE and 0 <= op.pin <= 3:
+                    base = fixed[op.size * 4 + op.pin] = (op.pin << _PIN_SHIFT | 1 << _WANT_SHIFT
+                                                          | op.size << _SIZE_SHIFT | 1 << _COUNT_SHIFT)
+                if seg is None and ids.get(r[0]) is not None:
+                    seg = placed[r[0]] = ids[r[0]] << _REPLICAS_SHIFT
+                if base is not None and seg is not None:
+                    v = base | seg | op.token << token_shift | r[1] << offset_shift
+            if v is None:
+                v = self.pack_fields(op.size, op.replicas, op.pin, op.token, op.want)
+            if v is None:
+                meta = records[key] = ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token, op.want)
+                meta.used = used
+                shards[i][key] = used  # type: ignore[assignment]  # a marker
+            else:
+                shards[i][key] = v | used  # type: ignore[assignment]
+        self._clock = top
+
     def object_ops(self, op: Callable[..., Any]) -> list[Any]:
-        """``op(key, size, replicas, pin, token, want)`` of every complete object, in ``items`` order
-        (a snapshot's: packed objects read without unpacking)."""
+        """``op(key, size, replicas, pin, token, want, used)`` of every complete object, in ``items``
+        order (a snapshot's: packed objects read without unpacking)."""
         out = []
         replicas_of, names = self.replicas_of, self.seg_names
         records = self._records
@@ -187,10 +240,10 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
                 else:
                     replicas = list(replicas_of(v))  # type: ignore[arg-type]
                 out.append(op(key, v >> _SIZE_SHIFT & _SIZE, replicas, v >> _PIN_SHIFT & 3,  # type: ignore[operator]
-                              v >> _TOKEN_SHIFT & _TOKEN, v >> _WANT_SHIFT & _WANT))  # type: ignore[operator]
+                              v >> _TOKEN_SHIFT & _TOKEN, v >> _WANT_SHIFT & _WANT, v & _USED))  # type: ignore[operator]
             elif records[key].put is None:
                 m = records[key]
-                out.append(op(key, m.size, list(m.all_replicas), m.pin, m.token, m.want))
+                out.append(op(key, m.size, list(m.all_replicas), m.pin, m.token, m.want, v))  # v: the marker's stamp
         return out
 
     def unpack(self, v: int) -> ObjectMeta:

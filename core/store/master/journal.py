@@ -56,7 +56,7 @@ class ResumeOp(msgspec.Struct, tag="resume", array_like=True):
     name: str
 
 
-class StartOp(msgspec.Struct, tag="start", array_like=True):
+class StartOp(msgspec.Struct, tag="start", array_like=True, gc=False):
     token: int
     key: bytes
     size: int
@@ -84,8 +84,10 @@ class EvictOp(msgspec.Struct, tag="evict", array_like=True):
     keys: list[bytes]
 
 
-class ObjectOp(msgspec.Struct, tag="object", array_like=True):
-    """A complete object (snapshots, and a put through a spare: ``ObjectTable.put_bind``)."""
+class ObjectOp(msgspec.Struct, tag="object", array_like=True, gc=False):
+    """A complete object (snapshots, and a put through a spare: ``ObjectTable.put_bind``). Neither it
+    nor ``StartOp`` is in a reference cycle, so the collector does not track them (``gc=False``): a
+    restore decodes ten million, and a standby's mirror keeps them."""
 
     key: bytes
     size: int
@@ -93,6 +95,7 @@ class ObjectOp(msgspec.Struct, tag="object", array_like=True):
     pin: int
     token: int
     want: int = 0  # replicas asked for (0: as many as it has)
+    used: int = 0  # its LRU stamp (snapshots: a restore keeps the order exactly); 0: none, newer than any
 
 
 class RepairOp(msgspec.Struct, tag="repair", array_like=True):
@@ -301,16 +304,17 @@ class Mirror:
         put's start and end: what a restart replays a million of, and what a standby applies
         for every put while the leader waits for its ack) are handled inline, the rest by ``_apply``."""
         objects, pending, retired = self.objects, self.pending, self.retired
+        top = self.max_token
         for op in ops:
             kind = type(op)
             if kind is ObjectOp:
                 objects[op.key] = op
-                if op.token > self.max_token:
-                    self.max_token = op.token
+                if op.token > top:
+                    top = op.token
             elif kind is StartOp:
                 pending[op.token] = op
-                if op.token > self.max_token:
-                    self.max_token = op.token
+                if op.token > top:
+                    top = op.token
                 if retired:
                     retired.reused(op.size, op.replicas)
                 if not op.is_upsert and op.key in objects:
@@ -327,7 +331,10 @@ class Mirror:
                     self._retire(old.size, old.replicas, now)
                 objects[op.key] = ObjectOp(op.key, start.size, start.replicas, start.pin, start.token, start.want)
             else:
+                self.max_token = top
                 self._apply(op, now)
+                top = self.max_token
+        self.max_token = top
 
     def _apply(self, op: Op, now: float) -> None:
         if isinstance(op, DropOp):

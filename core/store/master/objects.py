@@ -545,9 +545,9 @@ class ObjectTable:
         if self.segments.suspended:
             readable = self._hold_suspended([(op.key, ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token,
                                                                  op.want)) for op in mirror.objects.values()])
-        else:  # packed straight from the ops (``load`` adds the stamps)
-            readable = self.objects.pack_ops(mirror.objects.values())  # type: ignore[assignment]
-        self.objects.load(readable)  # type: ignore[arg-type]
+            self.objects.load(readable)  # type: ignore[arg-type]
+        else:  # packed straight from the ops, with the stamps they were snapshotted with
+            self.objects.load_ops(mirror.objects.values())
         for start in mirror.pending.values():
             meta = ObjectMeta(start.size, tuple(start.replicas), PendingPut(start.token, start.writer, now,
                                                                             start.is_upsert), start.pin, start.token,
@@ -584,7 +584,7 @@ class ObjectTable:
         out: list[j.Op] = [j.TokensOp(self.last_token)]
         # shard by shard, each oldest first: LruTable.load
         out += self.objects.object_ops(j.ObjectOp)
-        out += [j.ObjectOp(key, meta.size, list(meta.all_replicas), meta.pin, meta.token, meta.want)
+        out += [j.ObjectOp(key, meta.size, list(meta.all_replicas), meta.pin, meta.token, meta.want, meta.used)
                 for key, meta in self.suspended.items() if meta.put is None]
         for table in (self.objects.record_items(), self.upserts.items()):  # a pending put is a record
             for key, meta in table:

@@ -103,7 +103,9 @@ class LruTable(MutableMapping[K, V], Generic[K, V]):
         no method call each. Each shard keeps their order; across shards a pair counts as old as
         its place within its shard (the k-th of n is k/n of the way from oldest to newest), which
         is where a key spread at random lands in the whole. A key's shard is the same in every
-        process (its CRC), so a snapshot written shard by shard elsewhere loads shard by shard."""
+        process (its CRC), so a snapshot written shard by shard elsewhere loads shard by shard.
+        (The object index restores from stamped ops instead, keeping the order exactly:
+        ``ObjectIndex.load_ops``; this is its path for journals written before stamps.)"""
         assert not self, "load into an empty table"
         where, stamps = self._placements([key for key, _ in pairs])
         shards, restamp = self._shards, self._restamp
