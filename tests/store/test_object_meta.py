@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 
+import pytest
 from tidekv.store.master.index import ObjectIndex, ObjectMeta, PendingPut, lease_ticks
 from tidekv.store.master.journal import Mirror, decode_ops, encode_ops
 from tidekv.store.wire.protocol import Status
@@ -137,16 +138,27 @@ def test_a_restore_packs_ops_as_objects_pack() -> None:
             assert _fields(index.unpack(packed[op.key])) == _fields(meta)
 
 
-def test_a_restore_finds_the_objects_short_of_replicas() -> None:
-    """Packed or not, an object restored with fewer replicas than it wants is queued for repair."""
+@pytest.mark.parametrize("stamped", [True, False], ids=["stamped", "journal-before-stamps"])
+def test_a_restore_finds_the_objects_short_of_replicas(stamped: bool) -> None:
+    """Packed or not, an object restored with fewer replicas than it wants is queued for repair:
+    found while loading stamped ops, by a scan after loading a journal written before stamps."""
     from tidekv.store.master import journal as j
 
+    used = [1, 2, 3, 4, 5] if stamped else [0] * 5
     mirror = Mirror(5.0)
     mirror.apply([j.MountOp("h", "seg", "10.0.0.1:1", 1 << 20, 1 << 30),
-                  j.ObjectOp(b"whole", 4096, ["seg", 0], 0, 1, 1),
-                  j.ObjectOp(b"short", 4096, ["seg", 4096], 0, 2, 2),  # packed: one replica of two
-                  j.ObjectOp(b"big", 1 << 41, ["seg", 8192], 0, 3, 2)], 0.0)  # a record: too big to pack
+                  j.ObjectOp(b"whole", 4096, ["seg", 0], 0, 1, 1, used[0]),
+                  j.ObjectOp(b"short", 4096, ["seg", 4096], 0, 2, 2, used[1]),  # packed: one replica of two
+                  j.ObjectOp(b"big", 1 << 41, ["seg", 8192], 0, 3, 2, used[2]),  # a record: too big to pack
+                  j.ObjectOp(b"two", 4096, ["seg", 12288, "seg", 16384], 0, 4, 3, used[3]),  # packed: two of three
+                  j.ObjectOp(b"also", 4096, ["seg", 20480], 1, 5, 1, used[4])], 0.0)  # another pin: new fields
     rig = ServiceRig()
     rig.service.restore(mirror)
-    assert type(rig.service.objects.objects.raw(b"short")) is int
-    assert set(rig.service.objects.repairs.degraded) == {b"short", b"big"}
+    objects = rig.service.objects.objects
+    assert type(objects.raw(b"short")) is int and type(objects.raw(b"two")) is int
+    assert set(rig.service.objects.repairs.degraded) == {b"short", b"big", b"two"}
+    for key, size, replicas, pin, token, want in ((b"whole", 4096, ("seg", 0), 0, 1, 1),
+                                                  (b"two", 4096, ("seg", 12288, "seg", 16384), 0, 4, 3),
+                                                  (b"also", 4096, ("seg", 20480), 1, 5, 1)):
+        meta = objects.pop(key)
+        assert (meta.size, meta.replicas, meta.pin, meta.token, meta.want) == (size, replicas, pin, token, want)

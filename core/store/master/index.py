@@ -174,27 +174,32 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
                         ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token, op.want)))
         return out
 
-    def load_ops(self, ops: Iterable[Any]) -> None:
+    def load_ops(self, ops: Iterable[Any]) -> list[bytes] | None:
         """Fills the empty index from journal ``ObjectOp``s in a mirror's order: a restore's ten
         million objects, so one pass with the one-replica case inline and nothing built between.
         Each keeps the LRU stamp it was snapshotted with, so the order survives a restart exactly;
         one without (a put since the snapshot, in the order put) is newer than everything before it.
-        A journal written before snapshots carried stamps is placed as ``load`` places pairs."""
+        Returns the keys of the objects with fewer replicas than they want (``repairs``), found on
+        the way. A journal written before snapshots carried stamps is placed as ``load`` places
+        pairs; then None (the caller scans: ``short_of_replicas_keys``)."""
         assert not self, "load into an empty table"
         ops = iter(ops)
         first = next(ops, None)
         if first is None:
-            return
+            return []
         ops = chain((first,), ops)
         if not first.used:
             self.load(self.pack_ops(ops))
-            return
-        shards, records, mask, ids = self._shards, self._records, self._mask, self._seg_ids
+            return None
+        shards, records, mask = self._shards, self._records, self._mask
         last = [0] * (mask + 1)  # each shard's newest stamp: a shard stays in stamp order
         top = 0
-        fixed: dict[int, int] = {}  # as in ``pack_ops``
-        placed: dict[str, int] = {}
-        token_shift, offset_shift = _TOKEN_SHIFT, _REPLICAS_SHIFT + _SEG_BITS
+        short: list[bytes] = []
+        # One replica, wanted once: every field but token, offset and stamp comes from (size, pin,
+        # segment), which in a pool of one object size repeat from one object to the next.
+        size = pin = name = None
+        fields: int | None = None
+        token_shift, gap = _TOKEN_SHIFT, _REPLICAS_SHIFT + _SEG_BITS - _TOKEN_SHIFT
         for op in ops:
             key = op.key
             i = crc32(key) & mask
@@ -205,26 +210,29 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
             if used > top:
                 top = used
             r = op.replicas
-            v = None
-            if len(r) == 2 and op.want <= 1 and op.token <= _TOKEN and 0 <= r[1] <= _OFFSET:
-                base = fixed.get(op.size * 4 + op.pin)
-                seg = placed.get(r[0])
-                if base is None and op.size <= _SIZE and 0 <= op.pin <= 3:
-                    base = fixed[op.size * 4 + op.pin] = (op.pin << _PIN_SHIFT | 1 << _WANT_SHIFT
-                                                          | op.size << _SIZE_SHIFT | 1 << _COUNT_SHIFT)
-                if seg is None and ids.get(r[0]) is not None:
-                    seg = placed[r[0]] = ids[r[0]] << _REPLICAS_SHIFT
-                if base is not None and seg is not None:
-                    v = base | seg | op.token << token_shift | r[1] << offset_shift
+            if len(r) == 2 and op.want <= 1:
+                if op.size != size or op.pin != pin or r[0] != name:
+                    size, pin, name = op.size, op.pin, r[0]
+                    seg = self._seg_id(name) if 0 <= size <= _SIZE and 0 <= pin <= 3 else None  # type: ignore
+                    fields = None if seg is None else (pin << _PIN_SHIFT | 1 << _WANT_SHIFT | size << _SIZE_SHIFT
+                                                       | 1 << _COUNT_SHIFT | seg << _REPLICAS_SHIFT)  # type: ignore
+                token, offset = op.token, r[1]
+                if fields is not None and token <= _TOKEN and 0 <= offset <= _OFFSET:
+                    shards[i][key] = (offset << gap | token) << token_shift | fields | used  # type: ignore[assignment]
+                    continue
+            v = self.pack_fields(op.size, r, op.pin, op.token, op.want)
             if v is None:
-                v = self.pack_fields(op.size, op.replicas, op.pin, op.token, op.want)
-            if v is None:
-                meta = records[key] = ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token, op.want)
+                meta = records[key] = ObjectMeta(op.size, tuple(r), None, op.pin, op.token, op.want)
                 meta.used = used
                 shards[i][key] = used  # type: ignore[assignment]  # a marker
+                if len(r) // 2 < meta.want:
+                    short.append(key)
             else:
                 shards[i][key] = v | used  # type: ignore[assignment]
+                if v >> _COUNT_SHIFT & _COUNT < v >> _WANT_SHIFT & _WANT:
+                    short.append(key)
         self._clock = top
+        return short
 
     def object_ops(self, op: Callable[..., Any]) -> list[Any]:
         """``op(key, size, replicas, pin, token, want, used)`` of every complete object, in ``items``

@@ -535,19 +535,21 @@ class ObjectTable:
                 self.journal.add(j.EvictOp(victims), *victims)
         return freed
 
-    def restore(self, mirror: j.Mirror, now: float) -> None:
+    def restore(self, mirror: j.Mirror, now: float) -> list[bytes] | None:
         """Fills an empty table from ``mirror`` (segments must be restored first): its objects,
         its pending puts (ended by their writers' put_end, or reclaimed as usual), and bytes kept
         for leases; nothing it frees is reused before ``now + mirror.lease_ttl_s``. Tenants' usage
-        is the caller's to count, once the repairs are restored too (``MasterService.restore``)."""
+        is the caller's to count, once the repairs are restored too (``MasterService.restore``).
+        Returns the keys short of replicas where the load found them, else None (scan for them)."""
         # In the mirror's order (the snapshot's, then the puts since), which ``load`` keeps; a
         # million objects at a promotion, so one comprehension.
         if self.segments.suspended:
             readable = self._hold_suspended([(op.key, ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token,
                                                                  op.want)) for op in mirror.objects.values()])
             self.objects.load(readable)  # type: ignore[arg-type]
+            short = None
         else:  # packed straight from the ops, with the stamps they were snapshotted with
-            self.objects.load_ops(mirror.objects.values())
+            short = self.objects.load_ops(mirror.objects.values())
         for start in mirror.pending.values():
             meta = ObjectMeta(start.size, tuple(start.replicas), PendingPut(start.token, start.writer, now,
                                                                             start.is_upsert), start.pin, start.token,
@@ -562,6 +564,7 @@ class ObjectTable:
         self.retired = RetiredBytes((max(t, self.quarantine_until), size, tuple(replicas), None)
                                     for t, size, replicas in mirror.retired)
         self.last_token = mirror.max_token
+        return short
 
     def _hold_suspended(self, restored: list[tuple[bytes, ObjectMeta]]) -> list[tuple[bytes, ObjectMeta]]:
         """Restored objects with replicas on suspended segments hold those aside; the ones left with

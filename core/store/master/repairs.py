@@ -164,15 +164,19 @@ class RepairBook:
     def snapshot(self) -> list[j.Op]:
         return [j.RepairOp(key, r.token, r.size, r.segment, r.offset) for key, r in self.under_way.items()]
 
-    def restore(self, repairs: list[j.RepairOp], now: float, timeout_s: float) -> None:
+    def restore(self, repairs: list[j.RepairOp], now: float, timeout_s: float,
+                short: list[bytes] | None = None) -> None:
         """Repairs from a journal (their bytes already re-reserved): each ends by its holder's
-        report to this master, or at a new deadline."""
+        report to this master, or at a new deadline. ``short``: the objects with fewer replicas
+        than they want, where the restore found them (None: found here, by a scan)."""
         segments = self.table.segments.segments
         for op in repairs:
             seg = segments.get(op.segment)
             if seg is not None:
                 self.under_way[op.key] = Repair(op.token, op.size, op.segment, op.offset, seg.client_id, now + timeout_s)
-        self.degraded.update(dict.fromkeys(self.table.objects.short_of_replicas_keys()))
+        if short is None:
+            short = self.table.objects.short_of_replicas_keys()
+        self.degraded.update(dict.fromkeys(short))
 
     def _abandon(self, key: bytes, repair: Repair, now: float) -> None:
         table = self.table

@@ -20,6 +20,7 @@ on the way back (``Namespace.leave``); what lies between sees plain internal nam
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import uuid
@@ -668,9 +669,10 @@ class MasterService:
         assert not self.segments.segments and not self.objects.objects, "restore into an empty master"
         now = self.clock()
         used: dict[str, list[tuple[int, int]]] = {name: [] for name in (*mirror.segments, *mirror.suspended)}
-        held: list[j.ObjectOp | j.StartOp | j.RetireOp] = [*mirror.objects.values(), *mirror.pending.values()]
-        held += [j.RetireOp(size, replicas) for _, size, replicas in mirror.retired]  # kept for leases
-        held += [j.RetireOp(r.size, [r.segment, r.offset]) for r in mirror.repairs.values()]  # their bytes
+        held = itertools.chain(
+            mirror.objects.values(), mirror.pending.values(),
+            (j.RetireOp(size, replicas) for _, size, replicas in mirror.retired),  # kept for leases
+            (j.RetireOp(r.size, [r.segment, r.offset]) for r in mirror.repairs.values()))  # their bytes
         for op in held:
             flat, size = op.replicas, op.size
             if len(flat) == 2:  # one replica: the common case, kept cheap for a million objects
@@ -684,9 +686,9 @@ class MasterService:
         for name, (op, until) in mirror.suspended.items():
             self.segments.restore(op.client_id, name, op.engine, op.base, op.capacity, used[name], now,
                                   op.incarnation, suspended_until=until)
-        self.objects.restore(mirror, now)
+        short = self.objects.restore(mirror, now)
         self.objects.disks.restore(mirror, now)
-        self.objects.repairs.restore(list(mirror.repairs.values()), now, self.config.put_timeout_s)
+        self.objects.repairs.restore(list(mirror.repairs.values()), now, self.config.put_timeout_s, short)
         self.channels.restore(mirror)
         self.tasks.restore(mirror.tasks)
         if self.objects.quotas is not None:  # repairs under way count against their objects' tenants too
