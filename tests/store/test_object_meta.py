@@ -162,3 +162,25 @@ def test_a_restore_finds_the_objects_short_of_replicas(stamped: bool) -> None:
                                                   (b"also", 4096, ("seg", 20480), 1, 5, 1)):
         meta = objects.pop(key)
         assert (meta.size, meta.replicas, meta.pin, meta.token, meta.want) == (size, replicas, pin, token, want)
+
+
+def test_a_restore_with_a_suspended_segment_packs_the_objects_it_does_not_hold() -> None:
+    """A master restored while a holder's segment is suspended holds aside the replicas there;
+    every other object is packed as usual (they stayed records, at twice the memory, before)."""
+    from tidekv.store.master import journal as j
+
+    mirror = Mirror(5.0)
+    mirror.apply([j.MountOp("h", "a", "10.0.0.1:1", 1 << 20, 1 << 30),
+                  j.MountOp("h2", "b", "10.0.0.2:1", 1 << 20, 1 << 30), j.SuspendOp(["b"], 30.0),
+                  *(j.ObjectOp(b"k%d" % i, 4096, ["a", i * 4096], 0, i + 1, 1, i + 1) for i in range(50)),
+                  j.ObjectOp(b"both", 4096, ["a", 1 << 20, "b", 0], 0, 51, 2, 51),
+                  j.ObjectOp(b"away", 4096, ["b", 4096], 0, 52, 1, 52)], 0.0)
+    rig = ServiceRig()
+    rig.service.restore(mirror)
+    objects = rig.service.objects
+    assert all(type(objects.objects.raw(b"k%d" % i)) is int for i in range(50))
+    assert objects.objects.records == 1  # "both": its replica on b held aside
+    both = objects.objects.raw(b"both")
+    assert both.replicas == ("a", 1 << 20) and both.held == ("b", 0)
+    assert b"away" in objects.suspended and b"away" not in objects.objects  # no readable replica
+    assert objects.objects.pop(b"k7").replicas == ("a", 7 * 4096)

@@ -429,16 +429,20 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
 
     def load(self, pairs: list[tuple[bytes, ObjectMeta | int]]) -> None:  # type: ignore[override]
         """Fills the empty index from (key, packed int without a stamp, or record) pairs, oldest
-        first, placed as ``LruTable.load`` places them."""
+        first, placed as ``LruTable.load`` places them; a record of a plain object is packed."""
         assert not self, "load into an empty table"
         where, stamps = self._placements([key for key, _ in pairs])
-        shards, records = self._shards, self._records
+        shards, records, pack = self._shards, self._records, self.pack
         for (key, v), i, used in zip(pairs, where, stamps):
-            if type(v) is int:
-                shards[i][key] = v | used  # type: ignore[assignment]
+            if type(v) is not int:
+                packed = pack(v, used)  # type: ignore[arg-type]
+                if packed is None:
+                    records[key] = v  # type: ignore[assignment]
+                    shards[i][key] = used  # type: ignore[assignment]  # a marker
+                    continue
+                shards[i][key] = packed  # type: ignore[assignment]
             else:
-                records[key] = v  # type: ignore[assignment]
-                shards[i][key] = used  # type: ignore[assignment]  # a marker
+                shards[i][key] = v | used  # type: ignore[assignment]
         self._clock = len(pairs)
 
     def oldest(self) -> Iterator[tuple[bytes, int, int, float, bool]]:
