@@ -53,6 +53,36 @@ def test_items_come_out_in_order_and_acks_remove_their_objects() -> None:
                                                  "lost": 0}
 
 
+def test_a_push_sent_again_appends_nothing_twice() -> None:
+    """A push whose reply was lost is sent again by the client (``master_client`` retries it):
+    a key already in the channel is answered with its seq, and only the new one is appended."""
+    rig = _rig()
+    assert _push(rig, [b"k0", b"k1"]) == ([Status.OK] * 2, [0, 1])
+    assert _push(rig, [b"k1", b"k2"]) == ([Status.OK] * 2, [1, 2])
+    assert rig.call(p.ChannelInfo("c"), "w")["items"] == 3
+    rig.call(p.ChannelAck("c", [1]), "w")
+    assert rig.call(p.ChannelPush("c", [b"k1"], 100, 1 << 30), "w")[0] == [Status.NOT_FOUND], \
+        "an acked item's object is gone: nothing to append"
+
+
+def test_a_publish_ends_the_puts_and_appends_what_it_ended_in_one_request() -> None:
+    """``ChannelPublish``: a producer's PutEnd and ChannelPush in one round trip. A put that
+    does not end (a wrong token) is not appended; one the bound refuses is published but not
+    appended, and a push appends it later; sent again, it appends nothing twice."""
+    rig = _rig()
+    slots = [rig.put_start("w", k, PAGE, pin=Pin.HARD) for k in (b"k0", b"k1", b"k2")]
+    tokens = [slots[0].token, slots[1].token + 999, slots[2].token]
+    publish = p.ChannelPublish("w", [b"k0", b"k1", b"k2"], tokens, "c", 1, 1 << 30)
+    ended, appended, seqs = rig.call(publish, "w")
+    assert ended[0] == ended[2] == Status.OK and ended[1] != Status.OK
+    assert appended == [Status.OK, Status.NOT_FOUND, Status.FULL] and seqs == [0, -1, -1]
+    assert rig.exists(b"k2") and not rig.exists(b"k1")
+    assert rig.call(publish, "w")[1:] == [[Status.OK, Status.NOT_FOUND, Status.FULL], [0, -1, -1]]
+    rig.call(p.ChannelAck("c", [0]), "w")
+    assert _push(rig, [b"k2"]) == ([Status.OK], [1])
+    assert [(i.seq, i.key) for i in _take(rig)] == [(1, b"k2")]
+
+
 def test_a_take_acks_what_it_carries_before_taking() -> None:
     """``ChannelTake.acks``: the consume loop's one round trip per batch; the acked items and
     their objects are gone, and the room they left is taken at once."""
@@ -114,7 +144,7 @@ def test_unacknowledged_items_and_the_counter_survive_a_journal_replay(tmp_path:
     restored = reloaded(tmp_path)
     restored.hello("w")
     assert [(i.seq, i.key) for i in _take(restored, 10)] == [(0, b"k0"), (2, b"k2"), (3, b"k3")]
-    assert restored.call(p.ChannelPush("c", [b"k0"], 100, 1 << 30), "w")[1] == [4]  # seqs are not reused
+    assert _push(restored, [b"k0", b"k4"])[1] == [0, 4]  # k0 is in it already; seqs are not reused
 
 
 @pytest.mark.parametrize("start", [1000.0, 1000.1234567891])  # a clock a lease's 2^-20 s ticks do not hold exactly

@@ -16,6 +16,7 @@ into them. Neighbours: ``client`` (the API), ``master_client`` (the master),
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -58,6 +59,10 @@ Pieces = list[tuple[int, int, int]]
 """Memory to read an object into, as (address, length, offset in the object) pieces."""
 
 Failures = dict[bytes, StoreError | TransferError]
+
+Publish = Callable[[list[bytes], list[int]], list[int]]
+"""Publishes written puts, given their keys and tokens; returns a ``Status`` per key as ``PutEnd``
+answers (a channel's producer sends ``ChannelPublish`` instead, which also appends them)."""
 
 
 def span_of(buffer: Buffer | Parts) -> Span:
@@ -105,6 +110,12 @@ SPARE_USE_FRACTION = 0.25
 that got it was sent), so the master, which reclaims it at ``valid_s``, never has."""
 
 
+@functools.lru_cache(maxsize=4096)
+def _on_loopback(engine: str) -> bool:
+    """Whether engine "host:port" is on a loopback address (asked per location read: cached)."""
+    return is_loopback(parse_host_port(engine, "engine")[0])
+
+
 @dataclass(frozen=True, slots=True)
 class _HeldSpare:
     spare: p.Spare
@@ -145,10 +156,12 @@ class ObjectIO:
         self.disk_reader: DiskReader | None = None  # reads disk-only objects (the Store sets it)
 
     def put(self, keys: list[bytes], spans: list[Span], pin: Pin, replicas: int | None, upsert: bool,
-            preferred_segment: str, avoid: tuple[str, ...] = ()) -> None:
+            preferred_segment: str, avoid: tuple[str, ...] = (), publish: Publish | None = None) -> None:
         """Puts each key's span. Keys whose writes failed because a holder is gone (dead,
         stalled, restarted: the master has not noticed yet) are revoked and put once more with
         those holders' engines avoided, so a holder's death costs a retry, not a failed put.
+        ``publish`` replaces the ``PutEnd`` request (called once per attempt, with the keys
+        written).
 
         Raises:
             StoreError or TransferError (or a subclass): some keys failed (``err.failed_keys``).
@@ -161,7 +174,7 @@ class ObjectIO:
             if n <= 0:
                 raise ConfigError(f"object {show_key(key)} is empty; tidekv stores objects of at least 1 byte")
         ask = False
-        if len(keys) == 1 and not avoid:
+        if len(keys) == 1 and not avoid and publish is None:
             held = self._take_spare(sizes[0], copies, preferred_segment)
             if held is not None and self._put_in_spare(keys[0], spans[0], held, pin, upsert, preferred_segment):
                 return
@@ -215,13 +228,15 @@ class ObjectIO:
                         self._client_id, ", ".join(lost), len(again))
             try:
                 self.put([keys[i] for i in again], [spans[i] for i in again], pin, replicas, upsert,
-                         preferred_segment, lost)
+                         preferred_segment, lost, publish)
             except (StoreError, TransferError) as exc:
                 # No room without those holders: the reason is the holder that is gone.
                 failures.update({k: first[k] if isinstance(e, OutOfSpaceError) else e
                                  for k, e in (exc.failed_keys or {keys[again[0]]: exc}).items()})
         if ended:
-            statuses = self._rpc.call(p.PutEnd(self._client_id, [k for k, _ in ended], [t for _, t in ended]))
+            end_keys, tokens = [k for k, _ in ended], [t for _, t in ended]
+            statuses = (publish(end_keys, tokens) if publish is not None
+                        else self._rpc.call(p.PutEnd(self._client_id, end_keys, tokens)))
             for (key, _), status in zip(ended, statuses):
                 if status != Status.OK:
                     failures[key] = StoreError(
@@ -317,7 +332,7 @@ class ObjectIO:
         if self._rpc.master_on_this_host is not False:
             return None
         for loc in locations:
-            if loc.engine != self._engine.name and is_loopback(parse_host_port(loc.engine, "engine")[0]):
+            if loc.engine != self._engine.name and _on_loopback(loc.engine):
                 return ConfigError(
                     f"the master ({self._rpc.address}, on another host) names engine {loc.engine} as a holder: "
                     f"loopback, which this host cannot reach; start that holder with its host's address "

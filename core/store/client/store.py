@@ -610,9 +610,7 @@ class Store(TensorCalls, TaskCalls, SegmentCalls):
 
     def _put(self, keys: list[bytes], spans: list[Span], pin: Pin, replicas: int | None, upsert: bool,
              preferred_segment: str | None) -> None:
-        if preferred_segment is None:
-            preferred_segment = self.segment_name if self.config.prefer_local_segment else ""
-        preferred: str = preferred_segment
+        preferred = self._placement(preferred_segment)
 
         def share(group: int, positions: list[int]) -> tuple[()]:
             self._groups[group].io.put(pick(keys, positions), pick(spans, positions), pin, replicas, upsert,
@@ -620,3 +618,10 @@ class Store(TensorCalls, TaskCalls, SegmentCalls):
             return ()
 
         self._pool.fan_out(keys, share, "put")
+
+    def _placement(self, preferred_segment: str | None) -> str:
+        """The segment a put asks for: the one named, else this client's own where it has one and
+        ``prefer_local_segment`` is on ("": any)."""
+        if preferred_segment is None:
+            return self.segment_name if self.config.prefer_local_segment else ""
+        return preferred_segment

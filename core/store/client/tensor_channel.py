@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tidekv.errors import ChannelFullError, ConfigError, LeaseExpiredError, StoreError, TidekvError
-from tidekv.store.client.tensors import read_object, torch_module
+from tidekv.store.client.tensors import read_object, tensor_spans, torch_module
 from tidekv.store.wire import protocol as p
 from tidekv.store.wire.protocol import Pin, Status
 
@@ -93,35 +93,44 @@ class TensorChannel:
         return self.put_many([tensor])[0]
 
     def put_many(self, tensors: Sequence[Any]) -> list[int]:
-        """Appends tensors in order (one put batch, one push); returns their seqs.
+        """Appends tensors in order (one put batch whose end appends them: three round trips to
+        the master become two); returns their seqs. A tensor put again after its holder failed
+        mid-put is appended after the others.
 
         Raises:
             ChannelFullError: no room within ``timeout_s`` ("block") or now ("refuse"); the
                 tensors not appended were removed from the pool (``err.appended`` counts the
                 ones before them that were).
+            StoreError, TransferError: the put failed for some tensors (``err.failed_keys``);
+                those and any not appended were removed, ``err.appended`` counts the ones that were.
         """
         keys = [self._item_key() for _ in tensors]
-        self.store.put_tensors(keys, tensors, pin=Pin.HARD)
-        seqs = [-1] * len(keys)
-        todo = list(range(len(keys)))
+        pushed: dict[bytes, tuple[int, int]] = {}  # key -> (Status, seq) of its append at put_end
+
+        def publish(ended: list[bytes], tokens: list[int]) -> list[int]:
+            statuses, appended, seqs = self._rpc.call(p.ChannelPublish(self.store.client_id, ended, tokens, self.name,
+                                                                       self.max_items, self.max_bytes))
+            pushed.update(zip(ended, zip(appended, seqs)))
+            return statuses
+
+        try:
+            with tensor_spans(self.store, tensors) as spans:
+                self.store._groups[self._group].io.put(keys, spans, Pin.HARD, None, False,
+                                                       self.store._placement(None), publish=publish)
+        except TidekvError as exc:
+            self.store.remove_many([k for k in keys if pushed.get(k, (Status.FULL,))[0] != Status.OK], force=True)
+            exc.appended = sum(1 for status, _ in pushed.values() if status == Status.OK)
+            raise
+        seqs = [pushed[key][1] if pushed[key][0] == Status.OK else -1 for key in keys]
+        todo = [i for i, key in enumerate(keys) if pushed[key][0] != Status.OK]
         deadline = time.monotonic() + self.timeout_s
         delay = _POLL_S[0]
-        while True:
-            statuses, got = self._rpc.call(p.ChannelPush(self.name, [keys[i] for i in todo], self.max_items,
-                                                         self.max_bytes))
-            full = []
-            for i, status, seq in zip(todo, statuses, got):
-                if status == Status.OK:
-                    seqs[i] = seq
-                elif status == Status.FULL:
-                    full.append(i)
-                else:
-                    self.store.remove_many([keys[j] for j in todo if j >= i], force=True)
-                    raise StoreError(f"channel {self.name!r}: item {keys[i]!r} vanished before it was appended "
-                                     f"({Status(status).name})")
-            todo = full  # in order: only what was refused is retried
-            if not todo:
-                return seqs
+        while todo:
+            if any(pushed[keys[i]][0] != Status.FULL for i in todo):
+                i = next(i for i in todo if pushed[keys[i]][0] != Status.FULL)
+                self.store.remove_many([keys[j] for j in todo], force=True)
+                raise StoreError(f"channel {self.name!r}: item {keys[i]!r} vanished before it was appended "
+                                 f"({Status(pushed[keys[i]][0]).name})")
             if self.when_full == "refuse" or time.monotonic() >= deadline:
                 self.store.remove_many([keys[i] for i in todo], force=True)
                 err = ChannelFullError(
@@ -132,6 +141,14 @@ class TensorChannel:
                 raise err
             time.sleep(delay)
             delay = min(delay * 2, _POLL_S[1])
+            statuses, got = self._rpc.call(p.ChannelPush(self.name, [keys[i] for i in todo], self.max_items,
+                                                         self.max_bytes))
+            pushed.update((keys[i], (status, seq)) for i, status, seq in zip(todo, statuses, got))
+            for i, status, seq in zip(todo, statuses, got):
+                if status == Status.OK:
+                    seqs[i] = seq
+            todo = [i for i in todo if seqs[i] < 0]  # in order: only what was refused is retried
+        return seqs
 
     # ---- consuming ----------------------------------------------------------------------
 
@@ -180,10 +197,11 @@ class TensorChannel:
         buffers = self.store.read_buffers
         view, address = buffers.take(sum(it.size for it in items))
         whole = torch.frombuffer(view, dtype=torch.uint8)
-        bufs, pieces, offset = [], [], 0
+        bufs, pieces, offsets, offset = [], [], [], 0
         for it in items:
             bufs.append(whole[offset:offset + it.size])
             pieces.append([(address + offset, it.size, 0)])
+            offsets.append(offset)
             offset += it.size
         failed: set[bytes] = set()
         results = [p.GetResult(Status.OK, it.size, it.locations) for it in items]
@@ -206,7 +224,8 @@ class TensorChannel:
         except BaseException:
             buffers.spoil(address)
             raise
-        return [Delivery(it.seq, read_object(buf, it.key)[1]) for it, buf in zip(items, bufs) if it.key not in failed]
+        return [Delivery(it.seq, read_object(buf, it.key, view[at:at + it.size])[1])
+                for it, buf, at in zip(items, bufs, offsets) if it.key not in failed]
 
     def _item_key(self) -> bytes:
         """A fresh key that hashes to this channel's master group."""

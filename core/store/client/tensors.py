@@ -130,12 +130,20 @@ def torch_module() -> Any:
     return torch
 
 
+_DTYPES: dict[str, torch.dtype] = {}
+"""torch's dtypes by the names headers carry, as they are met."""
+
+
 def _dtype(header: TensorHeader, key: Key) -> torch.dtype:
+    dtype = _DTYPES.get(header.dtype)
+    if dtype is not None:
+        return dtype
     torch = torch_module()
     dtype = getattr(torch, header.dtype, None)
     if not isinstance(dtype, torch.dtype):
         raise TensorFormatError(f"object {show_key(key)} holds dtype {header.dtype!r}, which this torch "
                                 f"({torch.__version__}) does not have", key=key)
+    _DTYPES[header.dtype] = dtype
     return dtype
 
 
@@ -177,7 +185,7 @@ def _header_of(t: torch.Tensor, split_dim: int = -1, rank: int = 0, count: int =
 def _view(buf: torch.Tensor, header: TensorHeader, key: Key) -> torch.Tensor:
     """The tensor in ``buf`` (a whole object read into uint8 memory)."""
     dtype = _dtype(header, key)
-    element = torch_module().empty((), dtype=dtype).element_size()
+    element = dtype.itemsize
     n = header.data_bytes(element)
     if n == 0:
         return torch_module().empty(header.shape, dtype=dtype)
@@ -185,8 +193,21 @@ def _view(buf: torch.Tensor, header: TensorHeader, key: Key) -> torch.Tensor:
             (sum((d - 1) * s for d, s in zip(header.shape, header.strides)) + 1) * element > n:
         raise TensorFormatError(f"object {show_key(key)}: shape {header.shape} and strides {header.strides} of "
                                 f"{header.dtype} do not fit its {buf.numel() - header.size} data bytes", key=key)
-    flat = buf[header.size:].view(dtype)
-    return flat.as_strided(header.shape, header.strides)
+    flat = buf[header.size:]
+    if dtype != flat.dtype:
+        flat = flat.view(dtype)
+    if header.strides != _contiguous_strides(header.shape):
+        return flat.as_strided(header.shape, header.strides)
+    return flat if len(header.shape) == 1 else flat.view(header.shape)
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides, in elements, of a contiguous tensor of ``shape``."""
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(strides))
 
 
 class TensorCalls:
@@ -411,18 +432,32 @@ def _registered(store: Store, tensors: Sequence[torch.Tensor]) -> Iterator[None]
             store.engine.unregister(region)
 
 
-def _put_with_headers(store: Store, keys: list[Key], tensors: list[torch.Tensor], headers: list[TensorHeader],
-                      **put: Any) -> None:
-    """Puts each tensor as [header, its memory], the headers from staging memory."""
+@contextlib.contextmanager
+def tensor_spans(store: Store, tensors: Sequence[Any], headers: list[TensorHeader] | None = None
+                 ) -> Iterator[list[list[tuple[int, int]]]]:
+    """Each tensor as the span of its object, [header, its memory] (the headers in staging
+    memory, the tensors registered), valid for the block: what a put writes. Without
+    ``headers``, the tensors are made dense and described as they are; with them, the tensors
+    are dense already."""
+    if headers is None:
+        tensors = [_dense(t) for t in tensors]
+        headers = [_header_of(t) for t in tensors]
     encoded = [h.encode(t.numel() * t.element_size()) for h, t in zip(headers, tensors)]
     with store._staging.borrow(max(sum(map(len, encoded)), 1)) as area, _registered(store, tensors):
-        view, offset, parts = area.view(), 0, []
+        view, offset, spans = area.view(), 0, []
         for raw, t in zip(encoded, tensors):
             view[offset:offset + len(raw)] = raw
             n = t.numel() * t.element_size()
-            parts.append([(area.address + offset, len(raw))] + ([(t.data_ptr(), n)] if n else []))
+            spans.append([(area.address + offset, len(raw))] + ([(t.data_ptr(), n)] if n else []))
             offset += len(raw)
-        store.put_many_from(keys, parts, **put)
+        yield spans
+
+
+def _put_with_headers(store: Store, keys: list[Key], tensors: list[torch.Tensor], headers: list[TensorHeader],
+                      **put: Any) -> None:
+    """Puts each tensor as [header, its memory]."""
+    with tensor_spans(store, tensors, headers) as spans:
+        store.put_many_from(keys, spans, **put)
 
 
 def read_whole(store: Store, keys: Sequence[Key]) -> list[tuple[TensorHeader, torch.Tensor] | None]:
@@ -452,14 +487,17 @@ def read_whole(store: Store, keys: Sequence[Key]) -> list[tuple[TensorHeader, to
     return out
 
 
-def read_object(buf: torch.Tensor, key: Key) -> tuple[TensorHeader, torch.Tensor]:
+def read_object(buf: torch.Tensor, key: Key,
+                raw: bytes | memoryview | None = None) -> tuple[TensorHeader, torch.Tensor]:
     """The header of the tensor object in uint8 memory ``buf`` (exactly the object) and the
-    tensor, a view of ``buf``.
+    tensor, a view of ``buf``. ``raw``: the same memory as a buffer, where the caller has one
+    (read from it, not copied).
 
     Raises:
         TensorFormatError: ``buf`` does not hold a tensor object.
     """
-    raw = ctypes.string_at(buf.data_ptr(), min(buf.numel(), header_size(255)))
+    if raw is None:
+        raw = ctypes.string_at(buf.data_ptr(), min(buf.numel(), header_size(255)))
     header, _ = TensorHeader.decode(raw, buf.numel(), key)
     return header, _view(buf, header, key)
 

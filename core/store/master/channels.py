@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 class _Channel:
     next_seq: int = 0
     items: dict[int, tuple[bytes, int]] = field(default_factory=dict)  # seq -> (key, size), not acked
+    seq_of: dict[bytes, int] = field(default_factory=dict)  # key -> seq of each item (a push sent again finds it)
     ready: list[int] = field(default_factory=list)  # a heap of seqs that may be taken (acked ones are skipped)
     taken: dict[int, tuple[str, float, float]] = field(default_factory=dict)  # seq -> (consumer, ready again at,
     #                                                                             its read lease's end)
@@ -51,10 +52,17 @@ class ChannelTable:
 
     def push(self, name: str, keys: list[bytes], max_items: int, max_bytes: int) -> tuple[list[int], list[int]]:
         """Appends complete objects; per key (Status, seq): OK, NOT_FOUND (no complete object),
-        FULL (the queue would pass a bound; nothing of that key was appended)."""
+        FULL (the queue would pass a bound; nothing of that key was appended). A key already in
+        the channel is answered OK with its seq, so a push sent again (its reply lost with the
+        connection) appends nothing twice."""
         ch = self.channels.setdefault(name, _Channel())
         statuses, seqs, pushed = [], [], []
         for key in keys:
+            seq = ch.seq_of.get(key)
+            if seq is not None:
+                statuses.append(int(Status.OK))
+                seqs.append(seq)
+                continue
             meta = self.objects.objects.get(key)
             if meta is None or meta.put is not None:
                 statuses.append(int(Status.NOT_FOUND))
@@ -67,6 +75,7 @@ class ChannelTable:
             seq = ch.next_seq
             ch.next_seq += 1
             ch.items[seq] = (key, meta.size)
+            ch.seq_of[key] = seq
             ch.bytes += meta.size
             heapq.heappush(ch.ready, seq)
             statuses.append(int(Status.OK))
@@ -157,6 +166,7 @@ class ChannelTable:
             for seq, key in sorted(items.items()):
                 meta = self.objects.objects.get(key)
                 ch.items[seq] = (key, meta.size if meta is not None else 0)
+                ch.seq_of[key] = seq
                 ch.bytes += ch.items[seq][1]
                 ch.ready.append(seq)
             self.channels[name] = ch
@@ -175,7 +185,8 @@ class ChannelTable:
         if not seqs:
             return
         for seq in seqs:
-            _, size = ch.items.pop(seq)
+            key, size = ch.items.pop(seq)
+            ch.seq_of.pop(key, None)
             ch.bytes -= size
             ch.taken.pop(seq, None)
         if self.objects.journal is not None:  # no key changes with it: the objects' removals name theirs

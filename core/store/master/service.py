@@ -124,12 +124,22 @@ class MasterService:
             p.Repairs: self._repairs,
             p.Spills: self._spills,
             p.ChannelPush: lambda m, now: self.channels.push(m.channel, m.keys, m.max_items, m.max_bytes),
+            p.ChannelPublish: self._channel_publish,
             p.ChannelTake: self._channel_take,
             p.ChannelAck: lambda m, now: self.channels.ack(m.channel, m.seqs, m.consumer, now),
             p.ChannelInfo: lambda m, now: self.channels.info(m.channel, now),
             p.CreateTask: self._create_task,
             p.QueryTask: lambda m, now: self.tasks.query((m.id[0], m.id[1])) if len(m.id) == 2 else None,
         }
+
+    def _channel_publish(self, m: p.ChannelPublish, now: float) -> tuple[list[int], list[int], list[int]]:
+        ended = self._put_end(p.PutEnd(m.client_id, m.keys, m.tokens), now)
+        published = [i for i, status in enumerate(ended) if status == p.Status.OK]
+        statuses, seqs = self.channels.push(m.channel, [m.keys[i] for i in published], m.max_items, m.max_bytes)
+        appended, at = [int(p.Status.NOT_FOUND)] * len(m.keys), [-1] * len(m.keys)
+        for i, status, seq in zip(published, statuses, seqs):
+            appended[i], at[i] = status, seq
+        return ended, appended, at
 
     def _channel_take(self, m: p.ChannelTake, now: float) -> tuple[float, list[p.ChannelItem]]:
         if m.acks:

@@ -23,7 +23,7 @@ from tidekv.errors import (
     RpcError,
 )
 
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 """v2: the ``not_ready`` error kind (a recovering master, a standby), idempotent put_end, and the
 replication stream between masters (``journal``). v3: ``MountSegment`` carries the holder's
 incarnation and is answered with a ``MountResult``: a holder declared dead has its segment
@@ -34,7 +34,8 @@ v5: ``ListKeys``. v6: tenants (``store.master.tenants``: the Greeting names one;
 (``store.wire.mount_proof``) and the ``unproven`` error kind; ``PutStart.avoid``. v8: spare slots
 (``PutStart.spare``, ``PutBind``, ``PutSlot.spare``): a small put in two round trips. v9: channels
 (``ChannelPush``, ``ChannelTake``, ``ChannelAck``, ``ChannelInfo``, ``Status.FULL``), copy and move
-tasks (``CreateTask``, ``QueryTask``). v10: the disk tier (``Spills``, ``GetResult.disk``)."""
+tasks (``CreateTask``, ``QueryTask``). v10: the disk tier (``Spills``, ``GetResult.disk``). v11:
+``ChannelPublish`` (end puts and append them to a channel in one request)."""
 
 MAGIC = b"tkv\x07"
 """First bytes a client sends on a new connection (anything else is not a tidekv store client).
@@ -254,6 +255,19 @@ class ChannelPush(msgspec.Struct, tag="chan_push", array_like=True):
     max_bytes: int
 
 
+class ChannelPublish(msgspec.Struct, tag="chan_publish", array_like=True):
+    """A producer's ``PutEnd`` and ``ChannelPush`` in one request (one round trip less per put):
+    the puts are ended, then the keys published are appended as the push would append them.
+    Result per key: its end's Status, its append's Status (NOT_FOUND where the end failed) and seq."""
+
+    client_id: str
+    keys: list[bytes]
+    tokens: list[int]
+    channel: str
+    max_items: int
+    max_bytes: int
+
+
 class ChannelTake(msgspec.Struct, tag="chan_take", array_like=True):
     """A consumer takes up to ``max_items`` ready items, hidden from other consumers for
     ``visibility_s``, having first acked ``acks`` (as ChannelAck would: one round trip for both)."""
@@ -322,6 +336,7 @@ Body = Union[
     ListKeys,
     Repairs,
     ChannelPush,
+    ChannelPublish,
     ChannelTake,
     ChannelAck,
     ChannelInfo,
@@ -472,6 +487,7 @@ RESULT_TYPES: dict[type, object] = {
     Repairs: list[RepairTask],
     Spills: SpillWork,
     ChannelPush: tuple[list[int], list[int]],  # Status per key, seq per key (-1 where not appended)
+    ChannelPublish: tuple[list[int], list[int], list[int]],  # end Status, append Status, seq: per key
     ChannelTake: tuple[float, list[ChannelItem]],  # (lease seconds, as Get), the items
     ChannelAck: list[int],  # Status per seq
 }
@@ -491,6 +507,8 @@ def merge_results(body: msgspec.Struct, results: list[Any]) -> Any:
     """The result of a request from those of its ``split_request`` parts, in key order."""
     if isinstance(body, Get):  # (lease ttl, per-key results): the shortest lease holds for all
         return min(r[0] for r in results), [x for r in results for x in r[1]]
+    if isinstance(results[0], tuple):  # several lists, each per key (ChannelPush, ChannelPublish)
+        return tuple([x for r in results for x in r[i]] for i in range(len(results[0])))
     return [x for r in results for x in r]
 
 
