@@ -51,6 +51,7 @@ def _example(kind: type) -> msgspec.Struct:
         p.ListKeys: p.ListKeys(True),
         p.Repairs: p.Repairs("victim", [p.RepairResult(b"k", 1, True)]),
         p.ChannelPush: p.ChannelPush("c", [b"k"], 10, 1 << 20),
+        p.ChannelPublish: p.ChannelPublish("victim", [b"k"], [1], "c", 10, 1 << 20),
         p.ChannelTake: p.ChannelTake("c", "me", 10, 5.0),
         p.ChannelAck: p.ChannelAck("c", [0]),
         p.ChannelInfo: p.ChannelInfo("c"),

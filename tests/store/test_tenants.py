@@ -125,6 +125,9 @@ def test_a_tenant_cannot_touch_another_tenants_objects(rig: ServiceRig, kind: ty
         p.ListKeys: (p.ListKeys(True), ([], True)),
         p.Repairs: (p.Repairs("b1", [p.RepairResult(b"k", alice.token, True)]), []),
         p.ChannelPush: (p.ChannelPush("c", [b"k"], 10, 1 << 30), [[Status.NOT_FOUND], [-1]]),  # bob has no k
+        # alice's pending put: not bob's to end, nor to append to bob's channel
+        p.ChannelPublish: (p.ChannelPublish("b1", [b"p"], [pending.token], "c", 10, 1 << 30),
+                           [[Status.STALE], [Status.NOT_FOUND], [-1]]),
         p.ChannelTake: (p.ChannelTake("c", "me", 10, 5.0), [0.0, []]),  # bob's channel c is empty
         p.ChannelAck: (p.ChannelAck("c", [0]), [Status.NOT_FOUND]),
         p.ChannelInfo: (p.ChannelInfo("c"), {"items": 0, "ready": 0, "taken": 0, "bytes": 0, "next_seq": 0,

@@ -1,11 +1,14 @@
 """TensorChannel end to end: producers and consumers in separate processes over a real master and
 holder; order and bytes, back-pressure (refuse and block), a consumer that dies holding items
-(redelivered, nothing lost), and at-least-once delivery made exactly-once by seq."""
+(redelivered, nothing lost), at-least-once delivery made exactly-once by seq, and waits on the
+master (a waiting take or producer is answered when the channel changes, not by polling)."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+import urllib.request
 
 import pytest
 from tidekv.errors import ChannelFullError, ConfigError
@@ -99,3 +102,66 @@ def test_a_take_acks_the_batch_before_it(store: Store) -> None:
     assert [d.seq for d in second] == [2, 3] and channel.info()["items"] == 2
     assert channel.take(2, timeout_s=0, ack=second) == [] and channel.info()["items"] == 0
     assert not list(store.keys())
+
+
+def _requests(master: MasterProcess, kind: str) -> float:
+    """The master's count of ``kind`` requests answered so far (its /metrics)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{master.metrics_port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    found = re.search(rf'^tidekv_master_requests_total{{type="{kind}"}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_waiting_take_is_answered_when_an_item_comes_not_by_polling(store: Store, master: MasterProcess) -> None:
+    """The take waits on the master, which answers it on the push: one request for the wait,
+    and the item in hand soon after it was put (a poll would ask every few ms, and wait up to
+    its interval). Another request of the same Store meanwhile is not held up by the wait."""
+    consumer = store.tensor_channel("wake")
+    consumer.take(1, timeout_s=0)  # its connections are made
+    before = _requests(master, "ChannelTake")
+    put_at: list[float] = []
+
+    def produce() -> None:
+        time.sleep(0.5)
+        assert store.exists("nothing") is False  # the Store's own connection is free meanwhile
+        store.tensor_channel("wake").put(_tensor(7))
+        put_at.append(time.monotonic())
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        got = consumer.take(1, timeout_s=20)
+        taken_at = time.monotonic()
+    finally:
+        producer.join()
+    assert [d.seq for d in got] == [0] and digest(got[0].tensor.numpy().tobytes()) == digest(payload(7, SIZE))
+    assert taken_at - put_at[0] < 0.5, "the waiting take was answered when the item came"
+    assert _requests(master, "ChannelTake") - before == 1, "one take request waited; none polled"
+    started = time.monotonic()
+    assert consumer.take(1, timeout_s=0.4, ack=got) == []
+    assert 0.4 <= time.monotonic() - started < 3.0, "an empty-handed wait lasts its timeout"
+
+
+def test_a_blocked_producer_is_answered_when_an_ack_makes_room(store: Store, master: MasterProcess) -> None:
+    producer = store.tensor_channel("room", max_items=1, timeout_s=20)
+    producer.put(_tensor(0))
+    consumer = store.tensor_channel("room")
+    before = _requests(master, "ChannelPush")
+    acked_at: list[float] = []
+
+    def consume() -> None:
+        time.sleep(0.5)
+        items = consumer.take(1, timeout_s=5)
+        consumer.ack(items)
+        acked_at.append(time.monotonic())
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    try:
+        assert producer.put(_tensor(1)) == 1
+        appended_at = time.monotonic()
+    finally:
+        thread.join()
+    assert appended_at - acked_at[0] < 0.5, "the blocked put was appended when the ack made room"
+    assert _requests(master, "ChannelPush") - before == 1, "one push waited for room; none polled"
+    assert [d.seq for d in consumer.take(1, timeout_s=5)] == [1]

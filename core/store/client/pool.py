@@ -47,6 +47,7 @@ class Pool:
     def __init__(self, address: str | Sequence[str] | PoolAddress, client_id: str, **client_args: Any) -> None:
         self.pool = PoolAddress.parse(address)
         self.map = PoolMap([name for name, _ in self.pool.groups])
+        self._client_id, self._client_args = client_id, client_args
         self.clients: list[MasterClient] = []
         try:
             for _, group in self.pool.groups:
@@ -122,6 +123,12 @@ class Pool:
     def connect(self) -> None:
         """Connects to every group (``MasterClient.connect``); raises the first group's error."""
         self.each(lambda c: c.connect())
+
+    def another(self, group: int) -> MasterClient:
+        """A client of its own, on a connection of its own, to group ``group``'s master (as
+        this pool's, but it says no hello): for requests that wait on the master, so they hold
+        up no other call. The caller closes it."""
+        return MasterClient(self.pool.groups[group][1], self._client_id, **{**self._client_args, "register": False})
 
     def exists_many(self, keys: Sequence[Key]) -> list[bool]:
         bkeys = [key_bytes(k) for k in keys]

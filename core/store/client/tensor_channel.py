@@ -35,6 +35,7 @@ from tidekv.store.wire.protocol import Pin, Status
 
 if TYPE_CHECKING:
     import torch
+    from tidekv.store.client.master_client import MasterClient
     from tidekv.store.client.store import Store
 
 logger = logging.getLogger(__name__)
@@ -42,8 +43,9 @@ logger = logging.getLogger(__name__)
 KEY_PREFIX = "tidekv-channel/"
 """Items' objects are named ``tidekv-channel/<channel>/<unique>``."""
 WHEN_FULL = ("block", "refuse")
-_POLL_S = (0.002, 0.05)
-"""A waiting producer or consumer polls the master from the first to the second interval, doubling."""
+WAIT_S = 1.0
+"""The longest one request of a waiting take or producer waits on the master (it answers as soon
+as the channel changes); a longer wait is several of them, each well within the RPC timeout."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,6 @@ class TensorChannel:
         seqs = [pushed[key][1] if pushed[key][0] == Status.OK else -1 for key in keys]
         todo = [i for i, key in enumerate(keys) if pushed[key][0] != Status.OK]
         deadline = time.monotonic() + self.timeout_s
-        delay = _POLL_S[0]
         while todo:
             if any(pushed[keys[i]][0] != Status.FULL for i in todo):
                 i = next(i for i in todo if pushed[keys[i]][0] != Status.FULL)
@@ -139,10 +140,9 @@ class TensorChannel:
                     + ("" if self.when_full == "refuse" else f" after waiting {self.timeout_s:g} s"))
                 err.appended = len(keys) - len(todo)
                 raise err
-            time.sleep(delay)
-            delay = min(delay * 2, _POLL_S[1])
-            statuses, got = self._rpc.call(p.ChannelPush(self.name, [keys[i] for i in todo], self.max_items,
-                                                         self.max_bytes))
+            # Answered at once if there is room for some, else when an ack makes room, or empty-handed.
+            statuses, got = self._waiting().call(p.ChannelPush(self.name, [keys[i] for i in todo], self.max_items,
+                                                               self.max_bytes, self._wait_s(deadline)))
             pushed.update((keys[i], (status, seq)) for i, status, seq in zip(todo, statuses, got))
             for i, status, seq in zip(todo, statuses, got):
                 if status == Status.OK:
@@ -159,12 +159,12 @@ class TensorChannel:
         or by passing the items done with as ``ack`` to the next take, which acks them in the same
         round trip to the master (a consume loop: ``items = ch.take(n, ack=items)``)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        delay = _POLL_S[0]
         acks = [it.seq if isinstance(it, Delivery) else int(it) for it in ack]
         while True:
             started = time.monotonic()
-            lease_s, items = self._rpc.call(p.ChannelTake(self.name, self.consumer, max_items, self.visibility_s,
-                                                          acks))
+            # The master answers when items are ready (at once if some are), or empty-handed.
+            lease_s, items = self._waiting().call(p.ChannelTake(self.name, self.consumer, max_items,
+                                                                self.visibility_s, acks, self._wait_s(deadline)))
             acks = []  # acked with the first call
             if items:
                 out = self._read(items, started + lease_s if lease_s > 0 else float("inf"))
@@ -172,8 +172,6 @@ class TensorChannel:
                     return out
             if deadline is not None and time.monotonic() >= deadline:
                 return []
-            time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
-            delay = min(delay * 2, _POLL_S[1])
 
     def ack(self, items: Sequence[Delivery | int]) -> int:
         """Marks items done (they and their tensors leave the pool); returns how many were still
@@ -226,6 +224,15 @@ class TensorChannel:
             raise
         return [Delivery(it.seq, read_object(buf, it.key, view[at:at + it.size])[1])
                 for it, buf, at in zip(items, bufs, offsets) if it.key not in failed]
+
+    def _waiting(self) -> MasterClient:
+        """The connection this thread's waits on the channel's master go over."""
+        return self.store._waiting_client(self._group)
+
+    def _wait_s(self, deadline: float | None) -> float:
+        """How long the next request may wait on the master, up to ``deadline`` (None: no end)."""
+        cap = min(WAIT_S, self._waiting().timeout_s / 2)
+        return cap if deadline is None else max(0.0, min(cap, deadline - time.monotonic()))
 
     def _item_key(self) -> bytes:
         """A fresh key that hashes to this channel's master group."""

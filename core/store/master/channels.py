@@ -9,6 +9,10 @@ again, so delivery is at least once and in sequence order among ready items; a c
 dies loses nothing it had not acknowledged. Seqs are never reused (the counter is journaled with
 every push), so consumers can drop repeats by seq.
 
+A take or a push may wait on the master (``wait_s``): the service answers it with a
+``PendingWait``, the connection holds it, and the server handles it again when its channel is in
+``changed`` (items pushed or ready again, room freed) or its time is up.
+
 Pushes and acks are journaled (``journal.ChannelOp``, ``ChannelAckOp``); who holds a taken item
 is not: after a restart or a failover every unacknowledged item is ready again. An item whose
 object is gone (removed by force, its holder lost) is dropped at take and counted.
@@ -49,6 +53,7 @@ class ChannelTable:
     def __init__(self, objects: ObjectTable) -> None:
         self.objects = objects
         self.channels: dict[str, _Channel] = {}
+        self.changed: set[str] = set()  # channels that gained ready items or room since the server last looked
 
     def push(self, name: str, keys: list[bytes], max_items: int, max_bytes: int) -> tuple[list[int], list[int]]:
         """Appends complete objects; per key (Status, seq): OK, NOT_FOUND (no complete object),
@@ -81,6 +86,8 @@ class ChannelTable:
             statuses.append(int(Status.OK))
             seqs.append(seq)
             pushed.append(key)
+        if pushed:
+            self.changed.add(name)
         if pushed and self.objects.journal is not None:
             done = [s for s in seqs if s >= 0]
             self.objects.journal.add(j.ChannelOp(name, done, pushed, ch.next_seq), *pushed)
@@ -143,8 +150,9 @@ class ChannelTable:
 
     def tick(self, now: float) -> None:
         """Makes items whose visibility ran out ready again."""
-        for ch in self.channels.values():
-            self._requeue(ch, now)
+        for name, ch in self.channels.items():
+            if self._requeue(ch, now):
+                self.changed.add(name)
 
     def info(self, name: str, now: float) -> dict[str, Any]:
         ch = self.channels.get(name)
@@ -171,19 +179,24 @@ class ChannelTable:
                 ch.ready.append(seq)
             self.channels[name] = ch
 
-    def _requeue(self, ch: _Channel, now: float) -> None:
+    def _requeue(self, ch: _Channel, now: float) -> bool:
+        """Makes ``ch``'s items whose visibility ran out ready again; whether there were any."""
         hidden = ch.hidden
+        again = False
         while hidden and hidden[0][0] <= now:
             until, seq = heapq.heappop(hidden)
             held = ch.taken.get(seq)
             if held is not None and held[1] == until:  # else acked, or taken again since
                 del ch.taken[seq]
                 heapq.heappush(ch.ready, seq)
+                again = True
+        return again
 
     def _forget(self, name: str, ch: _Channel, seqs: list[int]) -> None:
         """Items gone (acked, or their objects lost): their heap entries are skipped when reached."""
         if not seqs:
             return
+        self.changed.add(name)  # room for blocked producers
         for seq in seqs:
             key, size = ch.items.pop(seq)
             ch.seq_of.pop(key, None)

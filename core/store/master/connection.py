@@ -24,7 +24,7 @@ from tidekv.auth import ServerHandshake
 from tidekv.errors import AuthenticationError
 from tidekv.store.ha.replication import REPLICA_MAGIC, decode_follow
 from tidekv.store.master.mount_check import PendingMount
-from tidekv.store.master.service import MasterService
+from tidekv.store.master.service import MasterService, PendingWait
 from tidekv.store.master.session import Session
 from tidekv.store.wire import protocol as p
 
@@ -61,6 +61,8 @@ class MasterConnection(asyncio.BufferedProtocol):
         self._follows = False  # the standby's Follow was accepted: what comes now are acks
         self._queue: collections.deque[tuple[int, bytes]] = collections.deque()  # replies waiting for replication
         self._checking: PendingMount | None = None  # a mount waiting for its engine to vouch for it
+        self._parked: PendingWait | None = None  # a channel's take or push waiting for its channel
+        self._parked_timer: asyncio.TimerHandle | None = None  # when its wait is over
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -83,6 +85,7 @@ class MasterConnection(asyncio.BufferedProtocol):
                 self._server.replicator.lost(self._transport)
         self._server._waiting.discard(self)
         self._queue.clear()
+        self._unpark()
 
     def flush(self, committed: int) -> bool:
         """Sends the replies replication has caught up with; True when none is left waiting."""
@@ -154,8 +157,8 @@ class MasterConnection(asyncio.BufferedProtocol):
         server = self._server
         if server.role is not None and not server.role.check_lease():
             return  # stepped down: this connection is closed
-        if self._checking is not None:
-            return  # its frames wait until the mount being checked is answered (in order)
+        if self._checking is not None or self._parked is not None:
+            return  # its frames wait until the mount being checked or the request parked is answered (in order)
         service = server.service
         handle = service.handle
         start, end = 0, len(buf)
@@ -170,6 +173,11 @@ class MasterConnection(asyncio.BufferedProtocol):
             payload = bytes(buf[start + p.FRAME_HEADER: start + p.FRAME_HEADER + size])
             start += p.FRAME_HEADER + size
             reply = handle(payload, self._session)
+            if type(reply) is PendingWait:  # a take or push that waits for its channel
+                del buf[:start]
+                self._answer(replies)
+                self._park(reply)
+                return
             if type(reply) is not bytes:  # a mount its engine must vouch for first (mount_proof)
                 del buf[:start]
                 self._answer(replies)
@@ -178,6 +186,7 @@ class MasterConnection(asyncio.BufferedProtocol):
             replies.append((p.frame(reply), service.reply_seq))
         del buf[:start]
         self._answer(replies)
+        server.wake()
 
     def _answer(self, replies: list[tuple[bytes, int]]) -> None:
         """Persists what the requests changed and sends their replies (once replicated)."""
@@ -214,6 +223,45 @@ class MasterConnection(asyncio.BufferedProtocol):
         transport.resume_reading()
         if self._buf:
             self._received(memoryview(b""))  # frames that came while it was checked
+        else:
+            self._server.wake()
+
+    def _park(self, pending: PendingWait) -> None:
+        """Parks a channel request that waits (``PendingWait``) until its channel changes or its
+        time is up; this connection's later frames wait for its reply."""
+        assert self._transport is not None
+        self._parked = pending
+        self._transport.pause_reading()
+        self._server.park(self, pending.channel)
+        self._parked_timer = asyncio.get_running_loop().call_later(pending.wait_s, self.retry, True)
+        self._server._persist()  # what the request changed before it waited (a take's acks)
+
+    def retry(self, final: bool) -> None:
+        """Handles the parked request again (its channel changed; ``final``: its time is up) and
+        answers it, unless it still has nothing to do and time left."""
+        pending = self._parked
+        transport = self._transport
+        if pending is None or transport is None or transport.is_closing():
+            return
+        service = self._server.service
+        reply = service.handle(pending.data, pending.session, pending, final)
+        if type(reply) is not bytes:
+            return  # still nothing to do: parked on (``final`` always answers)
+        self._unpark()
+        self._answer([(p.frame(reply), service.reply_seq)])
+        transport.resume_reading()
+        if self._buf:
+            self._received(memoryview(b""))  # frames that came while it was parked
+
+    def _unpark(self) -> None:
+        """Forgets the parked request (answered, or its connection gone)."""
+        if self._parked is None:
+            return
+        self._server.unpark(self, self._parked.channel)
+        self._parked = None
+        if self._parked_timer is not None:
+            self._parked_timer.cancel()
+            self._parked_timer = None
 
     def _authenticate(self) -> bool:
         """Runs the handshake (``tidekv.auth``) on the frames buffered so far: Greeting, then

@@ -81,6 +81,8 @@ class MasterServer:
         self.replicator: Replicator | None = None  # while leading a cluster
         self._publishing = False  # a batch for the standbys is scheduled in this loop turn
         self._waiting: set[MasterConnection] = set()  # connections with replies waiting for replication
+        self._parked: dict[str, set[MasterConnection]] = {}  # channel -> connections whose take or push waits on it
+        self._waking = False
         self.role: ClusterRole | None = None
         if config.etcd:
             from tidekv.store.ha.cluster import ClusterRole
@@ -258,6 +260,7 @@ class MasterServer:
         for transport in list(self._connections):
             transport.close()
         self._waiting.clear()
+        self._parked.clear()
         self.service = MasterService(self.config)
         self.auth_failures = self._count_auth_failures()
 
@@ -266,6 +269,35 @@ class MasterServer:
                                             "connections closed for failing authentication (tidekv.auth)")
 
     # ---- RPC ----------------------------------------------------------------------------
+
+    def park(self, conn: MasterConnection, channel: str) -> None:
+        """``conn`` holds a request that waits for ``channel`` to change."""
+        self._parked.setdefault(channel, set()).add(conn)
+
+    def unpark(self, conn: MasterConnection, channel: str) -> None:
+        parked = self._parked.get(channel)
+        if parked is not None:
+            parked.discard(conn)
+            if not parked:
+                del self._parked[channel]
+
+    def wake(self) -> None:
+        """Hands the requests parked on channels that changed (items came or are ready again,
+        room was freed) to the service again, until no handling changes another."""
+        changed = self.service.channels.changed
+        if self._waking:
+            return  # the loop below sees what the nested handling changed
+        self._waking = True
+        try:
+            while changed and self._parked:
+                names = list(changed)
+                changed.clear()
+                for name in names:
+                    for conn in list(self._parked.get(name, ())):
+                        conn.retry(False)
+            changed.clear()
+        finally:
+            self._waking = False
 
     def _handled(self) -> None:
         """Keeps the loop polling (not sleeping) for busy_poll_us after a request."""
@@ -303,6 +335,7 @@ class MasterServer:
             try:
                 self._drop_stalled()
                 self.service.tick()
+                self.wake()  # items ready again after their visibility ran out
                 self._persist()
                 if self.replicator is not None:
                     self.replicator.check()

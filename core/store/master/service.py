@@ -66,6 +66,32 @@ SPARE_SHARE = 64
 """A spare is reserved only while the pool's free bytes are at least this many times its size."""
 
 
+MAX_WAIT_S = 30.0
+"""The longest a channel's take or push waits on the master (a longer ``wait_s`` is cut to it)."""
+
+
+class PendingWait:
+    """A channel request that found nothing to do yet (a take no item was ready for, a push the
+    bounds refused whole) and asked to wait: its connection holds it and hands ``data`` to
+    ``MasterService.handle`` again when ``channel`` changes (``ChannelTable.changed``), and a
+    last time, with ``final``, once ``wait_s`` has passed."""
+
+    __slots__ = ("data", "session", "channel", "wait_s", "since")
+
+    def __init__(self, data: bytes, session: Session | None, channel: str, wait_s: float, since: float) -> None:
+        self.data, self.session, self.channel, self.wait_s = data, session, channel, wait_s
+        self.since = since  # the service's clock when it was first handled
+
+
+class _Wait(Exception):
+    """Raised by a channel handler that found nothing to do and may wait: ``handle`` answers
+    with a ``PendingWait``."""
+
+    def __init__(self, channel: str, wait_s: float) -> None:
+        super().__init__(f"waits up to {wait_s} s on channel {channel!r}")
+        self.channel, self.wait_s = channel, min(wait_s, MAX_WAIT_S)
+
+
 class MasterService:
     def __init__(self, config: MasterConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
@@ -106,6 +132,8 @@ class MasterService:
         self.tenancy = (t.Tenancy(t.load(config.tenants_file, config.secret), config.secret, self.objects,
                                   self.segments, self.metrics) if config.tenants_file else None)
         self._session = Session()  # with tenants: the session of the request being handled
+        self._final = False  # the request being handled waited its time: answer it as it is (PendingWait)
+        self._waited_s = 0.0  # how long the request being handled has waited (PendingWait)
         self._handlers: dict[type, Callable[[Any, float], Any]] = {
             p.Hello: self._hello,
             p.MountSegment: self._mount,
@@ -123,7 +151,7 @@ class MasterService:
             p.StatsRequest: self._stats,
             p.Repairs: self._repairs,
             p.Spills: self._spills,
-            p.ChannelPush: lambda m, now: self.channels.push(m.channel, m.keys, m.max_items, m.max_bytes),
+            p.ChannelPush: self._channel_push,
             p.ChannelPublish: self._channel_publish,
             p.ChannelTake: self._channel_take,
             p.ChannelAck: lambda m, now: self.channels.ack(m.channel, m.seqs, m.consumer, now),
@@ -141,24 +169,40 @@ class MasterService:
             appended[i], at[i] = status, seq
         return ended, appended, at
 
+    def _channel_push(self, m: p.ChannelPush, now: float) -> tuple[list[int], list[int]]:
+        statuses, seqs = self.channels.push(m.channel, m.keys, m.max_items, m.max_bytes)
+        if m.wait_s > 0 and not self._final and statuses and all(s == p.Status.FULL for s in statuses):
+            raise _Wait(m.channel, m.wait_s)
+        return statuses, seqs
+
     def _channel_take(self, m: p.ChannelTake, now: float) -> tuple[float, list[p.ChannelItem]]:
-        if m.acks:
+        if m.acks:  # (handled again after a wait, they are acked already: a no-op)
             self.channels.ack(m.channel, m.acks, m.consumer, now)
-        return self.config.lease_ttl_s, self.channels.take(m.channel, m.consumer, m.max_items, m.visibility_s,
-                                                           self.config.lease_ttl_s, now)
+        items = self.channels.take(m.channel, m.consumer, m.max_items, m.visibility_s, self.config.lease_ttl_s, now)
+        if not items and m.wait_s > 0 and not self._final:
+            raise _Wait(m.channel, m.wait_s)
+        # The lease as the client counts it, from when it sent the request: it waited here first.
+        lease_s = self.config.lease_ttl_s
+        return lease_s + self._waited_s if lease_s > 0 else 0.0, items
 
     # ---- entry points -------------------------------------------------------------------
 
-    def handle(self, data: bytes, session: Session | None = None) -> bytes | mount_check.PendingMount:
+    def handle(self, data: bytes, session: Session | None = None, parked: PendingWait | None = None,
+               final: bool = False) -> bytes | mount_check.PendingMount | PendingWait:
         """Decodes one request, applies it, and returns the encoded reply (never raises).
 
         ``session``: the connection it came on. A request naming a client must come on the
         connection that client said hello on, so no connection acts for another client.
 
         A mount that must be checked with its engine first (``verify_mounts``) is answered with a
-        ``PendingMount`` and nothing changed: run it, then pass it to ``checked``.
+        ``PendingMount`` and nothing changed: run it, then pass it to ``checked``. A channel's
+        take or push that may wait and found nothing to do is answered with a ``PendingWait``;
+        handled again, it is passed as ``parked`` (and ``final`` once its wait is over: answered
+        as it is then).
         """
         started = time.perf_counter()
+        self._final = final
+        self._waited_s = 0.0 if parked is None else max(0.0, self.clock() - parked.since)
         if len(data) > self.config.max_message_bytes:
             self._failures.labels(reason="oversized").inc()
             head = p.probe_header(data)
@@ -235,6 +279,8 @@ class MasterService:
             return self._error(envelope.request_id, p.ErrorKind.NOT_READY, str(exc))
         except mount_check.Unproven as exc:
             return mount_check.PendingMount(data, envelope.request_id, session, exc)
+        except _Wait as exc:
+            return parked if parked is not None else PendingWait(data, session, exc.channel, exc.wait_s, self.clock())
         except Exception as exc:  # noqa: BLE001 - one request's failure must not take the master down
             return self._internal(envelope.request_id, kind, exc)
         finally:

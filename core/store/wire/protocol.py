@@ -35,7 +35,9 @@ v5: ``ListKeys``. v6: tenants (``store.master.tenants``: the Greeting names one;
 (``PutStart.spare``, ``PutBind``, ``PutSlot.spare``): a small put in two round trips. v9: channels
 (``ChannelPush``, ``ChannelTake``, ``ChannelAck``, ``ChannelInfo``, ``Status.FULL``), copy and move
 tasks (``CreateTask``, ``QueryTask``). v10: the disk tier (``Spills``, ``GetResult.disk``). v11:
-``ChannelPublish`` (end puts and append them to a channel in one request)."""
+``ChannelPublish`` (end puts and append them to a channel in one request), and waits on the master
+(``ChannelTake.wait_s``, ``ChannelPush.wait_s``): a take or a push answered when the channel
+changes rather than polled."""
 
 MAGIC = b"tkv\x07"
 """First bytes a client sends on a new connection (anything else is not a tidekv store client).
@@ -253,6 +255,7 @@ class ChannelPush(msgspec.Struct, tag="chan_push", array_like=True):
     keys: list[bytes]
     max_items: int
     max_bytes: int
+    wait_s: float = 0.0  # when the bounds refuse every key: wait up to this long for room (an ack)
 
 
 class ChannelPublish(msgspec.Struct, tag="chan_publish", array_like=True):
@@ -270,13 +273,15 @@ class ChannelPublish(msgspec.Struct, tag="chan_publish", array_like=True):
 
 class ChannelTake(msgspec.Struct, tag="chan_take", array_like=True):
     """A consumer takes up to ``max_items`` ready items, hidden from other consumers for
-    ``visibility_s``, having first acked ``acks`` (as ChannelAck would: one round trip for both)."""
+    ``visibility_s``, having first acked ``acks`` (as ChannelAck would: one round trip for both).
+    With ``wait_s``, a take that finds none is answered when items come, or empty after that long."""
 
     channel: str
     consumer: str
     max_items: int
     visibility_s: float
     acks: list[int] = []
+    wait_s: float = 0.0
 
 
 class ChannelAck(msgspec.Struct, tag="chan_ack", array_like=True):
