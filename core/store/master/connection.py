@@ -120,10 +120,12 @@ class MasterConnection(asyncio.BufferedProtocol):
         server = self._server
         server._buffered += held - self._held
         self._held = held
-        if not held:
+        if not held or self._parked is not None:  # (frames behind a parked request are not stalled)
             server._partial.pop(self, None)
-            return
-        server._partial[self] = time.monotonic()  # bytes came: the timeout counts from the last ones
+            if not held:
+                return
+        else:
+            server._partial[self] = time.monotonic()  # bytes came: the timeout counts from the last ones
         if server._buffered > server.config.max_buffered_bytes:
             self._refuse(f"holds {held} bytes of unfinished requests while the master holds "
                          f"{server._buffered} over all connections (max_buffered_bytes "
@@ -228,10 +230,10 @@ class MasterConnection(asyncio.BufferedProtocol):
 
     def _park(self, pending: PendingWait) -> None:
         """Parks a channel request that waits (``PendingWait``) until its channel changes or its
-        time is up; this connection's later frames wait for its reply."""
+        time is up; this connection's later frames wait for its reply. It is still read from,
+        so a client that goes away meanwhile is noticed (``connection_lost``)."""
         assert self._transport is not None
         self._parked = pending
-        self._transport.pause_reading()
         self._server.park(self, pending.channel)
         self._parked_timer = asyncio.get_running_loop().call_later(pending.wait_s, self.retry, True)
         self._server._persist()  # what the request changed before it waited (a take's acks)
@@ -249,9 +251,10 @@ class MasterConnection(asyncio.BufferedProtocol):
             return  # still nothing to do: parked on (``final`` always answers)
         self._unpark()
         self._answer([(p.frame(reply), service.reply_seq)])
-        transport.resume_reading()
         if self._buf:
             self._received(memoryview(b""))  # frames that came while it was parked
+            if not transport.is_closing():
+                self._hold(len(self._buf))
 
     def _unpark(self) -> None:
         """Forgets the parked request (answered, or its connection gone)."""
