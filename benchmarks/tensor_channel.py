@@ -54,7 +54,8 @@ def _run(rig: Rig, work: Path, args: argparse.Namespace, run: int) -> dict[str, 
         name = f"bench{run}"
         options = {"max_items": 4 * args.batch, "max_bytes": 4 * args.batch * (args.size + 4096),  # + headers
                    "timeout_s": 20.0}
-        consumer.start_call("chan_consume", name=name, n=args.items, batch=args.batch)
+        consumer.start_call("chan_consume", name=name, n=args.items, batch=args.batch,
+                            options={"read_ahead": args.read_ahead})
         producer.start_call("chan_produce", name=name, n=args.items, size=args.size, batch=args.batch,
                             options=options)
         produced = producer.read_line(600)
@@ -70,12 +71,12 @@ def _run(rig: Rig, work: Path, args: argparse.Namespace, run: int) -> dict[str, 
             producer.call("chan_produce", name=f"drain{run}", n=fill, size=args.size, batch=args.batch,
                           options=options, timeout_s=600)
             drained += consumer.call("chan_consume", name=f"drain{run}", n=fill, batch=args.batch, time_all=True,
-                                     timeout_s=600)["seconds"]
+                                     options={"read_ahead": args.read_ahead}, timeout_s=600)["seconds"]
         drain_gbps = args.drain_rounds * fill * args.size / drained / 1e9
         return {"run": run, "items": args.items, "size_bytes": args.size, "batch": args.batch,
                 "channel_gbps": channel_gbps, "producer_gbps": args.items * args.size / produced["seconds"] / 1e9,
                 "drain_gbps": drain_gbps, "get_many_into_gbps": base_gbps, "ratio": channel_gbps / base_gbps,
-                "drain_ratio": drain_gbps / base_gbps}
+                "drain_ratio": drain_gbps / base_gbps, "read_ahead": args.read_ahead}
     finally:
         for child in (consumer, producer, master):
             child.stop()
@@ -90,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=32, help="get_many_into rounds of the baseline (median taken)")
     p.add_argument("--drain-rounds", type=int, default=16,
                    help="rounds of filling the channel to its bound, then timing the consumer draining it")
+    p.add_argument("--read-ahead", action="store_true",
+                   help="the consumer takes with read_ahead (its next batch taken while it reads one)")
     p.add_argument("--runs", type=int, default=2, help="runs, each with fresh processes (default 2)")
     p.add_argument("--json", default=None, help="write one JSON object per run to FILE")
     args = p.parse_args(argv)

@@ -87,7 +87,7 @@ class Agent:
                 channel.put_many(tensors)
             return {"seconds": time.monotonic() - started}
         if op == "chan_consume":  # take and ack until n items came, up to `batch` a take; seconds taken
-            channel = self.store.tensor_channel(cmd["name"])
+            channel = self.store.tensor_channel(cmd["name"], **cmd.get("options", {}))
             got = timed = 0
             started = time.monotonic() if cmd.get("time_all") else None
             items = []

@@ -165,3 +165,23 @@ def test_a_blocked_producer_is_answered_when_an_ack_makes_room(store: Store, mas
     assert appended_at - acked_at[0] < 0.5, "the blocked put was appended when the ack made room"
     assert _requests(master, "ChannelPush") - before == 1, "one push waited for room; none polled"
     assert [d.seq for d in consumer.take(1, timeout_s=5)] == [1]
+
+
+def test_read_ahead_takes_the_next_batch_while_this_one_is_read(store: Store) -> None:
+    """``read_ahead``: each take that gets items has the next batch taken meanwhile; the consume
+    loop sees every item once, in order. A consumer that stops leaves its batch taken ahead
+    hidden until ``visibility_s``, then it comes back to any consumer."""
+    producer = store.tensor_channel("ahead")
+    producer.put_many([_tensor(i) for i in range(10)])
+    consumer = store.tensor_channel("ahead", read_ahead=True, visibility_s=1.0)
+    seen, items = [], []
+    while len(seen) < 6:
+        items = consumer.take(3, timeout_s=5, ack=items)
+        seen += [(d.seq, digest(d.tensor.numpy().tobytes())) for d in items]
+    assert seen == [(i, digest(payload(i, SIZE))) for i in range(6)]
+    consumer.ack(items)
+    time.sleep(0.2)  # the take sent ahead (seqs 6-8) has landed
+    other = store.tensor_channel("ahead")
+    assert [d.seq for d in other.take(5, timeout_s=0)] == [9], "6-8 are the stopped consumer's, taken ahead"
+    time.sleep(1.1)
+    assert [d.seq for d in other.take(5, timeout_s=5)] == [6, 7, 8], "after visibility_s they come back"

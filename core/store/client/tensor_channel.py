@@ -20,11 +20,13 @@ they hash to the same group. Neighbours: ``tensors`` (the tensor objects), ``sto
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,8 +42,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+_AHEAD = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tidekv-channel-ahead")
+"""Where read-ahead takes run (each thread with its own connection to the master)."""
+
 KEY_PREFIX = "tidekv-channel/"
-"""Items' objects are named ``tidekv-channel/<channel>/<unique>``."""
+"""Items' objects are named ``tidekv-channel/<channel>/<producer's random prefix>-<counter>``."""
 WHEN_FULL = ("block", "refuse")
 WAIT_S = 1.0
 """The longest one request of a waiting take or producer waits on the master (it answers as soon
@@ -69,11 +74,16 @@ class TensorChannel:
         visibility_s: how long an item this consumer takes is hidden from others before it is
             handed out again unless acked.
         consumer: this consumer's name in the master's bookkeeping (default: host and pid).
+        read_ahead: a take that gets items also takes the next batch (as many, in the background,
+            while it reads these), so the next take reads at once: the master's round trip of a
+            consume loop overlaps its reads. The batch taken ahead is this consumer's, hidden
+            from others, until it is taken, acked or ``visibility_s`` runs out (a consumer that
+            stops leaves it to come back then). One thread takes from a channel object at a time.
     """
 
     def __init__(self, store: Store, name: str, *, max_items: int = 1024, max_bytes: int = 1 << 30,
                  when_full: str = "block", timeout_s: float = 60.0, visibility_s: float = 60.0,
-                 consumer: str | None = None) -> None:
+                 consumer: str | None = None, read_ahead: bool = False) -> None:
         if not name or "/" in name:
             raise ConfigError(f"channel name {name!r}: expected a non-empty name without '/'")
         if when_full not in WHEN_FULL:
@@ -87,6 +97,12 @@ class TensorChannel:
         self.consumer = consumer or f"{os.uname().nodename}:{os.getpid()}"
         self._group = store._pool.map.group_of(name.encode())
         self._rpc = store._groups[self._group].rpc
+        self.read_ahead = read_ahead
+        # Items' keys: a random prefix of this object's own, then a counter (unique without a uuid each)
+        self._key_prefix = f"{KEY_PREFIX}{name}/{uuid.uuid4().hex}-"
+        self._key_counter = itertools.count()
+        self._one_group = len(store._groups) == 1
+        self._ahead: Future[tuple[float, list[p.ChannelItem]]] | None = None  # the take sent ahead
 
     # ---- producing ----------------------------------------------------------------------
 
@@ -161,13 +177,20 @@ class TensorChannel:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         acks = [it.seq if isinstance(it, Delivery) else int(it) for it in ack]
         while True:
-            started = time.monotonic()
-            # The master answers when items are ready (at once if some are), or empty-handed.
-            lease_s, items = self._waiting().call(p.ChannelTake(self.name, self.consumer, max_items,
-                                                                self.visibility_s, acks, self._wait_s(deadline)))
-            acks = []  # acked with the first call
+            ahead, self._ahead = self._ahead, None
+            lease_until, items = ahead.result() if ahead is not None else (0.0, [])
+            if not items:
+                started = time.monotonic()
+                # The master answers when items are ready (at once if some are), or empty-handed.
+                lease_s, items = self._waiting().call(p.ChannelTake(self.name, self.consumer, max_items,
+                                                                    self.visibility_s, acks, self._wait_s(deadline)))
+                lease_until = started + lease_s if lease_s > 0 else float("inf")
+                acks = []  # acked with this call
+            if items and self.read_ahead:  # the next batch is taken while these are read
+                self._ahead = _AHEAD.submit(self._take_now, max_items, acks)
+                acks = []
             if items:
-                out = self._read(items, started + lease_s if lease_s > 0 else float("inf"))
+                out = self._read(items, lease_until)
                 if out:
                     return out
             if deadline is not None and time.monotonic() >= deadline:
@@ -225,6 +248,14 @@ class TensorChannel:
         return [Delivery(it.seq, read_object(buf, it.key, view[at:at + it.size])[1])
                 for it, buf, at in zip(items, bufs, offsets) if it.key not in failed]
 
+    def _take_now(self, max_items: int, acks: list[int]) -> tuple[float, list[p.ChannelItem]]:
+        """A take that does not wait (read-ahead's, on its own thread): when its items' read lease
+        ends (monotonic), and the items."""
+        started = time.monotonic()
+        lease_s, items = self._waiting().call(p.ChannelTake(self.name, self.consumer, max_items, self.visibility_s,
+                                                            acks))
+        return (started + lease_s if lease_s > 0 else float("inf")), items
+
     def _waiting(self) -> MasterClient:
         """The connection this thread's waits on the channel's master go over."""
         return self.store._waiting_client(self._group)
@@ -237,6 +268,6 @@ class TensorChannel:
     def _item_key(self) -> bytes:
         """A fresh key that hashes to this channel's master group."""
         while True:
-            key = f"{KEY_PREFIX}{self.name}/{uuid.uuid4().hex}".encode()
-            if self.store._pool.map.group_of(key) == self._group:
+            key = f"{self._key_prefix}{next(self._key_counter)}".encode()
+            if self._one_group or self.store._pool.map.group_of(key) == self._group:
                 return key
