@@ -14,7 +14,7 @@ the median over pieces (and drains) of each one's rate over the baseline just be
 this VM's speed drifts within seconds (the issue's bar: >= 0.8x); the GB/s are over the whole run.
 
 Usage: .venv/bin/python -m benchmarks.tensor_channel [--items 4096] [--size 1MiB] [--batch 16]
-       [--pairs 8] [--rounds 8] [--read-ahead] [--write-ahead] [--runs 2] [--json FILE]
+       [--pairs 8] [--rounds 8] [--read-ahead] [--runs 2] [--json FILE]
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _run(rig: Rig, work: Path, args: argparse.Namespace, run: int) -> dict[str, 
             name = f"bench{run}-{k}"
             consumer.start_call("chan_consume", name=name, n=piece, batch=args.batch, options=consume)
             producer.start_call("chan_produce", name=name, n=piece, size=args.size, batch=args.batch,
-                                options={**options, "write_ahead": args.write_ahead})
+                                options=options)
             produced = producer.read_line(600)
             consumed = consumer.read_line(600)
             for who, reply in (("producer", produced), ("consumer", consumed)):
@@ -96,7 +96,7 @@ def _run(rig: Rig, work: Path, args: argparse.Namespace, run: int) -> dict[str, 
                 "drain_gbps": args.drain_rounds * fill * args.size / drained / 1e9,
                 "get_many_into_gbps": args.batch * args.size / statistics.median(base_rounds) / 1e9,
                 "ratio": statistics.median(pairs), "drain_ratio": statistics.median(drains),
-                "pairs": args.pairs, "read_ahead": args.read_ahead, "write_ahead": args.write_ahead}
+                "pairs": args.pairs, "read_ahead": args.read_ahead}
     finally:
         for child in (consumer, producer, master):
             child.stop()
@@ -116,8 +116,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="rounds of filling the channel to its bound, then timing the consumer draining it")
     p.add_argument("--read-ahead", action="store_true",
                    help="the consumer takes with read_ahead (its next batch taken while it reads one)")
-    p.add_argument("--write-ahead", action="store_true",
-                   help="the producer puts with write_ahead (room for its next batch reserved while it writes one)")
     p.add_argument("--runs", type=int, default=2, help="runs, each with fresh processes (default 2)")
     p.add_argument("--json", default=None, help="write one JSON object per run to FILE")
     args = p.parse_args(argv)

@@ -80,12 +80,12 @@ class Agent:
         if op == "chan_produce":  # n tensors of `size` bytes in put_many calls of `batch`; seconds taken
             import torch
 
+            channel = self.store.tensor_channel(cmd["name"], **cmd.get("options", {}))
             tensors = [torch.full((cmd["size"],), i % 251, dtype=torch.uint8) for i in range(cmd["batch"])]
-            with self.store.tensor_channel(cmd["name"], **cmd.get("options", {})) as channel:
-                started = time.monotonic()
-                for _ in range(cmd["n"] // cmd["batch"]):
-                    channel.put_many(tensors)
-                return {"seconds": time.monotonic() - started}
+            started = time.monotonic()
+            for _ in range(cmd["n"] // cmd["batch"]):
+                channel.put_many(tensors)
+            return {"seconds": time.monotonic() - started}
         if op == "chan_consume":  # take and ack until n items came, up to `batch` a take; seconds taken
             channel = self.store.tensor_channel(cmd["name"], **cmd.get("options", {}))
             got = timed = 0

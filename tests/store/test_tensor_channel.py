@@ -185,27 +185,3 @@ def test_read_ahead_takes_the_next_batch_while_this_one_is_read(store: Store) ->
     assert [d.seq for d in other.take(5, timeout_s=0)] == [9], "6-8 are the stopped consumer's, taken ahead"
     time.sleep(1.1)
     assert [d.seq for d in other.take(5, timeout_s=5)] == [6, 7, 8], "after visibility_s they come back"
-
-
-def test_write_ahead_puts_into_room_reserved_while_the_last_batch_was_written(store: Store,
-                                                                               master: MasterProcess) -> None:
-    """``write_ahead``: each put_many reserves the next one's room; batches of the same shape
-    go into it (byte for byte, in order), one of another shape gives it back and is put as usual,
-    and ``close()`` gives back the last: nothing is left held in the pool."""
-    starts, revokes = _requests(master, "PutStart"), _requests(master, "PutRevoke")
-    with store.tensor_channel("wa", write_ahead=True) as producer:
-        assert producer.put_many([_tensor(0), _tensor(1)]) == [0, 1]
-        assert producer.put_many([_tensor(2), _tensor(3)]) == [2, 3]  # into the room reserved by the first
-        assert producer.put_many([_tensor(4), _tensor(5)]) == [4, 5]
-        assert producer.put_many([_tensor(6, 2 * SIZE)]) == [6]  # another shape
-        assert producer.put_many([_tensor(7), _tensor(8)]) == [7, 8]
-    # a start each (the next one's room), and one more where the room reserved did not fit: the
-    # first, the odd one, and the one after it (its room was the odd one's shape)
-    assert _requests(master, "PutStart") - starts == 8
-    assert _requests(master, "PutRevoke") - revokes == 3  # the two rooms that did not fit, and close()
-    consumer = store.tensor_channel("wa")
-    got = consumer.take(9, timeout_s=5)
-    assert [(d.seq, digest(d.tensor.numpy().tobytes())) for d in got] == \
-        [(i, digest(payload(i, 2 * SIZE if i == 6 else SIZE))) for i in range(9)]
-    consumer.ack(got)
-    assert not list(store.keys()) and store.stats()["used_bytes"] == 0, "no room is left reserved"

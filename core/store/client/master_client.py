@@ -91,7 +91,6 @@ class MasterClient:
         self.max_message_bytes: int | None = None
         self.master_id = ""
         self.lease_ttl_s = 0.0
-        self.put_timeout_s = 0.0  # the master's: puts not ended within it are reclaimed (0: not told yet)
 
     @property
     def address(self) -> str:
@@ -198,7 +197,6 @@ class MasterClient:
             channel.max_batch_keys = int(info["max_batch_keys"])
         self.master_id = str(info["master_id"])
         self.lease_ttl_s = float(info["lease_ttl_s"])
-        self.put_timeout_s = float(info.get("put_timeout_s", 0.0))
 
     def _find_leader(self) -> str | None:
         if self._etcd is None:

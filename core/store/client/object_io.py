@@ -166,8 +166,13 @@ class ObjectIO:
         Raises:
             StoreError or TransferError (or a subclass): some keys failed (``err.failed_keys``).
         """
-        copies = self._copies(replicas)
-        sizes = self._sizes(keys, spans)
+        copies = self._default_replicas if replicas is None else replicas
+        if isinstance(copies, bool) or not isinstance(copies, int) or not 1 <= copies <= 16:
+            raise ConfigError(f"replicas={replicas!r} is out of range; allowed 1..16")
+        sizes = [sum(n for _, n in span) for span in spans]
+        for key, n in zip(keys, sizes):
+            if n <= 0:
+                raise ConfigError(f"object {show_key(key)} is empty; tidekv stores objects of at least 1 byte")
         ask = False
         if len(keys) == 1 and not avoid and publish is None:
             held = self._take_spare(sizes[0], copies, preferred_segment)
@@ -187,35 +192,6 @@ class ObjectIO:
         finally:
             if ask:
                 self._settle(slots[0].spare if slots else None, copies, preferred_segment, sent)
-        self.finish(keys, spans, slots, pin, replicas, upsert, preferred_segment, avoid, publish)
-
-    def reserve(self, keys: list[bytes], sizes: list[int], pin: Pin, replicas: int | None,
-                preferred_segment: str) -> list[p.PutSlot]:
-        """Starts puts of ``keys`` (``sizes`` bytes each) for ``finish`` to write and end later:
-        their slots, where the master placed them. The master reclaims what is not ended within
-        its ``put_timeout_s``, so a caller finishes well within it or revokes them (``revoke``)."""
-        copies = self._copies(replicas)
-        try:
-            slots: list[p.PutSlot] = self._rpc.call(p.PutStart(self._client_id, keys, sizes, copies,
-                                                               preferred_segment, int(pin)))
-        except MasterUnavailableError as exc:
-            if exc.is_request_sent:
-                self._forget_unanswered_puts(keys)
-            raise
-        return slots
-
-    def revoke(self, keys: list[bytes], slots: list[p.PutSlot]) -> None:
-        """Gives back reserved puts not finished (their bytes are freed)."""
-        started = [(k, s.token) for k, s in zip(keys, slots) if s.status == Status.OK]
-        if started:
-            self._rpc.call(p.PutRevoke(self._client_id, [k for k, _ in started], [t for _, t in started]))
-
-    def finish(self, keys: list[bytes], spans: list[Span], slots: list[p.PutSlot], pin: Pin, replicas: int | None,
-               upsert: bool, preferred_segment: str, avoid: tuple[str, ...] = (),
-               publish: Publish | None = None) -> None:
-        """Writes each key's span where its slot says and ends the puts (``put``'s second half,
-        for the slots ``put`` or ``reserve`` got); failures as ``put``."""
-        sizes = self._sizes(keys, spans)
         failures: Failures = {}
         writes: list[TransferRequest] = []
         owners: list[int] = []
@@ -268,20 +244,6 @@ class ObjectIO:
                         "holder died); retry", key=key)
         if failures:
             raise batch_error("put", failures)
-
-    def _copies(self, replicas: int | None) -> int:
-        copies = self._default_replicas if replicas is None else replicas
-        if isinstance(copies, bool) or not isinstance(copies, int) or not 1 <= copies <= 16:
-            raise ConfigError(f"replicas={replicas!r} is out of range; allowed 1..16")
-        return copies
-
-    @staticmethod
-    def _sizes(keys: list[bytes], spans: list[Span]) -> list[int]:
-        sizes = [sum(n for _, n in span) for span in spans]
-        for key, n in zip(keys, sizes):
-            if n <= 0:
-                raise ConfigError(f"object {show_key(key)} is empty; tidekv stores objects of at least 1 byte")
-        return sizes
 
     def locate(self, keys: list[bytes]) -> tuple[float, list[p.GetResult]]:
         """Each key's locations under a read lease, and when that lease ends (monotonic clock)."""

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tidekv.errors import ChannelFullError, ConfigError, LeaseExpiredError, StoreError, TidekvError
-from tidekv.store.client.object_io import SPARE_USE_FRACTION
 from tidekv.store.client.tensors import read_object, tensor_spans, torch_module
 from tidekv.store.wire import protocol as p
 from tidekv.store.wire.protocol import Pin, Status
@@ -80,16 +79,11 @@ class TensorChannel:
             consume loop overlaps its reads. The batch taken ahead is this consumer's, hidden
             from others, until it is taken, acked or ``visibility_s`` runs out (a consumer that
             stops leaves it to come back then). One thread takes from a channel object at a time.
-        write_ahead: a put_many also reserves room for the next one (as many objects of the same
-            sizes, in the background while it writes), so a stream of equal batches writes at once
-            and takes one round trip to the master a batch. The room is held until the next
-            put_many, given back when that one differs or comes later than a quarter of the
-            master's ``put_timeout_s``, or by ``close()``. One thread puts at a time.
     """
 
     def __init__(self, store: Store, name: str, *, max_items: int = 1024, max_bytes: int = 1 << 30,
                  when_full: str = "block", timeout_s: float = 60.0, visibility_s: float = 60.0,
-                 consumer: str | None = None, read_ahead: bool = False, write_ahead: bool = False) -> None:
+                 consumer: str | None = None, read_ahead: bool = False) -> None:
         if not name or "/" in name:
             raise ConfigError(f"channel name {name!r}: expected a non-empty name without '/'")
         if when_full not in WHEN_FULL:
@@ -103,8 +97,7 @@ class TensorChannel:
         self.consumer = consumer or f"{os.uname().nodename}:{os.getpid()}"
         self._group = store._pool.map.group_of(name.encode())
         self._rpc = store._groups[self._group].rpc
-        self.read_ahead, self.write_ahead = read_ahead, write_ahead
-        self._reserved: Future[tuple[float, list[bytes], list[int], list[p.PutSlot]]] | None = None  # write-ahead's
+        self.read_ahead = read_ahead
         # Items' keys: a random prefix of this object's own, then a counter (unique without a uuid each)
         self._key_prefix = f"{KEY_PREFIX}{name}/{uuid.uuid4().hex}-"
         self._key_counter = itertools.count()
@@ -129,7 +122,7 @@ class TensorChannel:
             StoreError, TransferError: the put failed for some tensors (``err.failed_keys``);
                 those and any not appended were removed, ``err.appended`` counts the ones that were.
         """
-        keys: list[bytes] = []
+        keys = [self._item_key() for _ in tensors]
         pushed: dict[bytes, tuple[int, int]] = {}  # key -> (Status, seq) of its append at put_end
 
         def publish(ended: list[bytes], tokens: list[int]) -> list[int]:
@@ -138,19 +131,10 @@ class TensorChannel:
             pushed.update(zip(ended, zip(appended, seqs)))
             return statuses
 
-        io, placement = self.store._groups[self._group].io, self.store._placement(None)
         try:
             with tensor_spans(self.store, tensors) as spans:
-                sizes = [sum(n for _, n in span) for span in spans]
-                reserved = self._reservation(sizes)
-                if self.write_ahead:  # the next put_many's room, reserved while this one writes
-                    self._reserved = _AHEAD.submit(self._reserve, sizes, placement)
-                if reserved is not None:
-                    keys, slots = reserved
-                    io.finish(keys, spans, slots, Pin.HARD, None, False, placement, publish=publish)
-                else:
-                    keys = [self._item_key() for _ in tensors]
-                    io.put(keys, spans, Pin.HARD, None, False, placement, publish=publish)
+                self.store._groups[self._group].io.put(keys, spans, Pin.HARD, None, False,
+                                                       self.store._placement(None), publish=publish)
         except TidekvError as exc:
             self.store.remove_many([k for k in keys if pushed.get(k, (Status.FULL,))[0] != Status.OK], force=True)
             exc.appended = sum(1 for status, _ in pushed.values() if status == Status.OK)
@@ -181,51 +165,6 @@ class TensorChannel:
                     seqs[i] = seq
             todo = [i for i in todo if seqs[i] < 0]  # in order: only what was refused is retried
         return seqs
-
-    def _reserve(self, sizes: list[int], placement: str) -> tuple[float, list[bytes], list[int], list[p.PutSlot]]:
-        """Room for a put_many of objects of ``sizes`` (write-ahead's, on its own thread): when it
-        was asked for (monotonic), the keys, their sizes, their slots."""
-        keys = [self._item_key() for _ in sizes]
-        asked = time.monotonic()
-        return asked, keys, sizes, self.store._groups[self._group].io.reserve(keys, sizes, Pin.HARD, None, placement)
-
-    def _reservation(self, sizes: list[int]) -> tuple[list[bytes], list[p.PutSlot]] | None:
-        """The room reserved ahead, when it fits objects of ``sizes`` and is young enough to be
-        written (well within the master's put_timeout_s, after which it reclaims it); else None,
-        having given back what there was."""
-        future, self._reserved = self._reserved, None
-        if future is None:
-            return None
-        try:
-            asked, keys, reserved, slots = future.result()
-        except TidekvError as exc:
-            logger.info("channel %r: room reserved ahead could not be had (%s); putting as usual", self.name, exc)
-            return None
-        expiry = self._rpc.put_timeout_s * SPARE_USE_FRACTION
-        if reserved != sizes or any(s.status != Status.OK for s in slots) or \
-                time.monotonic() > asked + expiry:
-            self.store._groups[self._group].io.revoke(keys, slots)
-            return None
-        return keys, slots
-
-    def close(self) -> None:
-        """Gives back the room this producer reserved ahead (``write_ahead``). A batch taken
-        ahead (``read_ahead``) stays hidden until ``visibility_s``, then comes back."""
-        if self._reserved is not None:
-            future, self._reserved = self._reserved, None
-            try:
-                _, keys, _, slots = future.result()
-                self.store._groups[self._group].io.revoke(keys, slots)
-            except TidekvError as exc:
-                logger.info("channel %r: room reserved ahead not given back (%s); the master reclaims it after "
-                            "put_timeout_s", self.name, exc)
-        self._ahead = None
-
-    def __enter__(self) -> TensorChannel:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ---- consuming ----------------------------------------------------------------------
 

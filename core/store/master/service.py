@@ -375,7 +375,7 @@ class MasterService:
         logger.info("client %s connected", m.client_id)
         return {"master_id": self.master_id, "max_message_bytes": self.config.max_message_bytes,
                 "max_batch_keys": self.config.max_batch_keys,
-                "lease_ttl_s": self.config.lease_ttl_s, "put_timeout_s": self.config.put_timeout_s}
+                "lease_ttl_s": self.config.lease_ttl_s}
 
     def _mount(self, m: p.MountSegment, now: float) -> p.MountResult:
         if len(m.incarnation) > MAX_INCARNATION_CHARS:
