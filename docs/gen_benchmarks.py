@@ -154,7 +154,7 @@ def tensor_channel(rows: Rows) -> tuple[str, Callable[[Path], None]]:
     lines = ["| date | commit | run | tensors | get_many_into GB/s | streaming GB/s | ratio | producer GB/s | "
              "draining GB/s | ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["date"], r["run"])):
-        ahead = ", read-ahead" if r.get("read_ahead") else ""
+        ahead = (", read-ahead" if r.get("read_ahead") else "") + (f", {r['pairs']} pieces paired" if r.get("pairs") else "")
         lines.append(f"| {r['date']} | {r['commit']} | {r['run']} | {r['items']} × {r['size_bytes'] >> 20} MiB, "
                      f"{r['batch']} a call{ahead} | {r['get_many_into_gbps']:.2f} | {r['channel_gbps']:.2f} | "
                      f"{r['ratio']:.2f}× | {r['producer_gbps']:.2f} | {r['drain_gbps']:.2f} | "
