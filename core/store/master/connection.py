@@ -255,6 +255,7 @@ class MasterConnection(asyncio.BufferedProtocol):
             self._received(memoryview(b""))  # frames that came while it was parked
             if not transport.is_closing():
                 self._hold(len(self._buf))
+        self._server.wake()  # what it changed (a push appended, a take's acks made room)
 
     def _unpark(self) -> None:
         """Forgets the parked request (answered, or its connection gone)."""
