@@ -143,8 +143,8 @@ class TensorChannel:
         todo = [i for i, key in enumerate(keys) if pushed[key][0] != Status.OK]
         deadline = time.monotonic() + self.timeout_s
         while todo:
-            if any(pushed[keys[i]][0] != Status.FULL for i in todo):
-                i = next(i for i in todo if pushed[keys[i]][0] != Status.FULL)
+            i = next((i for i in todo if pushed[keys[i]][0] != Status.FULL), None)
+            if i is not None:
                 self.store.remove_many([keys[j] for j in todo], force=True)
                 raise StoreError(f"channel {self.name!r}: item {keys[i]!r} vanished before it was appended "
                                  f"({Status(pushed[keys[i]][0]).name})")
@@ -180,11 +180,8 @@ class TensorChannel:
             ahead, self._ahead = self._ahead, None
             lease_until, items = ahead.result() if ahead is not None else (0.0, [])
             if not items:
-                started = time.monotonic()
                 # The master answers when items are ready (at once if some are), or empty-handed.
-                lease_s, items = self._waiting().call(p.ChannelTake(self.name, self.consumer, max_items,
-                                                                    self.visibility_s, acks, self._wait_s(deadline)))
-                lease_until = started + lease_s if lease_s > 0 else float("inf")
+                lease_until, items = self._take_now(max_items, acks, self._wait_s(deadline))
                 acks = []  # acked with this call
             if items and self.read_ahead:  # the next batch is taken while these are read
                 self._ahead = _AHEAD.submit(self._take_now, max_items, acks)
@@ -248,12 +245,12 @@ class TensorChannel:
         return [Delivery(it.seq, read_object(buf, it.key, view[at:at + it.size])[1])
                 for it, buf, at in zip(items, bufs, offsets) if it.key not in failed]
 
-    def _take_now(self, max_items: int, acks: list[int]) -> tuple[float, list[p.ChannelItem]]:
-        """A take that does not wait (read-ahead's, on its own thread): when its items' read lease
-        ends (monotonic), and the items."""
+    def _take_now(self, max_items: int, acks: list[int], wait_s: float = 0.0) -> tuple[float, list[p.ChannelItem]]:
+        """One take request (read-ahead's, on its own thread, does not wait): when its items'
+        read lease ends (monotonic), and the items."""
         started = time.monotonic()
         lease_s, items = self._waiting().call(p.ChannelTake(self.name, self.consumer, max_items, self.visibility_s,
-                                                            acks))
+                                                            acks, wait_s))
         return (started + lease_s if lease_s > 0 else float("inf")), items
 
     def _waiting(self) -> MasterClient:

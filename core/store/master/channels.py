@@ -24,14 +24,43 @@ from __future__ import annotations
 import heapq
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidekv.store.master import journal as j
 from tidekv.store.master.index import lease_ticks
 from tidekv.store.master.objects import ObjectTable
 from tidekv.store.wire.protocol import ChannelItem, Status
 
+if TYPE_CHECKING:
+    from tidekv.store.master.session import Session
+
 logger = logging.getLogger(__name__)
+
+
+MAX_WAIT_S = 30.0
+"""The longest a channel's take or push waits on the master (a longer ``wait_s`` is cut to it)."""
+
+
+class PendingWait:
+    """A channel request that found nothing to do yet (a take no item was ready for, a push the
+    bounds refused whole) and asked to wait: its connection holds it and hands ``data`` to
+    ``MasterService.handle`` again when ``channel`` changes (``ChannelTable.changed``), and a
+    last time, with ``final``, once ``wait_s`` has passed."""
+
+    __slots__ = ("data", "session", "channel", "wait_s", "since")
+
+    def __init__(self, data: bytes, session: Session | None, channel: str, wait_s: float, since: float) -> None:
+        self.data, self.session, self.channel, self.wait_s = data, session, channel, wait_s
+        self.since = since  # the service's clock when it was first handled
+
+
+class Wait(Exception):
+    """Raised by a channel handler that found nothing to do and may wait: ``handle`` answers
+    with a ``PendingWait``."""
+
+    def __init__(self, channel: str, wait_s: float) -> None:
+        super().__init__(f"waits up to {wait_s} s on channel {channel!r}")
+        self.channel, self.wait_s = channel, min(wait_s, MAX_WAIT_S)
 
 
 @dataclass

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING
 from tidekv.auth import ServerHandshake
 from tidekv.errors import AuthenticationError
 from tidekv.store.ha.replication import REPLICA_MAGIC, decode_follow
+from tidekv.store.master.channels import PendingWait
 from tidekv.store.master.mount_check import PendingMount
-from tidekv.store.master.service import MasterService, PendingWait
+from tidekv.store.master.service import MasterService
 from tidekv.store.master.session import Session
 from tidekv.store.wire import protocol as p
 

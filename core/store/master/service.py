@@ -41,7 +41,7 @@ from tidekv.store.allocator import align
 from tidekv.store.master import journal as j
 from tidekv.store.master import mount_check
 from tidekv.store.master import tenants as t
-from tidekv.store.master.channels import ChannelTable
+from tidekv.store.master.channels import ChannelTable, PendingWait, Wait
 from tidekv.store.master.listing import KeyListings, Tiers
 from tidekv.store.master.metrics import index_gauges
 from tidekv.store.master.objects import ObjectTable
@@ -64,32 +64,6 @@ MAX_INCARNATION_CHARS = 128
 
 SPARE_SHARE = 64
 """A spare is reserved only while the pool's free bytes are at least this many times its size."""
-
-
-MAX_WAIT_S = 30.0
-"""The longest a channel's take or push waits on the master (a longer ``wait_s`` is cut to it)."""
-
-
-class PendingWait:
-    """A channel request that found nothing to do yet (a take no item was ready for, a push the
-    bounds refused whole) and asked to wait: its connection holds it and hands ``data`` to
-    ``MasterService.handle`` again when ``channel`` changes (``ChannelTable.changed``), and a
-    last time, with ``final``, once ``wait_s`` has passed."""
-
-    __slots__ = ("data", "session", "channel", "wait_s", "since")
-
-    def __init__(self, data: bytes, session: Session | None, channel: str, wait_s: float, since: float) -> None:
-        self.data, self.session, self.channel, self.wait_s = data, session, channel, wait_s
-        self.since = since  # the service's clock when it was first handled
-
-
-class _Wait(Exception):
-    """Raised by a channel handler that found nothing to do and may wait: ``handle`` answers
-    with a ``PendingWait``."""
-
-    def __init__(self, channel: str, wait_s: float) -> None:
-        super().__init__(f"waits up to {wait_s} s on channel {channel!r}")
-        self.channel, self.wait_s = channel, min(wait_s, MAX_WAIT_S)
 
 
 class MasterService:
@@ -172,7 +146,7 @@ class MasterService:
     def _channel_push(self, m: p.ChannelPush, now: float) -> tuple[list[int], list[int]]:
         statuses, seqs = self.channels.push(m.channel, m.keys, m.max_items, m.max_bytes)
         if m.wait_s > 0 and not self._final and statuses and all(s == p.Status.FULL for s in statuses):
-            raise _Wait(m.channel, m.wait_s)
+            raise Wait(m.channel, m.wait_s)
         return statuses, seqs
 
     def _channel_take(self, m: p.ChannelTake, now: float) -> tuple[float, list[p.ChannelItem]]:
@@ -180,7 +154,7 @@ class MasterService:
             self.channels.ack(m.channel, m.acks, m.consumer, now)
         items = self.channels.take(m.channel, m.consumer, m.max_items, m.visibility_s, self.config.lease_ttl_s, now)
         if not items and m.wait_s > 0 and not self._final:
-            raise _Wait(m.channel, m.wait_s)
+            raise Wait(m.channel, m.wait_s)
         # The lease as the client counts it, from when it sent the request: it waited here first.
         lease_s = self.config.lease_ttl_s
         return lease_s + self._waited_s if lease_s > 0 else 0.0, items
@@ -279,7 +253,7 @@ class MasterService:
             return self._error(envelope.request_id, p.ErrorKind.NOT_READY, str(exc))
         except mount_check.Unproven as exc:
             return mount_check.PendingMount(data, envelope.request_id, session, exc)
-        except _Wait as exc:
+        except Wait as exc:
             return parked if parked is not None else PendingWait(data, session, exc.channel, exc.wait_s, self.clock())
         except Exception as exc:  # noqa: BLE001 - one request's failure must not take the master down
             return self._internal(envelope.request_id, kind, exc)
