@@ -13,6 +13,7 @@ Neighbours: ``master_client`` (one group), ``client`` (the Store's data calls go
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -48,6 +49,8 @@ class Pool:
         self.pool = PoolAddress.parse(address)
         self.map = PoolMap([name for name, _ in self.pool.groups])
         self._client_id, self._client_args = client_id, client_args
+        self._waits: dict[tuple[int, int], MasterClient] = {}  # (group, thread) -> its client for waits
+        self._waits_lock = threading.Lock()
         self.clients: list[MasterClient] = []
         try:
             for _, group in self.pool.groups:
@@ -124,11 +127,21 @@ class Pool:
         """Connects to every group (``MasterClient.connect``); raises the first group's error."""
         self.each(lambda c: c.connect())
 
-    def another(self, group: int) -> MasterClient:
-        """A client of its own, on a connection of its own, to group ``group``'s master (as
-        this pool's, but it says no hello): for requests that wait on the master, so they hold
-        up no other call. The caller closes it."""
-        return MasterClient(self.pool.groups[group][1], self._client_id, **{**self._client_args, "register": False})
+    def waiting(self, group: int) -> MasterClient:
+        """This thread's own client of group ``group``'s master, for requests that wait there (a
+        channel's take, a producer waiting for room): on a connection of its own that says no
+        hello, so one that waits holds up no other call of the pool, nor another thread's wait.
+        Those of threads that ended are closed here; the rest with the pool."""
+        me = (group, threading.get_ident())
+        with self._waits_lock:
+            client = self._waits.get(me)
+            if client is None:
+                alive = {t.ident for t in threading.enumerate()}
+                for gone in [k for k in self._waits if k[1] not in alive]:
+                    self._waits.pop(gone).close()
+                client = self._waits[me] = MasterClient(self.pool.groups[group][1], self._client_id,
+                                                        **{**self._client_args, "register": False})
+            return client
 
     def exists_many(self, keys: Sequence[Key]) -> list[bool]:
         bkeys = [key_bytes(k) for k in keys]
@@ -154,6 +167,10 @@ class Pool:
     def close(self) -> None:
         for client in self.clients:
             client.close()
+        with self._waits_lock:
+            for client in self._waits.values():
+                client.close()
+            self._waits.clear()
         executor = getattr(self, "_executor", None)
         if executor is not None:
             executor.shutdown(wait=False)

@@ -119,8 +119,6 @@ class Store(TensorCalls, TaskCalls, SegmentCalls):
                           failover_timeout_s=config.failover_timeout_s, busy_poll_us=config.rpc_busy_poll_us,
                           register=True, secret=engine.config.secret, tls=tls, tenant=tenant)
         self._closed = threading.Event()
-        self._waits: dict[tuple[int, int], MasterClient] = {}  # (group, thread) -> its client for waits
-        self._waits_lock = threading.Lock()
         self._groups: list[_Group] = []
         self._staging: StagingArea | None = None
         self.read_buffers = ReadBuffers(engine)  # memory reads into new tensors land in (channels' takes)
@@ -588,10 +586,6 @@ class Store(TensorCalls, TaskCalls, SegmentCalls):
             except StoreError as exc:
                 logger.warning("store client %s: master %s not told of disconnect: %s", self.client_id,
                                group.rpc.address, exc)
-        with self._waits_lock:
-            for client in self._waits.values():
-                client.close()
-            self._waits.clear()
         self._pool.close()
         if self._owns_engine:
             self.engine.close()
@@ -631,17 +625,3 @@ class Store(TensorCalls, TaskCalls, SegmentCalls):
         if preferred_segment is None:
             return self.segment_name if self.config.prefer_local_segment else ""
         return preferred_segment
-
-    def _waiting_client(self, group: int) -> MasterClient:
-        """This thread's own client of group ``group``'s master, for requests that wait there (a
-        channel's take, a producer waiting for room): one that waits holds up no other call of
-        this Store, nor another thread's wait. Those of threads that ended are closed here."""
-        me = (group, threading.get_ident())
-        with self._waits_lock:
-            client = self._waits.get(me)
-            if client is None:
-                alive = {t.ident for t in threading.enumerate()}
-                for gone in [k for k in self._waits if k[1] not in alive]:
-                    self._waits.pop(gone).close()
-                client = self._waits[me] = self._pool.another(group)
-            return client

@@ -255,7 +255,7 @@ class TensorChannel:
 
     def _waiting(self) -> MasterClient:
         """The connection this thread's waits on the channel's master go over."""
-        return self.store._waiting_client(self._group)
+        return self.store._pool.waiting(self._group)
 
     def _wait_s(self, deadline: float | None) -> float:
         """How long the next request may wait on the master, up to ``deadline`` (None: no end)."""
