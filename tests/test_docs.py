@@ -6,6 +6,7 @@ why it cannot), and no page names an internal issue or a development machine's p
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -244,18 +245,20 @@ def _ready(proc: subprocess.Popen[str], needle: str, timeout_s: float) -> str:
     import selectors
     import time
 
-    seen: list[str] = []
+    # Raw reads of the pipe: a buffered readline() after select() would leave a second line that
+    # came in the same read in its buffer, where select() no longer sees it.
+    seen = b""
     sel = selectors.DefaultSelector()
     assert proc.stdout is not None
-    sel.register(proc.stdout, selectors.EVENT_READ)
+    fd = proc.stdout.fileno()
+    sel.register(fd, selectors.EVENT_READ)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
         if sel.select(timeout=0.2):
-            line = proc.stdout.readline()
-            seen.append(line)
-            if needle in line:
+            seen += os.read(fd, 65536)
+            if needle.encode() in seen:
                 break
-    return "".join(seen)
+    return seen.decode(errors="replace")
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
