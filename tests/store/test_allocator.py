@@ -7,7 +7,7 @@ import random
 import pytest
 
 from tidekv.errors import ConfigError
-from tidekv.store.allocator import ALIGNMENT, OffsetAllocator, align
+from tidekv.store.allocator import ALIGNMENT, OffsetAllocator, align, used_range
 
 
 def _check_disjoint(live: dict[int, int], capacity: int) -> None:
@@ -91,7 +91,7 @@ def test_zero_size_allocation_is_a_config_error() -> None:
 
 @pytest.mark.parametrize("seed", range(3))
 def test_an_allocator_rebuilt_from_its_allocations_frees_the_same_blocks(seed: int) -> None:
-    """``with_used`` (a restored master's allocator) from the live (offset, size) pairs, in any
+    """``with_used`` (a restored master's allocator) from the live ranges, in any
     order: the same bytes in use, the same free blocks, and never an offset of a live one."""
     rng = random.Random(seed)
     capacity = 1 << 20
@@ -106,7 +106,7 @@ def test_an_allocator_rebuilt_from_its_allocations_frees_the_same_blocks(seed: i
             offset = alloc.allocate(size)
             if offset is not None:
                 live[offset] = size
-    used = list(live.items())
+    used = [used_range(offset, size) for offset, size in live.items()]
     rng.shuffle(used)
     rebuilt = OffsetAllocator.with_used(capacity, used)
     assert rebuilt.used == alloc.used == sum(align(s) for s in live.values())

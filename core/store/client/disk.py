@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tidekv.errors import ConfigError, DiskCorruptError, OutOfSpaceError, StoreError
-from tidekv.store.allocator import OffsetAllocator
+from tidekv.store.allocator import OffsetAllocator, used_range
 from tidekv.store.wire.protocol import DISK_BLOCK, disk_footprint
 
 logger = logging.getLogger(__name__)
@@ -222,7 +222,7 @@ class DiskTier:
         for disk in range(len(self.paths)):
             found = self._scan_disk(disk)
             self._allocs[disk] = OffsetAllocator.with_used(
-                self.size_per_path - PAGE, [(r.offset - PAGE, self.footprint(r.size)) for r in found])
+                self.size_per_path - PAGE, [used_range(r.offset - PAGE, self.footprint(r.size)) for r in found])
             self._live[disk] = {r.offset: r.token for r in found}
             records += found
             logger.info("disk tier %s: %s holds %d records (%d bytes)", self.name, self.files[disk], len(found),

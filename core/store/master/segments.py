@@ -206,9 +206,9 @@ class SegmentTable:
         return True
 
     def restore(self, client_id: str, name: str, engine: str, base: int, capacity: int,
-                used: list[tuple[int, int]], now: float, incarnation: str = "",
+                used: list[int], now: float, incarnation: str = "",
                 suspended_until: float | None = None) -> None:
-        """Mounts a segment known from a journal, its ``used`` (offset, size) ranges allocated;
+        """Mounts a segment known from a journal, its ``used`` ranges (``allocator.used_range``) allocated;
         its client counts as alive from ``now``. With ``suspended_until``: a suspended segment
         instead (its client is not known)."""
         allocator = OffsetAllocator.with_used(capacity, used)

@@ -37,7 +37,7 @@ from tidekv.errors import (
     TidekvError,
 )
 from tidekv.metrics import Registry
-from tidekv.store.allocator import align
+from tidekv.store.allocator import RANGE_SHIFT, align, used_range
 from tidekv.store.master import journal as j
 from tidekv.store.master import mount_check
 from tidekv.store.master import tenants as t
@@ -698,18 +698,19 @@ class MasterService:
         use re-reserved, objects, pending puts; clients count as alive from now."""
         assert not self.segments.segments and not self.objects.objects, "restore into an empty master"
         now = self.clock()
-        used: dict[str, list[tuple[int, int]]] = {name: [] for name in (*mirror.segments, *mirror.suspended)}
+        used: dict[str, list[int]] = {name: [] for name in (*mirror.segments, *mirror.suspended)}
         held = itertools.chain(
             mirror.objects.values(), mirror.pending.values(),
             (j.RetireOp(size, replicas) for _, size, replicas in mirror.retired),  # kept for leases
             (j.RetireOp(r.size, [r.segment, r.offset]) for r in mirror.repairs.values()))  # their bytes
+        shift = RANGE_SHIFT  # used_range inline: ten million objects
         for op in held:
             flat, size = op.replicas, op.size
             if len(flat) == 2:  # one replica: the common case, kept cheap for a million objects
-                used[flat[0]].append((flat[1], size))  # type: ignore[index]
+                used[flat[0]].append(flat[1] << shift | size)  # type: ignore[index, operator]
                 continue
             for i in range(0, len(flat), 2):
-                used[flat[i]].append((flat[i + 1], size))  # type: ignore[index]
+                used[flat[i]].append(used_range(flat[i + 1], size))  # type: ignore[index, arg-type]
         for name, op in mirror.segments.items():
             self.segments.restore(op.client_id, name, op.engine, op.base, op.capacity, used[name], now,
                                   op.incarnation)
