@@ -13,6 +13,11 @@ times): the channel's own cost without the two processes sharing the machine's c
 the median over pieces (and drains) of each one's rate over the baseline just before it, since
 this VM's speed drifts within seconds (the issue's bar: >= 0.8x); the GB/s are over the whole run.
 
+Where the CPU goes: each process's CPU time (``/proc/<pid>/stat``) over the baselines and over
+the streamed pieces, per GB moved, so a ratio below the bar says which side pays for it (the
+rig's hosts share this machine's cores, so every core-second a producer spends putting is one
+the consumer does not get).
+
 Usage: .venv/bin/python -m benchmarks.tensor_channel [--items 4096] [--size 1MiB] [--batch 16]
        [--pairs 8] [--rounds 8] [--read-ahead] [--runs 2] [--json FILE]
 """
@@ -27,12 +32,38 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tidekv.bench.master_load import cpu_seconds
 from tidekv.values import format_size, parse_size
 
 from tests.multihost.rig import Rig, missing_prerequisites
 from tests.store.procs import AgentProcess, MasterProcess
 
 FAST = {"heartbeat_interval_s": 0.5}
+ROLES = ("master", "producer", "consumer")
+
+
+class _CpuBook:
+    """Each process's CPU seconds over the spans of one kind of work, and the bytes they moved."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.seconds = {role: 0.0 for role in pids}
+        self.bytes = 0
+        self._at: dict[str, float] = {}
+
+    def start(self) -> None:
+        self._at = {role: cpu_seconds(pid) for role, pid in self.pids.items()}
+
+    def stop(self, moved: int) -> None:
+        for role, pid in self.pids.items():
+            self.seconds[role] += cpu_seconds(pid) - self._at[role]
+        self.bytes += moved
+
+    def per_gb(self) -> dict[str, float]:
+        """Core-seconds per GB moved, per process and in all."""
+        out = {role: s / (self.bytes / 1e9) for role, s in self.seconds.items()}
+        out["all"] = sum(out.values())
+        return out
 
 
 def _run(rig: Rig, work: Path, args: argparse.Namespace, run: int) -> dict[str, float]:
@@ -42,6 +73,8 @@ def _run(rig: Rig, work: Path, args: argparse.Namespace, run: int) -> dict[str, 
     producer = AgentProcess(master.address, segment, FAST, work / f"producer-{run}.log", "producer",
                             prefix=h1.command([]))
     consumer = AgentProcess(master.address, 0, FAST, work / f"consumer-{run}.log", "consumer", prefix=h2.command([]))
+    pids = {"master": master.pid, "producer": producer.pid, "consumer": consumer.pid}
+    base_cpu, stream_cpu = _CpuBook(pids), _CpuBook(pids)
     try:
         keys = [f"base/{run}/{i}" for i in range(args.batch)]
         for i, key in enumerate(keys):
@@ -51,15 +84,18 @@ def _run(rig: Rig, work: Path, args: argparse.Namespace, run: int) -> dict[str, 
 
         def baseline() -> float:
             """get_many_into of the same bytes, the store's own fastest read, now: GB/s (median of rounds)."""
+            base_cpu.start()
             rounds = consumer.call("read_into", keys=keys, size=args.size, rounds=args.rounds,
                                    timeout_s=600)["elapsed_s"]
+            base_cpu.stop(args.rounds * args.batch * args.size)
             base_rounds.extend(rounds)
             return args.batch * args.size / statistics.median(rounds) / 1e9
 
         # The channel: producer and consumer at once (torch imported in both beforehand), in
         # pieces, each right after a baseline (this VM's speed drifts within seconds).
-        consumer.call("chan_take", name="warm-up", wait_s=0)
-        producer.call("chan_produce", name="warm-up", n=0, size=args.size, batch=args.batch)
+        # Warm-up: one batch through a channel (torch imported, connections and read buffers made)
+        producer.call("chan_produce", name="warm-up", n=args.batch, size=args.size, batch=args.batch)
+        consumer.call("chan_consume", name="warm-up", n=args.batch, batch=args.batch)
         options = {"max_items": 4 * args.batch, "max_bytes": 4 * args.batch * (args.size + 4096),  # + headers
                    "timeout_s": 20.0}
         consume = {"read_ahead": args.read_ahead}
@@ -68,11 +104,13 @@ def _run(rig: Rig, work: Path, args: argparse.Namespace, run: int) -> dict[str, 
         for k in range(args.pairs):
             base = baseline()
             name = f"bench{run}-{k}"
+            stream_cpu.start()
             consumer.start_call("chan_consume", name=name, n=piece, batch=args.batch, options=consume)
             producer.start_call("chan_produce", name=name, n=piece, size=args.size, batch=args.batch,
                                 options=options)
             produced = producer.read_line(600)
             consumed = consumer.read_line(600)
+            stream_cpu.stop(piece * args.size)
             for who, reply in (("producer", produced), ("consumer", consumed)):
                 if not reply["ok"]:
                     raise RuntimeError(f"the {who} failed: {reply['error_type']}: {reply['error']} (logs: {work})")
@@ -96,7 +134,8 @@ def _run(rig: Rig, work: Path, args: argparse.Namespace, run: int) -> dict[str, 
                 "drain_gbps": args.drain_rounds * fill * args.size / drained / 1e9,
                 "get_many_into_gbps": args.batch * args.size / statistics.median(base_rounds) / 1e9,
                 "ratio": statistics.median(pairs), "drain_ratio": statistics.median(drains),
-                "pairs": args.pairs, "read_ahead": args.read_ahead}
+                "pairs": args.pairs, "read_ahead": args.read_ahead,
+                "cpu_per_gb": {"get_many_into": base_cpu.per_gb(), "streaming": stream_cpu.per_gb()}}
     finally:
         for child in (consumer, producer, master):
             child.stop()
@@ -140,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['run']:>3}  {r['get_many_into_gbps']:18.2f}  {r['channel_gbps']:14.2f}  {r['ratio']:5.2f}  "
               f"{r['producer_gbps']:13.2f}  {r['drain_gbps']:13.2f}  {r['drain_ratio']:5.2f}")
+    print("CPU core-seconds per GB moved (/proc, each process), get_many_into -> streaming:")
+    print("run  " + "  ".join(f"{role:>15}" for role in (*ROLES, "all")))
+    for r in rows:
+        cpu = r["cpu_per_gb"]
+        print(f"{r['run']:>3}  " + "  ".join(f"{cpu['get_many_into'][role]:6.3f} -> {cpu['streaming'][role]:5.3f}"
+                                           for role in (*ROLES, "all")))
     if args.json:
         Path(args.json).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return 0
