@@ -152,13 +152,17 @@ def store_tensors(rows: Rows) -> tuple[str, Callable[[Path], None]]:
 def tensor_channel(rows: Rows) -> tuple[str, Callable[[Path], None]]:
     """A tensor channel between two hosts against get_many_into of the same bytes, per run."""
     lines = ["| date | commit | run | tensors | get_many_into GB/s | streaming GB/s | ratio | producer GB/s | "
-             "draining GB/s | ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "draining GB/s | ratio | CPU s/GB: master, producer, consumer (get_many_into → streaming) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["date"], r["run"])):
         ahead = (", read-ahead" if r.get("read_ahead") else "") + (f", {r['pairs']} pieces paired" if r.get("pairs") else "")
+        cpu = r.get("cpu_per_gb")
+        spent = "—" if cpu is None else ", ".join(
+            f"{cpu['get_many_into'][role]:.2f} → {cpu['streaming'][role]:.2f}" for role in ("master", "producer", "consumer"))
         lines.append(f"| {r['date']} | {r['commit']} | {r['run']} | {r['items']} × {r['size_bytes'] >> 20} MiB, "
                      f"{r['batch']} a call{ahead} | {r['get_many_into_gbps']:.2f} | {r['channel_gbps']:.2f} | "
                      f"{r['ratio']:.2f}× | {r['producer_gbps']:.2f} | {r['drain_gbps']:.2f} | "
-                     f"{r['drain_ratio']:.2f}× |")
+                     f"{r['drain_ratio']:.2f}× | {spent} |")
     text = _table(lines, rows)
 
     def plot(path: Path) -> None:
@@ -797,7 +801,8 @@ def store_segment_alloc(rows: Rows) -> tuple[str, None]:
 
 _MASTER_METRICS = ("get ops/s", "put ops/s", "Exists us/key", "Get us/key", "PutStart+PutEnd us/key",
                    "put ops/s, full pool", "standby: snapshot applied", "promotion:", "restart from --state-dir: log",
-                   "restart from --state-dir: snapshot", "standby: longest put applied", "bytes/object",
+                   "restart from --state-dir: snapshot", "floor: one dict", "standby: longest put applied",
+                   "bytes/object",
                    "longest put ms, collector as it comes", "longest put or tick ms, index frozen",
                    "longest get or tick ms, index frozen")
 """The top-level metrics of ``tidekv bench master`` (by the start of their names) in the order it

@@ -284,7 +284,30 @@ def _restarts_spawned(objects: int) -> tuple[float, int, float, int, float]:
         return child.submit(_restarts, objects).result()
 
 
-def _restart_metrics(objects: int, restarts: tuple[float, int, float, int, float]) -> list[dict[str, Any]]:
+def _dict_floor(objects: int) -> float:
+    """Seconds to build one dict of ``objects`` of the bench's keys in C (``dict(zip(...))``): the
+    least any restore of an index held in Python dicts pays, once per dict it fills."""
+    keys = [_key(i) for i in range(objects)]
+    gc.disable()
+    try:
+        started = time.perf_counter()
+        index = dict(zip(keys, range(objects)))
+        took = time.perf_counter() - started
+    finally:
+        gc.enable()
+    if len(index) != objects:
+        raise RuntimeError(f"the dict holds {len(index)} of {objects} keys")
+    return took
+
+
+def _dict_floor_spawned(objects: int) -> float:
+    """``_dict_floor`` in a new process of its own, as the restarts run."""
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+        return child.submit(_dict_floor, objects).result()
+
+
+def _restart_metrics(objects: int, restarts: tuple[float, int, float, int, float],
+                     floor_s: float) -> list[dict[str, Any]]:
     from_log, log_bytes, from_snapshot, snapshot_bytes, restore_s = restarts
     return [
         {"metric": "promotion: master restored from the mirror, s", "at_1k": None, "at_n": restore_s,
@@ -293,18 +316,21 @@ def _restart_metrics(objects: int, restarts: tuple[float, int, float, int, float
          "at_n": from_log, "ratio": None, "objects": objects},
         {"metric": f"restart from --state-dir: snapshot ({snapshot_bytes / 1e6:,.0f} MB), s", "at_1k": None,
          "at_n": from_snapshot, "ratio": None, "objects": objects},
+        {"metric": "floor: one dict of as many keys, built in C, s", "at_1k": None, "at_n": floor_s,
+         "ratio": None, "objects": objects},
     ]
 
 
 def restart_rows(objects: int) -> list[dict[str, Any]]:
     """The restart rows alone (``--restarts-only``)."""
-    return _restart_metrics(objects, _restarts_spawned(objects))
+    return _restart_metrics(objects, _restarts_spawned(objects), _dict_floor_spawned(objects))
 
 
 def run(objects: int, seconds: float) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
     restarts = _restarts_spawned(objects)  # first: see there
+    floor_s = _dict_floor_spawned(objects)
     svc = MasterService(MasterConfig(port=0, metrics_port=-1, high_watermark=1.0))
     _call(svc, 0, p.Hello("bench", p.PROTOCOL_VERSION))
     capacity = (objects * 2 + 1_000_000) * _OBJECT_BYTES  # bookkeeping only: no memory behind it
@@ -344,7 +370,7 @@ def run(objects: int, seconds: float) -> list[dict[str, Any]]:
          "at_n": full_big, "ratio": full_big / full_small, "objects": objects},
         {"metric": "standby: snapshot applied to a mirror, s", "at_1k": None, "at_n": mirror_s, "ratio": None,
          "objects": objects},
-        *_restart_metrics(objects, restarts),
+        *_restart_metrics(objects, restarts, floor_s),
         {"metric": f"standby: longest put applied ms ({puts:,} puts)", "at_1k": None,
          "at_n": longest_apply * 1e3, "ratio": None, "objects": objects},
         {"metric": "  p99.9 put applied ms", "at_1k": None, "at_n": p999_apply * 1e3, "ratio": None,

@@ -18,6 +18,7 @@ def test_rows_of_a_small_run() -> None:
     assert rows["put ops/s, full pool (1k vs 20,000 objects)"]["at_n"] > 0  # the bench checks they evicted
     assert rows["standby: snapshot applied to a mirror, s"]["at_n"] > 0
     assert rows["promotion: master restored from the mirror, s"]["at_n"] > 0
+    assert 0 < rows["floor: one dict of as many keys, built in C, s"]["at_n"]
     restarts = [r for r in listed if r["metric"].startswith("restart from --state-dir")]
     assert [r["metric"].split(":")[1].split("(")[0].strip() for r in restarts] == ["log of the puts", "snapshot"]
     assert all(r["at_n"] > 0 and " MB)" in r["metric"] for r in restarts)  # the bench checks all 20,000 came back
@@ -39,5 +40,7 @@ def test_restarts_only_gives_the_restart_rows_alone() -> None:
     rows = master_scale.restart_rows(objects=5_000)
     assert [r["metric"].split(",")[0].split(" (")[0] for r in rows] == [
         "promotion: master restored from the mirror", "restart from --state-dir: log of the puts",
-        "restart from --state-dir: snapshot"]
+        "restart from --state-dir: snapshot", "floor: one dict of as many keys"]
     assert all(r["at_n"] > 0 and r["objects"] == 5_000 for r in rows)
+    # One dict of the keys is part of what the restart builds (it fills several, and more)
+    assert rows[-1]["at_n"] < rows[2]["at_n"]

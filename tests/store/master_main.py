@@ -1,7 +1,8 @@
 """A store master in its own process, for tests that kill or restart it.
 
 Run as ``python -m tests.store.master_main '{"config": {MasterConfig fields}}'`` from the
-repository root. The first stdout line is {"address", "port", "metrics_port", "master_id",
+repository root; ``TIDEKV_MASTER_*`` variables set the fields the spec leaves out, as for
+``tidekv master`` (a bench run with the busy poll off, say). The first stdout line is {"address", "port", "metrics_port", "master_id",
 "pid"}; logs go to stderr. EOF on stdin (the test is done, or died) stops the master cleanly.
 A fixed port that is still held by a master just killed is retried for a few seconds.
 Neighbours: ``procs.MasterProcess`` is the other end of the pipe.
@@ -36,7 +37,7 @@ def start(config: MasterConfig) -> MasterServer:
 def main() -> int:
     spec = json.loads(sys.argv[1])
     configure_logging("DEBUG" if os.environ.get("TIDEKV_TEST_DEBUG") else "INFO")
-    server = start(MasterConfig(**spec["config"]))
+    server = start(MasterConfig.from_env(**spec["config"]))
     hello = {"address": server.address, "port": server.rpc_port, "metrics_port": server.metrics_port,
              "master_id": server.service.master_id, "pid": os.getpid()}
     print(json.dumps(hello), flush=True)
