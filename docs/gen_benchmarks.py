@@ -157,8 +157,8 @@ def tensor_channel(rows: Rows) -> tuple[str, Callable[[Path], None]]:
     for r in sorted(rows, key=lambda r: (r["date"], r["run"])):
         ahead = (", read-ahead" if r.get("read_ahead") else "") + (f", {r['pairs']} pieces paired" if r.get("pairs") else "")
         cpu = r.get("cpu_per_gb")
-        spent = "—" if cpu is None else ", ".join(
-            f"{cpu['get_many_into'][role]:.2f} → {cpu['streaming'][role]:.2f}" for role in ("master", "producer", "consumer"))
+        spent = "—" if cpu is None else ", ".join(f"{cpu['get_many_into'][role]:.2f} → {cpu['streaming'][role]:.2f}"
+                                                  for role in ("master", "producer", "consumer"))
         lines.append(f"| {r['date']} | {r['commit']} | {r['run']} | {r['items']} × {r['size_bytes'] >> 20} MiB, "
                      f"{r['batch']} a call{ahead} | {r['get_many_into_gbps']:.2f} | {r['channel_gbps']:.2f} | "
                      f"{r['ratio']:.2f}× | {r['producer_gbps']:.2f} | {r['drain_gbps']:.2f} | "
