@@ -4,8 +4,8 @@ Run as ``python -m tests.store.master_main '{"config": {MasterConfig fields}}'``
 repository root; ``TIDEKV_MASTER_*`` variables set the fields the spec leaves out, as for
 ``tidekv master`` (a bench run with the busy poll off, say). The first stdout line is
 {"address", "port", "metrics_port", "master_id", "pid"}; logs go to stderr. EOF on stdin (the
-test is done, or died) stops the master cleanly. A fixed port that is still held by a master just killed is retried for a few seconds.
-Neighbours: ``procs.MasterProcess`` is the other end of the pipe.
+test is done, or died) stops the master cleanly. A fixed port that is still held by a master just
+killed is retried for a few seconds. Neighbours: ``procs.MasterProcess`` is the other end of the pipe.
 """
 
 from __future__ import annotations
