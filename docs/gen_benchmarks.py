@@ -801,7 +801,7 @@ def store_segment_alloc(rows: Rows) -> tuple[str, None]:
 
 _MASTER_METRICS = ("get ops/s", "put ops/s", "Exists us/key", "Get us/key", "PutStart+PutEnd us/key",
                    "put ops/s, full pool", "standby: snapshot applied", "promotion:", "restart from --state-dir: log",
-                   "restart from --state-dir: snapshot", "floor: one dict", "standby: longest put applied",
+                   "restart from --state-dir: snapshot", "floor: one dict", "fold:", "standby: longest put applied",
                    "bytes/object",
                    "longest put ms, collector as it comes", "longest put or tick ms, index frozen",
                    "longest get or tick ms, index frozen")

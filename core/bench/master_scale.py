@@ -216,17 +216,18 @@ def _standby(svc: MasterService, puts: int) -> tuple[float, float, float]:
     return applied, longest, p999
 
 
-def _restarts(objects: int) -> tuple[float, int, float, int, float]:
+def _restarts(objects: int) -> tuple[float, int, float, int, float, float]:
     """A lone master's restart from ``--state-dir`` (a temporary directory) holding ``objects``
     objects, as ``MasterServer`` recovers (journal read into a Mirror, a master restored from
     it, the collector off): (seconds, bytes) from the log its puts wrote, then from a fresh
-    snapshot, and the seconds of that restart's second half, the restore from the Mirror (all a
-    promoted standby does). Run in a process holding nothing else, as a restarted master is."""
+    snapshot, the seconds of that restart's second half, the restore from the Mirror (all a
+    promoted standby does), and the seconds the fold that wrote that snapshot took (a lone
+    master's loop waits for it). Run in a process holding nothing else, as a restarted master is."""
     with tempfile.TemporaryDirectory(prefix="tidekv-bench-master-") as directory:
         return _restarts_in(directory, objects)
 
 
-def _restarts_in(directory: str, objects: int) -> tuple[float, int, float, int, float]:
+def _restarts_in(directory: str, objects: int) -> tuple[float, int, float, int, float, float]:
     from tqdm import tqdm
 
     svc = MasterService(MasterConfig(port=0, metrics_port=-1, high_watermark=1.0))
@@ -244,12 +245,14 @@ def _restarts_in(directory: str, objects: int) -> tuple[float, int, float, int, 
     gc.collect()
     from_log, _, restarted = _recover(directory, lease_ttl_s, objects)
     journal = JournalFile(directory)
-    journal.rewrite(restarted.snapshot())  # what the restarted master's first fold writes
+    started = time.perf_counter()
+    journal.rewrite(restarted.snapshot())  # what the restarted master's first fold writes, its loop stopped
+    fold = time.perf_counter() - started
     journal.close()
     del restarted
     gc.collect()
     from_snapshot, restore, _ = _recover(directory, lease_ttl_s, objects)
-    return from_log, log_bytes, from_snapshot, journal.snapshot_bytes, restore
+    return from_log, log_bytes, from_snapshot, journal.snapshot_bytes, restore, fold
 
 
 def _recover(directory: str, lease_ttl_s: float, objects: int) -> tuple[float, float, MasterService]:
@@ -277,7 +280,7 @@ def _frozen() -> FrozenHeap:
     return heap
 
 
-def _restarts_spawned(objects: int) -> tuple[float, int, float, int, float]:
+def _restarts_spawned(objects: int) -> tuple[float, int, float, int, float, float]:
     """``_restarts`` in a new process of its own, as a restarted master is (and so that what it
     frees does not make room for a fill measured after it)."""
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
@@ -306,9 +309,9 @@ def _dict_floor_spawned(objects: int) -> float:
         return child.submit(_dict_floor, objects).result()
 
 
-def _restart_metrics(objects: int, restarts: tuple[float, int, float, int, float],
+def _restart_metrics(objects: int, restarts: tuple[float, int, float, int, float, float],
                      floor_s: float) -> list[dict[str, Any]]:
-    from_log, log_bytes, from_snapshot, snapshot_bytes, restore_s = restarts
+    from_log, log_bytes, from_snapshot, snapshot_bytes, restore_s, fold_s = restarts
     return [
         {"metric": "promotion: master restored from the mirror, s", "at_1k": None, "at_n": restore_s,
          "ratio": None, "objects": objects},
@@ -317,6 +320,8 @@ def _restart_metrics(objects: int, restarts: tuple[float, int, float, int, float
         {"metric": f"restart from --state-dir: snapshot ({snapshot_bytes / 1e6:,.0f} MB), s", "at_1k": None,
          "at_n": from_snapshot, "ratio": None, "objects": objects},
         {"metric": "floor: one dict of as many keys, built in C, s", "at_1k": None, "at_n": floor_s,
+         "ratio": None, "objects": objects},
+        {"metric": "fold: a lone master writes its snapshot (its loop waits), s", "at_1k": None, "at_n": fold_s,
          "ratio": None, "objects": objects},
     ]
 
