@@ -259,7 +259,7 @@ class TensorChannel:
 
     def _wait_s(self, deadline: float | None) -> float:
         """How long the next request may wait on the master, up to ``deadline`` (None: no end)."""
-        cap = min(WAIT_S, self._waiting().timeout_s / 2)
+        cap = min(WAIT_S, self._rpc.timeout_s / 2)  # (the waits' connections have the same timeout)
         return cap if deadline is None else max(0.0, min(cap, deadline - time.monotonic()))
 
     def _item_key(self) -> bytes:
