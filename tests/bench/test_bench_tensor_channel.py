@@ -28,11 +28,12 @@ def test_a_small_run_streams_and_drains_in_pieces(tmp_path: Path, read_ahead: bo
     assert row["read_ahead"] is read_ahead and row["pairs"] == 4 and row["items"] == 64
     for field in ("channel_gbps", "producer_gbps", "drain_gbps", "get_many_into_gbps", "ratio", "drain_ratio"):
         assert row[field] > 0, field
-    # Each process's CPU per GB, over the baselines and over the streamed pieces: the consumer
-    # reads every byte in both, and in all the three processes spent what each spent.
+    # Each process's CPU per GB, over the baselines and over the streamed pieces, and in all what
+    # the three spent. (/proc counts in clock ticks of 10 ms: a run this small may read 0 for one
+    # process, as a CI run did for the consumer's baselines, so no process is asked for more.)
     for work in ("get_many_into", "streaming"):
         cpu = row["cpu_per_gb"][work]
-        assert cpu["consumer"] > 0 and min(cpu.values()) >= 0, (work, cpu)
+        assert set(cpu) == {"master", "producer", "consumer", "all"} and min(cpu.values()) >= 0, (work, cpu)
         assert cpu["all"] == pytest.approx(cpu["master"] + cpu["producer"] + cpu["consumer"]), (work, cpu)
 
 
