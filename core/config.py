@@ -510,6 +510,10 @@ class MasterConfig:
     """Directory of the master's journal (every index change, written before it is acknowledged):
     a lone master restarted on it comes back with every object. None = no journal (a restart
     starts empty)."""
+    fold_log_bytes: int = setting(64 << 20, 4096, 1 << 40)
+    """With ``state_dir``: the journal's log is folded into a new snapshot (by a forked child, the
+    master serving on) once it outgrows this and twice the last snapshot, which bounds what a
+    restart replays."""
     etcd: str = ""
     """etcd client URLs ("http://H:P[,...]", or https:// for an etcd that serves TLS, see
     ``etcd_security``): the master campaigns for leadership of ``cluster`` and stands by when

@@ -41,7 +41,8 @@ def test_restarts_only_gives_the_restart_rows_alone() -> None:
     assert [r["metric"].split(",")[0].split(" (")[0] for r in rows] == [
         "promotion: master restored from the mirror", "restart from --state-dir: log of the puts",
         "restart from --state-dir: snapshot", "floor: one dict of as many keys",
-        "fold: a lone master writes its snapshot"]
+        "fold: a lone master's loop pauses", "fold: its child writes the snapshot"]
     assert all(r["at_n"] > 0 and r["objects"] == 5_000 for r in rows)
+    assert rows[4]["at_n"] < rows[5]["at_n"], "the loop pauses for the fork, not for the whole fold"
     # One dict of the keys is part of what the restart builds (it fills several, and more)
     assert rows[3]["at_n"] < rows[2]["at_n"]

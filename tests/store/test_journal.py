@@ -1,12 +1,16 @@
 """JournalFile: what a lone master with --state-dir writes, read back after compactions and a
-crash that cut the last frame short; a half-written snapshot is ignored."""
+crash that cut the last frame short; a half-written snapshot is ignored. Folds in a forked
+child (``Fold``): the snapshot is the index at the cut, and a child that fails, is killed or a
+crash between the cut and the rename loses nothing."""
 
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
 
-from tidekv.store.master.journal import JournalFile, Mirror
+from tidekv.store.master.journal import Fold, JournalFile, Mirror
 from tidekv.store.wire import protocol as p
 
 from tests.store.rig import ServiceRig, flush_journal, reloaded
@@ -52,3 +56,99 @@ def test_snapshot_then_log_then_a_torn_frame_read_back(tmp_path: Path) -> None:
     assert len(_index(restored)) == 31
     assert os.path.getsize(tmp_path / "log.2") < 100, "resume cut the torn frame off"
     assert _index(reloaded(tmp_path)) == _index(rig), "and reading again gives the same"
+
+
+def _filled(tmp_path: Path, keys: range) -> tuple[ServiceRig, JournalFile]:
+    rig = ServiceRig(lease_ttl_s=0.0)
+    rig.service.enable_journal()
+    journal = JournalFile(tmp_path)
+    journal.load(Mirror(0.0), 0.0)
+    journal.resume()
+    rig.hello("h")
+    rig.mount("h", "seg", 256 * PAGE)
+    _put(rig, journal, keys)
+    return rig, journal
+
+
+def _put(rig: ServiceRig, journal: JournalFile, keys: range) -> None:
+    for i in keys:
+        rig.put("h", f"a{i}".encode(), PAGE)
+        flush_journal(rig, journal)
+
+
+def _snapshot_alone(tmp_path: Path, generation: int) -> dict[bytes, tuple[int, tuple[object, ...]]]:
+    """The index snapshot.GENERATION holds by itself (read from a copy, without the logs)."""
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / f"snapshot.{generation}").write_bytes((tmp_path / f"snapshot.{generation}").read_bytes())
+    return _index(reloaded(alone))
+
+
+def test_a_crash_between_the_cut_and_the_snapshot_replays_every_log(tmp_path: Path) -> None:
+    rig, journal = _filled(tmp_path, range(20))
+    at_cut = rig.service.snapshot()
+    assert journal.cut() == 1  # then the master dies before snapshot.1 is renamed into place
+    rig.remove(b"a3")
+    _put(rig, journal, range(20, 30))
+    journal.close()
+    (tmp_path / "snapshot.1.tmp").write_bytes(b"half a snapshot")
+    assert _index(reloaded(tmp_path)) == _index(rig), "snapshot 0 (none), log.0 then log.1"
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["log.0", "log.1"], "both logs kept, the half snapshot gone"
+
+    JournalFile(tmp_path).write_snapshot(1, at_cut)  # the crash comes after the rename, before the old log goes
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["log.0", "log.1", "snapshot.1"]
+    assert _index(reloaded(tmp_path)) == _index(rig), "snapshot.1 then log.1; log.0 ignored"
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["log.1", "snapshot.1"], "log.0 removed on resume"
+
+
+def test_a_forked_fold_writes_the_index_as_it_was_at_the_cut(tmp_path: Path) -> None:
+    rig, journal = _filled(tmp_path, range(20))
+    at_cut = _index(rig)
+    fold = Fold(journal, rig.service.snapshot)
+    rig.remove(b"a0")  # the parent goes on while its child writes
+    _put(rig, journal, range(20, 25))
+    assert fold.finish(), f"the child exited with {fold.exit_code}"
+    assert fold.exit_code == 0 and fold.generation == 1 and 0 < fold.forked_s <= fold.seconds
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["log.1", "snapshot.1"]
+    assert (journal.generation, journal.current) == (1, 1)
+    _put(rig, journal, range(25, 27))
+    journal.close()
+    assert _snapshot_alone(tmp_path, 1) == at_cut
+    assert _index(reloaded(tmp_path)) == _index(rig)
+    assert len(_index(rig)) == 26
+
+
+def test_a_fold_whose_child_fails_loses_nothing(tmp_path: Path) -> None:
+    rig, journal = _filled(tmp_path, range(10))
+
+    def broken() -> list[object]:
+        raise MemoryError("the child ran out of memory")
+
+    fold = Fold(journal, broken)  # type: ignore[arg-type]
+    _put(rig, journal, range(10, 15))
+    assert not fold.finish() and fold.exit_code == 1
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["log.0", "log.1"]
+    assert _index(reloaded(tmp_path)) == _index(rig)
+
+    again = Fold(journal, rig.service.snapshot)  # the next fold starts over from the whole index
+    _put(rig, journal, range(15, 17))
+    assert again.finish() and again.generation == 2
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["log.2", "snapshot.2"]
+    journal.close()
+    assert _index(reloaded(tmp_path)) == _index(rig)
+    assert len(_index(rig)) == 17
+
+
+def test_a_killed_fold_leaves_the_chain_whole(tmp_path: Path) -> None:
+    rig, journal = _filled(tmp_path, range(10))
+
+    def slow() -> list[object]:
+        time.sleep(30)
+        return []
+
+    fold = Fold(journal, slow)  # type: ignore[arg-type]
+    _put(rig, journal, range(10, 12))
+    fold.kill()  # the master stopping mid-fold
+    assert fold.exit_code == -signal.SIGKILL and fold.seconds < 10
+    journal.close()
+    assert _index(reloaded(tmp_path)) == _index(rig)

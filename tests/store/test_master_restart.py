@@ -139,3 +139,32 @@ def test_a_holder_suspended_before_a_restart_with_state_dir_gets_its_objects_bac
     for i in range(8):
         assert local.get(f"h-{i}") == payload(i, 3000 + i)
     assert "8 objects restored, 0 superseded" in holder.log_text()
+
+
+def test_a_master_folding_its_journal_as_it_serves_loses_nothing(tmp_path: Path, spawn_master: SpawnMaster,
+                                                                  connect: Connect) -> None:
+    """With a small ``fold_log_bytes`` the master folds its journal again and again in forked
+    children while the client puts and removes; a SIGKILL at any point, a fold in flight or not,
+    loses no acknowledged change."""
+    state = tmp_path / "state"
+    first = spawn_master(client_ttl_s=5.0, state_dir=str(state), fold_log_bytes=4096)
+    local = connect(first.address, segment_size=8 * MIB, rpc_timeout_s=1.0, failover_timeout_s=20.0)
+    objects: dict[str, bytes] = {}
+    for i in range(300):
+        objects[f"k-{i}"] = payload(i, 100 + i)
+        local.put(f"k-{i}", objects[f"k-{i}"])
+        if i % 7 == 3:
+            local.remove(f"k-{i - 2}")
+            del objects[f"k-{i - 2}"]
+    log = (tmp_path / "master-0.log").read_text
+    wait_until(lambda: "folded its journal into snapshot 2 " in log(), 10.0, "two folds")
+    assert "the child folding its journal exited" not in log()
+    snapshots = sorted(int(f.name.split(".")[1]) for f in state.glob("snapshot.*") if f.name.count(".") == 1)
+    assert len(snapshots) == 1 and snapshots[0] >= 2, sorted(f.name for f in state.iterdir())
+
+    first.kill()
+    second = spawn_master(port=first.port, client_ttl_s=5.0, state_dir=str(state), fold_log_bytes=4096)
+    for key, data in objects.items():
+        assert local.get(key) == data, key
+    assert local.exists_many([f"k-{i}" for i in range(1, 300, 7)]) == [False] * 43, "removed keys stay removed"
+    assert second.master_id != first.master_id

@@ -7,8 +7,9 @@ from the replicas, so nothing live is handed out twice). Gets are not journaled,
 keeps freed bytes for a lease TTL after it learns of the free, and a restored master keeps what
 it frees for a lease TTL after taking over. Suspended segments keep their objects and replicas.
 
-On disk (``JournalFile``): an atomically written snapshot plus a log whose frames are written
-before the requests that made them are answered; a torn last frame is ignored and cut off.
+On disk (``JournalFile``): an atomically written snapshot plus the logs since, whose frames are
+written before the requests that made them are answered; a torn last frame is ignored and cut
+off. A lone master folds its logs into a new snapshot in a forked child (``Fold``).
 Neighbours: ``objects``/``master`` emit ops, ``replication`` streams them, ``server`` writes them.
 Design notes: docs/store-design.md#tidekvstoremasterjournal
 """
@@ -16,11 +17,17 @@ Design notes: docs/store-design.md#tidekvstoremasterjournal
 from __future__ import annotations
 
 import collections
+import gc
 import logging
 import os
+import resource
+import signal
+import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
+from typing import NoReturn, Union
 
 import msgspec
 from tidekv.store.master.retired import KeptBytes
@@ -493,20 +500,30 @@ class Mirror:
 
 class JournalFile:
     """The ops journal in a state directory: generation N is ``snapshot.N`` (absent for N = 0)
-    followed by ``log.N``. A new snapshot starts generation N + 1 and becomes current by its
-    atomic rename, so a crash at any point leaves one consistent pair (never a snapshot with a
-    log whose ops it already holds). ``load`` first, then ``resume``; one writer."""
+    followed by ``log.N``, ``log.N+1``, ... up to the log being appended. A fold cuts to the
+    next log at once and writes that generation's snapshot (the index at the cut) later, in a
+    child process (``Fold``); the snapshot becomes current by its atomic rename, so a crash at
+    any point leaves a consistent chain: the newest snapshot, then every log from its
+    generation on (never a snapshot with a log whose ops it already holds). ``load`` first,
+    then ``resume``; one writer."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
-        names = [f.name.split(".") for f in self.dir.glob("snapshot.*")]
-        snapshots = [int(n[1]) for n in names if len(n) == 2 and n[1].isdigit()]  # not a snapshot.N.tmp
-        self.generation = max(snapshots, default=0)
+        snapshots = [int(n[1]) for n in self._names("snapshot")]
+        self.generation = max(snapshots, default=0)  # the newest snapshot's: where replay starts
+        logs = {int(n[1]) for n in self._names("log")}
+        self.current = self.generation  # the log appended to
+        while self.current + 1 in logs:
+            self.current += 1
         self._fd = -1
-        self.log_bytes = 0
+        self.log_bytes = 0  # of the current log
         snapshot = self._snapshot(self.generation)
         self.snapshot_bytes = snapshot.stat().st_size if snapshot.exists() else 0
+
+    def _names(self, kind: str) -> list[list[str]]:
+        names = [f.name.split(".") for f in self.dir.glob(f"{kind}.*")]
+        return [n for n in names if len(n) == 2 and n[1].isdigit()]  # not a snapshot.N.tmp
 
     def _snapshot(self, generation: int) -> Path:
         return self.dir / f"snapshot.{generation}"
@@ -515,9 +532,11 @@ class JournalFile:
         return self.dir / f"log.{generation}"
 
     def load(self, mirror: Mirror, now: float) -> int:
-        """Replays the current snapshot and log into ``mirror``; returns how many ops it applied."""
+        """Replays the newest snapshot and the logs after it into ``mirror``; returns how many
+        ops it applied."""
         applied = 0
-        for path in (self._snapshot(self.generation), self._log(self.generation)):
+        chain = [self._snapshot(self.generation)] + [self._log(g) for g in range(self.generation, self.current + 1)]
+        for path in chain:
             if not path.exists():
                 continue
             data = memoryview(path.read_bytes())
@@ -533,36 +552,69 @@ class JournalFile:
             if pos != len(data):
                 logger.warning("journal %s: ignoring %d bytes of a frame cut short (never acknowledged)", path,
                                len(data) - pos)
-            if path.name.startswith("log."):
+            if path == self._log(self.current):
                 self.log_bytes = pos
         return applied
 
     def resume(self) -> None:
-        """Opens the current log for appending after ``load``, cut after its last whole frame."""
-        self._fd = os.open(self._log(self.generation), os.O_WRONLY | os.O_CREAT, 0o644)
+        """Opens the current log for appending after ``load``, cut after its last whole frame, and
+        removes what no replay reads (older generations, a snapshot a crash left half written)."""
+        self._fd = os.open(self._log(self.current), os.O_WRONLY | os.O_CREAT, 0o644)
         os.ftruncate(self._fd, self.log_bytes)
         os.lseek(self._fd, 0, os.SEEK_END)
+        self._remove_before(self.generation)
+        for tmp in self.dir.glob("snapshot.*.tmp"):
+            tmp.unlink(missing_ok=True)
 
-    def rewrite(self, ops: list[Op]) -> None:
-        """Starts a new generation whose snapshot is ``ops``, with an empty log open for appending."""
-        new = self.generation + 1
-        tmp = self.dir / f"snapshot.{new}.tmp"
+    def _remove_before(self, generation: int) -> None:
+        for kind in ("snapshot", "log"):
+            for name in self._names(kind):
+                if int(name[1]) < generation:
+                    (self.dir / ".".join(name)).unlink(missing_ok=True)
+
+    def cut(self) -> int:
+        """A fold's first half, on the writer: appending goes on in a new, empty log, and the
+        generation returned is the one whose snapshot must hold the index as it is now."""
+        new = self.current + 1
+        fd = os.open(self._log(new), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd, self.current, self.log_bytes = fd, new, 0
+        return new
+
+    def write_snapshot(self, generation: int, ops: list[Op]) -> None:
+        """A fold's second half (anywhere, the writer's forked child included): writes ``ops`` as
+        ``generation``'s snapshot, synced, and renames it into place: from then on replay starts
+        there."""
+        tmp = self.dir / f"snapshot.{generation}.tmp"
         with open(tmp, "wb") as f:
             chunk = 65536
             for i in range(0, len(ops), chunk):
                 f.write(p.frame(encode_ops(ops[i: i + chunk])))
             f.flush()
             os.fsync(f.fileno())
-        fd = os.open(self._log(new), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.replace(tmp, self._snapshot(new))  # generation `new` is current from here on
-        if self._fd >= 0:
-            os.close(self._fd)
-        self._fd = fd
-        for old in (self._snapshot(self.generation), self._log(self.generation)):
-            old.unlink(missing_ok=True)
-        self.generation = new
-        self.snapshot_bytes = self._snapshot(new).stat().st_size
-        self.log_bytes = 0
+        os.replace(tmp, self._snapshot(generation))
+        directory = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename survives the machine's crash too
+        finally:
+            os.close(directory)
+
+    def folded(self, generation: int) -> None:
+        """Back on the writer once ``generation``'s snapshot is in place: the files before it go."""
+        self.generation = generation
+        self.snapshot_bytes = self._snapshot(generation).stat().st_size
+        self._remove_before(generation)
+
+    def rewrite(self, ops: list[Op]) -> None:
+        """A fold in the calling thread: a new generation whose snapshot is ``ops``, its log empty."""
+        generation = self.cut()
+        self.write_snapshot(generation, ops)
+        self.folded(generation)
+
+    def fold_due(self, min_bytes: int) -> bool:
+        """Whether the current log has outgrown ``min_bytes`` and twice the last snapshot."""
+        return self.log_bytes > max(min_bytes, 2 * self.snapshot_bytes)
 
     def append(self, ops: list[Op]) -> None:
         """Writes one batch of ops, framed. It is in the kernel when this returns: it survives the
@@ -577,3 +629,67 @@ class JournalFile:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+class Fold:
+    """A fold whose snapshot a forked child writes (Redis's way): the master's loop pays only
+    the cut and the fork, not the snapshot. The child holds the index as it was at the fork
+    (copy-on-write; pages the parent changes meanwhile are copied, so a fold may take up to the
+    index's memory again) while the parent appends to the new log. Construct it on the writer's
+    thread between two batches; ``finish`` once ``pidfd`` is readable (the child exited)."""
+
+    def __init__(self, journal: JournalFile, snapshot: Callable[[], list[Op]]) -> None:
+        """Raises OSError if the fork fails (the cut stands: the next fold starts over)."""
+        self.journal = journal
+        self.generation = journal.cut()
+        self.started = time.perf_counter()
+        self.pid = os.fork()
+        if self.pid == 0:
+            self._child(snapshot)
+        self.forked_s = time.perf_counter() - self.started
+        try:
+            self.pidfd = os.pidfd_open(self.pid)
+        except OSError:  # a kernel before 5.3: the caller waits on finish() instead
+            self.pidfd = -1
+        self.seconds = 0.0  # from the cut to the child's end, once finished
+        self.exit_code: int | None = None
+
+    def _child(self, snapshot: Callable[[], list[Op]]) -> NoReturn:
+        code = 1
+        try:
+            gc.disable()  # the index is all there is to walk, and it is walked once
+            # The parent's sockets (its port, its clients' connections) must close when the
+            # parent closes them, not when this child exits.
+            os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_DFL)
+            self.journal.write_snapshot(self.generation, snapshot())
+            code = 0
+        except BaseException:  # noqa: BLE001 - reported on stderr; the parent sees the exit code
+            os.write(2, f"tidekv master fold child: {traceback.format_exc()}".encode())
+        finally:
+            os._exit(code)
+
+    def finish(self) -> bool:
+        """Reaps the child (waiting for it if it still runs); True if it wrote the snapshot, which
+        then becomes the journal's current one. False keeps the chain as it was (older snapshot,
+        every log since): nothing is lost, the next fold starts over."""
+        _, status = os.waitpid(self.pid, 0)
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+        self.seconds = time.perf_counter() - self.started
+        self.exit_code = os.waitstatus_to_exitcode(status)
+        if self.exit_code != 0:
+            (self.journal.dir / f"snapshot.{self.generation}.tmp").unlink(missing_ok=True)
+            return False
+        self.journal.folded(self.generation)
+        return True
+
+    def kill(self) -> None:
+        """Stops the child (the writer is stopping) and reaps it; the chain stays consistent."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.finish()

@@ -30,7 +30,7 @@ from tidekv.metrics import CONTENT_TYPE, Counter
 from tidekv.store.ha.replication import Replicator
 from tidekv.store.master.collector import FrozenHeap
 from tidekv.store.master.connection import MasterConnection
-from tidekv.store.master.journal import JournalFile, Mirror
+from tidekv.store.master.journal import Fold, JournalFile, Mirror
 from tidekv.store.master.service import MasterService
 from tidekv.values import format_host_port
 
@@ -38,9 +38,6 @@ if TYPE_CHECKING:
     from tidekv.store.ha.cluster import ClusterRole
 
 logger = logging.getLogger(__name__)
-
-_COMPACT_LOG_BYTES = 64 << 20
-"""A journal log past this size (and twice the last snapshot's) is folded into a new snapshot."""
 
 
 class MasterServer:
@@ -70,6 +67,7 @@ class MasterServer:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._journal: JournalFile | None = None
+        self._fold: Fold | None = None  # a snapshot being written by a child
         if config.state_dir:
             self._journal = JournalFile(config.state_dir)
             self.service.enable_journal()
@@ -183,6 +181,12 @@ class MasterServer:
             if http is not None:
                 http.close()
             self.mount_checks.shutdown(wait=False, cancel_futures=True)
+            if self._fold is not None:
+                self._loop.remove_reader(self._fold.pidfd)
+                self._fold.kill()  # the next start replays from the last whole snapshot
+                self._fold = None
+            if self._journal is not None:
+                self._journal.close()
             logger.info("tidekv master stopped")
 
     # ---- journal ------------------------------------------------------------------------
@@ -228,8 +232,35 @@ class MasterServer:
         if not ops or self._journal is None:
             return
         self._journal.append(ops)
-        if self._journal.log_bytes > max(_COMPACT_LOG_BYTES, 2 * self._journal.snapshot_bytes):
-            self._journal.rewrite(self.service.snapshot())
+        if self._fold is None and self._journal.fold_due(self.config.fold_log_bytes):
+            self._start_fold()
+
+    def _start_fold(self) -> None:
+        """Folds the journal in a forked child; the loop pays the cut and the fork only."""
+        assert self._journal is not None and self._loop is not None
+        try:
+            self._fold = Fold(self._journal, self.service.snapshot)
+        except OSError as exc:
+            logger.warning("master %s cannot fork to fold its journal (%s): it keeps its logs (nothing is lost) "
+                           "and tries again once the new log is due", self.service.master_id, exc)
+            return
+        if self._fold.pidfd >= 0:
+            self._loop.add_reader(self._fold.pidfd, self._fold_ended)
+        else:
+            self._fold_ended()  # no pidfd (a kernel before 5.3): the loop waits, as folds used to
+
+    def _fold_ended(self) -> None:
+        fold, self._fold = self._fold, None
+        assert fold is not None and self._loop is not None
+        if fold.pidfd >= 0:
+            self._loop.remove_reader(fold.pidfd)
+        if fold.finish():
+            logger.info("master %s folded its journal into snapshot %d in %.2f s (its loop paused %.1f ms)",
+                        self.service.master_id, fold.generation, fold.seconds, 1e3 * fold.forked_s)
+        else:
+            logger.error("master %s: the child folding its journal exited with %s; nothing is lost (a restart "
+                         "replays every log since the last snapshot) and the next fold starts over",
+                         self.service.master_id, fold.exit_code)
 
     def _publish(self) -> None:
         """Sends the changes of this loop turn to the standbys as one batch (fewer wake-ups there)."""
