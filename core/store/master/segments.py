@@ -3,7 +3,8 @@
 A segment is a range of a client's registered memory (its transfer engine name + base address)
 that the master allocates object replicas in. Placement puts the replicas of one object on
 distinct segments: the writer's preferred segment first when it has room, then the segments
-with the most free bytes.
+with the most free bytes, found through a heap of (free bytes, segment) hints rather than a sort
+of every segment per put (a fleet mounts hundreds).
 
 A holder whose heartbeats lapse does not lose its segments at once: a segment mounted with an
 incarnation (the holder's secret for the life of its process) is *suspended*, kept aside with its
@@ -15,9 +16,11 @@ replica, until the same incarnation mounts it again or its grace ends. Neighbour
 from __future__ import annotations
 
 import hmac
+import itertools
 import logging
 from collections.abc import Container
 from dataclasses import dataclass, field
+from heapq import heapify, heappop, heappush
 
 from tidekv.errors import ConfigError
 from tidekv.store.allocator import OffsetAllocator, align
@@ -85,6 +88,11 @@ class SegmentTable:
         self.clients: dict[str, ClientInfo] = {}
         self.capacity = 0
         self.used = 0
+        # Placement hints, most free first: (-free bytes, order, name). An entry is current while
+        # its segment is mounted with that many free bytes; every change of a mounted segment's
+        # free bytes pushes a new one, and stale ones are dropped as they surface.
+        self._by_free: list[tuple[int, int, str]] = []
+        self._order = itertools.count()
 
     # ---- clients ------------------------------------------------------------------------
 
@@ -145,6 +153,7 @@ class SegmentTable:
         self.clients[client_id].segments.add(name)
         self.capacity += seg.capacity
         self.used += seg.used
+        self._rank(seg)
         logger.info("segment %s resumed by %s (engine %s, %d bytes in use)", name, client_id, seg.engine, seg.used)
 
     def drop_suspended(self, names: list[str]) -> None:
@@ -202,6 +211,7 @@ class SegmentTable:
         self.segments[name] = Segment(name, client_id, engine, base, capacity, OffsetAllocator(capacity), incarnation)
         self.clients[client_id].segments.add(name)
         self.capacity += capacity
+        self._rank(self.segments[name])
         logger.info("segment %s mounted by %s (engine %s, %d bytes)", name, client_id, engine, capacity)
         return True
 
@@ -221,6 +231,7 @@ class SegmentTable:
         self.clients[client_id].segments.add(name)
         self.capacity += capacity
         self.used += allocator.used
+        self._rank(seg)
 
     def unmount(self, client_id: str, name: str) -> bool:
         seg = self.segments.get(name)
@@ -253,29 +264,44 @@ class SegmentTable:
             offset = pref.allocator.allocate(size)
             if offset is not None:
                 placed.append((pref.name, offset))
+                self._rank(pref)
         if len(placed) < replicas:
             need = align(size)
-            candidates = sorted(
-                (s for s in self.segments.values() if s is not pref and s.allocator.largest_free() >= need
-                 and (pool is None or s.tenant in pool) and not (avoid and s.engine in avoid)),
-                key=lambda s: s.allocator.free,
-                reverse=True,
-            )
-            for seg in candidates:
-                if len(placed) == replicas:
-                    break
+            heap, skipped = self._by_free, []
+            while heap and len(placed) < replicas:
+                entry = heappop(heap)
+                seg = self.segments.get(entry[2])
+                if seg is None or -entry[0] != seg.allocator.free:
+                    continue  # stale: unmounted, or its free bytes changed since (a newer entry holds it)
+                skipped.append(entry)  # current: it goes back, or a newer one does once it takes a replica
+                if seg is pref or seg.allocator.largest_free() < need or (pool is not None and seg.tenant not in pool) \
+                        or (avoid and seg.engine in avoid) or (placed and any(n == seg.name for n, _ in placed)):
+                    continue
                 offset = seg.allocator.allocate(size)
                 if offset is not None:
                     placed.append((seg.name, offset))
+                    skipped[-1] = (-seg.allocator.free, next(self._order), seg.name)
+            for entry in skipped:
+                heappush(heap, entry)
         self.used += align(size) * len(placed)
         return placed
+
+    def _rank(self, seg: Segment) -> None:
+        """Records ``seg``'s free bytes as a placement hint (a mounted segment's changed)."""
+        heap = self._by_free
+        heappush(heap, (-seg.allocator.free, next(self._order), seg.name))
+        if len(heap) > 4 * len(self.segments) + 256:  # mostly stale: start over from the mounted segments
+            self._by_free = [(-s.allocator.free, next(self._order), s.name) for s in self.segments.values()]
+            heapify(self._by_free)
 
     def allocate_on(self, name: str, size: int) -> int | None:
         """One range of ``size`` bytes on the mounted segment ``name`` (no eviction); None when
         it has no room."""
-        offset = self.segments[name].allocator.allocate(size)
+        seg = self.segments[name]
+        offset = seg.allocator.allocate(size)
         if offset is not None:
             self.used += align(size)
+            self._rank(seg)
         return offset
 
     def release(self, name: str, offset: int, size: int) -> None:
@@ -289,6 +315,7 @@ class SegmentTable:
             return
         seg.allocator.release(offset, size)
         self.used -= align(size)
+        self._rank(seg)
 
     def fits_anywhere(self, size: int, pool: Container[str] | None = None, avoid: Container[str] | None = None) -> bool:
         need = align(size)
