@@ -53,8 +53,8 @@ def cli_markdown() -> str:
 
 
 def _master_metrics() -> list[tuple[str, str, str, tuple[str, ...]]]:
-    """A master's metrics, with tenants and a segment so that the gauges per tenant and per
-    segment show their labels."""
+    """A master's metrics, with tenants, a segment and a journal so that the gauges per tenant
+    and per segment show their labels and the journal's are there."""
     import tempfile
 
     from tidekv.config import MasterConfig
@@ -67,8 +67,10 @@ def _master_metrics() -> list[tuple[str, str, str, tuple[str, ...]]]:
         secret.chmod(0o600)
         tenants.write_text(f'[tenants.team]\nsecret_file = "{secret}"\nquota = "1GiB"\n')
         server = MasterServer(MasterConfig(port=0, metrics_port=-1, tenants_file=str(tenants),
-                                           secret="the-masters-secret-of-enough-length", verify_mounts="off"))
+                                           secret="the-masters-secret-of-enough-length", verify_mounts="off",
+                                           state_dir=str(Path(tmp) / "state")))
         service = server.service
+        service.not_serving = ""  # as once its (empty) journal is replayed
         for body in (p.Hello("docs", p.PROTOCOL_VERSION),
                      p.MountSegment("docs", "seg", "127.0.0.1:1", 1 << 20, 1 << 30)):
             service.handle(p.encode(p.Envelope(p.PROTOCOL_VERSION, 1, body)))

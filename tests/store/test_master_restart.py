@@ -12,8 +12,10 @@ still suspended after it, and gets its objects back when it resumes.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -161,6 +163,12 @@ def test_a_master_folding_its_journal_as_it_serves_loses_nothing(tmp_path: Path,
     assert "the child folding its journal exited" not in log()
     snapshots = sorted(int(f.name.split(".")[1]) for f in state.glob("snapshot.*") if f.name.count(".") == 1)
     assert len(snapshots) == 1 and snapshots[0] >= 2, sorted(f.name for f in state.iterdir())
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{first.metrics_port}/metrics", timeout=5).read().decode()
+    folds = re.search(r'^tidekv_journal_folds_total\{result="done"\} (\d+)', metrics, re.M)
+    assert folds and int(folds.group(1)) >= 2, metrics
+    assert re.search(r'^tidekv_journal_folds_total\{result="failed"\} 0', metrics, re.M)
+    pause = re.search(r"^tidekv_journal_last_fold_pause_seconds (\S+)", metrics, re.M)
+    assert pause and 0 < float(pause.group(1)) < 1.0, metrics
 
     first.kill()
     second = spawn_master(port=first.port, client_ttl_s=5.0, state_dir=str(state), fold_log_bytes=4096)

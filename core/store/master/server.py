@@ -68,9 +68,12 @@ class MasterServer:
         self._error: BaseException | None = None
         self._journal: JournalFile | None = None
         self._fold: Fold | None = None  # a snapshot being written by a child
+        self._folds = {"done": 0, "failed": 0}
+        self._last_fold = (0.0, 0.0)  # the last fold's seconds in all, and its loop's pause
         if config.state_dir:
             self._journal = JournalFile(config.state_dir)
             self.service.enable_journal()
+            self._journal_gauges(self._journal)
             self.service.not_serving = f"is rebuilding its index from its journal in {config.state_dir}"
         # Mount checks (mount_proof) wait on other processes' engines: never on the loop.
         self.mount_checks = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="tidekv-mount-check")
@@ -235,6 +238,19 @@ class MasterServer:
         if self._fold is None and self._journal.fold_due(self.config.fold_log_bytes):
             self._start_fold()
 
+    def _journal_gauges(self, journal: JournalFile) -> None:
+        m = self.service.metrics
+        m.gauge("tidekv_journal_log_bytes", "bytes of the journal's current log (folded past fold_log_bytes)",
+                lambda: {(): journal.log_bytes})
+        m.gauge("tidekv_journal_snapshot_bytes", "bytes of the journal's last snapshot",
+                lambda: {(): journal.snapshot_bytes})
+        m.gauge("tidekv_journal_folds_total", "folds of the journal into a new snapshot by a forked child, by result",
+                lambda: {(("result", r),): n for r, n in self._folds.items()}, kind="counter")
+        m.gauge("tidekv_journal_last_fold_seconds", "the last fold, from the cut to its child's end",
+                lambda: {(): self._last_fold[0]})
+        m.gauge("tidekv_journal_last_fold_pause_seconds", "the last fold's pause of the master's loop (cut and fork)",
+                lambda: {(): self._last_fold[1]})
+
     def _start_fold(self) -> None:
         """Folds the journal in a forked child; the loop pays the cut and the fork only."""
         assert self._journal is not None and self._loop is not None
@@ -254,7 +270,10 @@ class MasterServer:
         assert fold is not None and self._loop is not None
         if fold.pidfd >= 0:
             self._loop.remove_reader(fold.pidfd)
-        if fold.finish():
+        ok = fold.finish()
+        self._folds["done" if ok else "failed"] += 1
+        self._last_fold = (fold.seconds, fold.forked_s)
+        if ok:
             logger.info("master %s folded its journal into snapshot %d in %.2f s (its loop paused %.1f ms)",
                         self.service.master_id, fold.generation, fold.seconds, 1e3 * fold.forked_s)
         else:
