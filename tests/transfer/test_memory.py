@@ -1,6 +1,9 @@
-"""Huge-page memory: allocate(huge=True) gives aligned, zeroed, writable memory; thp_enabled reads the host."""
+"""Engine memory: allocate(huge=True) gives aligned, zeroed, writable memory; thp_enabled reads the host;
+a forked child gets none of it."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -55,4 +58,24 @@ def test_allocate_huge_beyond_memory_is_a_clear_error(make_engine: MakeEngine) -
     with pytest.raises(ConfigError, match="cannot map 70368744177664 bytes"):
         engine.allocate(1 << 46, huge=True)
     region = engine.allocate(HUGE_PAGE, huge=True)  # the engine is still fine
+    engine.unregister(region)
+
+
+@pytest.mark.parametrize("huge", [True, False], ids=["huge-private", "shared"])
+def test_a_forked_child_does_not_get_the_engines_memory(make_engine: MakeEngine, huge: bool) -> None:
+    """A child the process forks (a DataLoader worker, the master's fold) gets none of the
+    engine's memory (MADV_DONTFORK): private pages would turn copy-on-write under every write
+    into the segment while the child lives."""
+    engine = make_engine()
+    region = engine.allocate(4 * HUGE_PAGE, huge=huge)
+    region.view()[:5] = b"hello"
+    pid = os.fork()
+    if pid == 0:  # the child: is any page of the region mapped here?
+        with open("/proc/self/maps") as f:
+            spans = [[int(a, 16) for a in line.split()[0].split("-")] for line in f]
+        os._exit(1 if any(lo < region.address + region.length and region.address < hi for lo, hi in spans) else 0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child has the region mapped"
+    region.view()[:5] = b"still"  # the parent's memory is its own as before
+    assert bytes(region.view()[:5]) == b"still"
     engine.unregister(region)
