@@ -5,14 +5,21 @@ crash between the cut and the rename loses nothing."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
 from pathlib import Path
 
+import pytest
+from tidekv import Store
+from tidekv.config import MasterConfig, StoreConfig
+from tidekv.store.master import journal as journal_module
 from tidekv.store.master.journal import Fold, JournalFile, Mirror
+from tidekv.store.master.server import MasterServer
 from tidekv.store.wire import protocol as p
 
+from tests.store.procs import wait_until
 from tests.store.rig import ServiceRig, flush_journal, reloaded
 
 PAGE = 4096
@@ -143,3 +150,31 @@ def test_a_killed_fold_leaves_the_chain_whole(tmp_path: Path) -> None:
     assert fold.exit_code == -signal.SIGKILL and fold.seconds < 10
     journal.close()
     assert _index(reloaded(tmp_path)) == _index(rig)
+
+
+def test_a_master_refused_a_fork_folds_on_its_loop_and_loses_nothing(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """A fork refused (ENOMEM under strict overcommit) does not leave the log to grow without
+    bound: the master folds on its loop, as it did before folds forked, and says why."""
+    def refused() -> int:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(journal_module.os, "fork", refused)
+    state = tmp_path / "state"
+    server = MasterServer(MasterConfig(port=0, metrics_port=-1, state_dir=str(state), fold_log_bytes=4096)).start()
+    client = None
+    try:
+        wait_until(server.recovered.is_set, 10, "the master to recover its (empty) journal")
+        client = Store.connect(server.address, 4 << 20, config=StoreConfig(rpc_timeout_s=0.5, failover_timeout_s=0.5))
+        for i in range(100):
+            client.put(f"k{i}", bytes([i]) * 100)
+        assert server._folds["inline"] >= 2 and server._folds["done"] == 0
+    finally:
+        server.stop()  # before the client leaves: its segment, and so its objects, stay in the journal
+        if client is not None:
+            client.close()
+    assert "cannot fork to fold its journal" in caplog.text
+    snapshots = [f.name for f in state.glob("snapshot.*")]
+    assert len(snapshots) == 1 and snapshots[0] != "snapshot.0", sorted(f.name for f in state.iterdir())
+    assert len(_index(reloaded(state))) == 100

@@ -68,7 +68,7 @@ class MasterServer:
         self._error: BaseException | None = None
         self._journal: JournalFile | None = None
         self._fold: Fold | None = None  # a snapshot being written by a child
-        self._folds = {"done": 0, "failed": 0}
+        self._folds = {"done": 0, "failed": 0, "inline": 0}
         self._last_fold = (0.0, 0.0)  # the last fold's seconds in all, and its loop's pause
         if config.state_dir:
             self._journal = JournalFile(config.state_dir)
@@ -76,7 +76,8 @@ class MasterServer:
             self._journal_gauges(self._journal)
             self.service.not_serving = f"is rebuilding its index from its journal in {config.state_dir}"
         # Mount checks (mount_proof) wait on other processes' engines: never on the loop.
-        self.mount_checks = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="tidekv-mount-check")
+        self.mount_checks = concurrent.futures.ThreadPoolExecutor(max_workers=4,
+                                                                  thread_name_prefix="tidekv-mount-check")
         self.recovered = threading.Event()  # set once the index is back (at once without a journal)
         self.recovery_s = 0.0
         self.replicator: Replicator | None = None  # while leading a cluster
@@ -244,7 +245,9 @@ class MasterServer:
                 lambda: {(): journal.log_bytes})
         m.gauge("tidekv_journal_snapshot_bytes", "bytes of the journal's last snapshot",
                 lambda: {(): journal.snapshot_bytes})
-        m.gauge("tidekv_journal_folds_total", "folds of the journal into a new snapshot by a forked child, by result",
+        m.gauge("tidekv_journal_folds_total",
+                "folds of the journal into a new snapshot, by result: done or failed (a forked child), inline (on the "
+                "loop: the fork was refused)",
                 lambda: {(("result", r),): n for r, n in self._folds.items()}, kind="counter")
         m.gauge("tidekv_journal_last_fold_seconds", "the last fold, from the cut to its child's end",
                 lambda: {(): self._last_fold[0]})
@@ -256,9 +259,14 @@ class MasterServer:
         assert self._journal is not None and self._loop is not None
         try:
             self._fold = Fold(self._journal, self.service.snapshot)
-        except OSError as exc:
-            logger.warning("master %s cannot fork to fold its journal (%s): it keeps its logs (nothing is lost) "
-                           "and tries again once the new log is due", self.service.master_id, exc)
+        except OSError as exc:  # ENOMEM under vm.overcommit_memory=2, a process limit: fold here, waiting
+            logger.error("master %s cannot fork to fold its journal (%s); folding on its loop instead, answering "
+                         "nothing meanwhile (allow overcommit, vm.overcommit_memory=1, to keep it serving)",
+                         self.service.master_id, exc)
+            started = time.perf_counter()
+            self._journal.rewrite(self.service.snapshot())  # bounded replay over a pause
+            self._folds["inline"] += 1
+            self._last_fold = (time.perf_counter() - started,) * 2
             return
         if self._fold.pidfd >= 0:
             self._loop.add_reader(self._fold.pidfd, self._fold_ended)
@@ -399,7 +407,8 @@ class MasterServer:
         limit = time.monotonic() - self.config.frame_timeout_s
         for conn, since in list(self._partial.items()):
             if since < limit:
-                conn._refuse(f"sent nothing for {self.config.frame_timeout_s} s in the middle of a request (frame_timeout_s)")
+                conn._refuse(f"sent nothing for {self.config.frame_timeout_s} s in the middle of a request "
+                             "(frame_timeout_s)")
 
     def admit(self) -> bool:
         """Whether one more client connection may stay open (max_connections); logs refusals every 10 s."""
@@ -423,7 +432,8 @@ class MasterServer:
             parts = request.decode("latin-1").split()
             path = parts[1] if len(parts) >= 2 else "/"
             status, ctype, body = self._http_route(path)
-            head = f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                    "Connection: close\r\n\r\n")
             writer.write(head.encode() + body)
             await writer.drain()
         except (asyncio.TimeoutError, ConnectionError, UnicodeDecodeError):
