@@ -155,7 +155,8 @@ def tensor_channel(rows: Rows) -> tuple[str, Callable[[Path], None]]:
              "draining GB/s | ratio | CPU s/GB: master, producer, consumer (get_many_into → streaming) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["date"], r["run"])):
-        ahead = (", read-ahead" if r.get("read_ahead") else "") + (f", {r['pairs']} pieces paired" if r.get("pairs") else "")
+        ahead = ((", read-ahead" if r.get("read_ahead") else "")
+                 + (f", {r['pairs']} pieces paired" if r.get("pairs") else ""))
         cpu = r.get("cpu_per_gb")
         spent = "—" if cpu is None else ", ".join(f"{cpu['get_many_into'][role]:.2f} → {cpu['streaming'][role]:.2f}"
                                                   for role in ("master", "producer", "consumer"))
@@ -796,6 +797,35 @@ def store_segment_alloc(rows: Rows) -> tuple[str, None]:
     return _table(lines, rows), None
 
 
+def placement(rows: Rows) -> tuple[str, None]:
+    """A put's master time as holders grow in number (``benchmarks.placement``), per run."""
+    runs = _unique(r["run"] for r in rows)
+    lines = ["| segments | PutStart+PutEnd µs/key | allocate µs |", "|---|---|---|"]
+    for segments, group in _groups(rows, lambda r: r["segments"]).items():
+        by_run = {r["run"]: r for r in group}
+        cells = [by_run.get(run, {}) for run in runs]
+        lines.append(f"| {segments:,} | {_slash((c.get('put_us_per_key') for c in cells), spec='.1f')} | "
+                     f"{_slash((c.get('allocate_us') for c in cells), spec='.1f')} |")
+    lines += ["", f"Each cell: runs {' / '.join(str(run) for run in runs)}. " + _runs_line(rows)]
+    return _table(lines, rows), None
+
+
+def fork_writes(rows: Rows) -> tuple[str, None]:
+    """Writes into memory while a forked child lives (``benchmarks.fork_writes``), per run."""
+    runs = _unique(r["run"] for r in rows)
+    lines = ["| memory | alone | child alive | ratio |", "|---|---|---|---|"]
+    for memory, group in _groups(rows, lambda r: r["memory"]).items():
+        by_run = {r["run"]: r for r in group}
+        cells = [by_run.get(run, {}) for run in runs]
+        lines.append(f"| `{memory}` | {_slash((c.get('alone_s') for c in cells), ' s', '.3f')} | "
+                     f"{_slash((c.get('child_alive_s') for c in cells), ' s', '.3f')} | "
+                     f"{_slash((c.get('ratio') for c in cells), '×', '.1f')} |")
+    size = _size(rows[0]["bytes"]) if rows else "—"
+    lines += ["", f"memset of {size} each. Each cell: runs {' / '.join(str(run) for run in runs)}. "
+              + _runs_line(rows)]
+    return _table(lines, rows), None
+
+
 # The master: its scaling bench's rows and its load mode against Mooncake's master
 
 
@@ -1019,11 +1049,14 @@ RENDERERS: dict[str, Callable[[Rows], tuple[str, Callable[[Path], None] | None]]
     "store-4k": store_4k,
     "store-auth": store_auth,
     "store-segment-alloc": store_segment_alloc,
+    "placement": placement,
+    "fork-writes": fork_writes,
     "master-scale": master_scale,
     "master-load": master_load,
 }
 TRANSCRIBED = {name for name in RENDERERS if name not in ("ha-failover", "store-disk", "tensor-channel",
-                                                          "master-load-groups", "store-tensors")}
+                                                          "master-load-groups", "store-tensors", "placement",
+                                                          "fork-writes")}
 """Data files transcribed from a page's prose or tables: read with ``Decimal``, printed as written."""
 
 
