@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import mmap
 import os
 import time
 
+from tidekv.report import Column, format_table, write_json_lines
 from tidekv.transfer import TransferEngine
 from tidekv.values import parse_size
 
@@ -63,14 +63,10 @@ def main() -> None:
     plain = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     plain.madvise(mmap.MADV_HUGEPAGE)  # as allocate(huge=True) maps it, but inherited
     rows.append(_measure("mmap private huge, inherited", ctypes.addressof(ctypes.c_char.from_buffer(plain)), size))
-    print(f"{'memory':<28} {'alone s':>8} {'child alive s':>14} {'ratio':>6}")
-    for r in rows:
-        print(f"{r['memory']:<28} {r['alone_s']:>8.3f} {r['child_alive_s']:>14.3f} {r['ratio']:>6.1f}")
+    print(format_table(rows, [Column("memory", "memory", align="<"), Column("alone_s", "alone s", ".3f"),
+                              Column("child_alive_s", "child alive s", ".3f"), Column("ratio", "ratio", ".1f")]))
     if args.json:
-        with open(args.json, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
-
+        write_json_lines(args.json, rows)
 
 if __name__ == "__main__":
     main()

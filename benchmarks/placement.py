@@ -12,11 +12,11 @@ Usage: .venv/bin/python -m benchmarks.placement [--segments 4,64,512,2048] [--ke
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 from tidekv.bench.master_scale import _call, _key
 from tidekv.config import MasterConfig
+from tidekv.report import Column, format_table, write_json_lines
 from tidekv.store.master.service import MasterService
 from tidekv.store.wire import protocol as p
 
@@ -59,14 +59,11 @@ def main() -> None:
     parser.add_argument("--json", help="write one row per segment count to this file")
     args = parser.parse_args()
     rows = [measure(int(s), args.keys) for s in args.segments.split(",")]
-    print(f"{'segments':>8}  {'PutStart+PutEnd us/key':>22}  {'allocate us':>11}")
-    for r in rows:
-        print(f"{r['segments']:>8}  {r['put_us_per_key']:>22.2f}  {r['allocate_us']:>11.2f}")
+    print(format_table(rows, [Column("segments", "segments", ",d"),
+                              Column("put_us_per_key", "PutStart+PutEnd us/key", ".2f"),
+                              Column("allocate_us", "allocate us", ".2f")]))
     if args.json:
-        with open(args.json, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
-
+        write_json_lines(args.json, rows)
 
 if __name__ == "__main__":
     main()

@@ -27,7 +27,8 @@ from typing import Any
 from tidekv.config import MasterConfig
 from tidekv.report import Column, format_table, write_json_lines
 from tidekv.store.master.collector import FrozenHeap
-from tidekv.store.master.journal import EndOp, Fold, JournalFile, Mirror, StartOp, decode_ops, encode_ops
+from tidekv.store.master.fold import Fold
+from tidekv.store.master.journal import EndOp, JournalFile, Mirror, StartOp, decode_ops, encode_ops
 from tidekv.store.master.service import MasterService
 from tidekv.store.wire import protocol as p
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from tidekv import Store
 from tidekv.config import MasterConfig, StoreConfig
-from tidekv.store.master import journal as journal_module
-from tidekv.store.master.journal import Fold, JournalFile, Mirror
+from tidekv.store.master import fold as fold_module
+from tidekv.store.master.fold import Fold
+from tidekv.store.master.journal import JournalFile, Mirror
 from tidekv.store.master.server import MasterServer
 from tidekv.store.wire import protocol as p
 
@@ -160,7 +161,7 @@ def test_a_master_refused_a_fork_folds_on_its_loop_and_loses_nothing(tmp_path: P
     def refused() -> int:
         raise OSError(errno.ENOMEM, "Cannot allocate memory")
 
-    monkeypatch.setattr(journal_module.os, "fork", refused)
+    monkeypatch.setattr(fold_module.os, "fork", refused)
     state = tmp_path / "state"
     server = MasterServer(MasterConfig(port=0, metrics_port=-1, state_dir=str(state), fold_log_bytes=4096)).start()
     client = None

@@ -9,7 +9,7 @@ it frees for a lease TTL after taking over. Suspended segments keep their object
 
 On disk (``JournalFile``): an atomically written snapshot plus the logs since, whose frames are
 written before the requests that made them are answered; a torn last frame is ignored and cut
-off. A lone master folds its logs into a new snapshot in a forked child (``Fold``).
+off. A lone master folds its logs into a new snapshot in a forked child (``fold``).
 Neighbours: ``objects``/``master`` emit ops, ``replication`` streams them, ``server`` writes them.
 Design notes: docs/store-design.md#tidekvstoremasterjournal
 """
@@ -17,17 +17,11 @@ Design notes: docs/store-design.md#tidekvstoremasterjournal
 from __future__ import annotations
 
 import collections
-import gc
 import logging
 import os
-import resource
-import signal
-import time
-import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn, Union
+from typing import Union
 
 import msgspec
 from tidekv.store.master.retired import KeptBytes
@@ -502,7 +496,7 @@ class JournalFile:
     """The ops journal in a state directory: generation N is ``snapshot.N`` (absent for N = 0)
     followed by ``log.N``, ``log.N+1``, ... up to the log being appended. A fold cuts to the
     next log at once and writes that generation's snapshot (the index at the cut) later, in a
-    child process (``Fold``); the snapshot becomes current by its atomic rename, so a crash at
+    child process (``fold.Fold``); the snapshot becomes current by its atomic rename, so a crash at
     any point leaves a consistent chain: the newest snapshot, then every log from its
     generation on (never a snapshot with a log whose ops it already holds). ``load`` first,
     then ``resume``; one writer."""
@@ -630,66 +624,3 @@ class JournalFile:
             os.close(self._fd)
             self._fd = -1
 
-
-class Fold:
-    """A fold whose snapshot a forked child writes (Redis's way): the master's loop pays only
-    the cut and the fork, not the snapshot. The child holds the index as it was at the fork
-    (copy-on-write; pages the parent changes meanwhile are copied, so a fold may take up to the
-    index's memory again) while the parent appends to the new log. Construct it on the writer's
-    thread between two batches; ``finish`` once ``pidfd`` is readable (the child exited)."""
-
-    def __init__(self, journal: JournalFile, snapshot: Callable[[], list[Op]]) -> None:
-        """Raises OSError if the fork fails (the cut stands: the next fold starts over)."""
-        self.journal = journal
-        self.generation = journal.cut()
-        self.started = time.perf_counter()
-        self.pid = os.fork()
-        if self.pid == 0:
-            self._child(snapshot)
-        self.forked_s = time.perf_counter() - self.started
-        try:
-            self.pidfd = os.pidfd_open(self.pid)
-        except OSError:  # a kernel before 5.3: the caller waits on finish() instead
-            self.pidfd = -1
-        self.seconds = 0.0  # from the cut to the child's end, once finished
-        self.exit_code: int | None = None
-
-    def _child(self, snapshot: Callable[[], list[Op]]) -> NoReturn:
-        code = 1
-        try:
-            gc.disable()  # the index is all there is to walk, and it is walked once
-            # The parent's sockets (its port, its clients' connections) must close when the
-            # parent closes them, not when this child exits.
-            os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, signal.SIG_DFL)
-            self.journal.write_snapshot(self.generation, snapshot())
-            code = 0
-        except BaseException:  # noqa: BLE001 - reported on stderr; the parent sees the exit code
-            os.write(2, f"tidekv master fold child: {traceback.format_exc()}".encode())
-        finally:
-            os._exit(code)
-
-    def finish(self) -> bool:
-        """Reaps the child (waiting for it if it still runs); True if it wrote the snapshot, which
-        then becomes the journal's current one. False keeps the chain as it was (older snapshot,
-        every log since): nothing is lost, the next fold starts over."""
-        _, status = os.waitpid(self.pid, 0)
-        if self.pidfd >= 0:
-            os.close(self.pidfd)
-            self.pidfd = -1
-        self.seconds = time.perf_counter() - self.started
-        self.exit_code = os.waitstatus_to_exitcode(status)
-        if self.exit_code != 0:
-            (self.journal.dir / f"snapshot.{self.generation}.tmp").unlink(missing_ok=True)
-            return False
-        self.journal.folded(self.generation)
-        return True
-
-    def kill(self) -> None:
-        """Stops the child (the writer is stopping) and reaps it; the chain stays consistent."""
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.finish()

@@ -30,7 +30,8 @@ from tidekv.metrics import CONTENT_TYPE, Counter
 from tidekv.store.ha.replication import Replicator
 from tidekv.store.master.collector import FrozenHeap
 from tidekv.store.master.connection import MasterConnection
-from tidekv.store.master.journal import Fold, JournalFile, Mirror
+from tidekv.store.master.fold import Fold
+from tidekv.store.master.journal import JournalFile, Mirror
 from tidekv.store.master.service import MasterService
 from tidekv.values import format_host_port
 
