@@ -18,7 +18,7 @@ ALIGNMENT = 64
 
 RANGE_SHIFT = 48
 """An allocation for ``with_used`` is ``offset << RANGE_SHIFT | size`` (``used_range``)."""
-_RANGE_SIZE = (1 << RANGE_SHIFT) - 1
+RANGE_SIZE = (1 << RANGE_SHIFT) - 1
 
 
 def align(size: int) -> int:
@@ -28,6 +28,57 @@ def align(size: int) -> int:
 def used_range(offset: int, size: int) -> int:
     """An allocation as ``with_used`` takes it: one int that sorts by offset (sizes below 2^48)."""
     return offset << RANGE_SHIFT | size
+
+
+def free_ranges(capacity: int, used: list[int]) -> list[int]:
+    """The gaps ``used`` leaves in [0, capacity) as sorted ``used_range`` ints, each allocation
+    counted at its aligned size (``used``: ``used_range`` ints, not overlapping; sorted in place)."""
+    up, down, shift, mask = ALIGNMENT - 1, ~(ALIGNMENT - 1), RANGE_SHIFT, RANGE_SIZE
+    used.sort()  # the caller's list, sorted in place: ten million at a restore
+    out = []
+    end = 0
+    for v in used:  # ``align`` inline
+        offset = v >> shift
+        if offset > end:
+            out.append(end << shift | (offset - end))
+        end = offset + (((v & mask) + up) & down)
+    if capacity > end:
+        out.append(end << shift | (capacity - end))
+    return out
+
+
+def carve(free: list[int], taken: list[int]) -> list[int]:
+    """``free`` (``used_range`` ints, not overlapping) without the allocations ``taken`` (at their
+    aligned sizes), sorted; both lists are sorted in place. Raises ValueError when an allocation
+    is not wholly inside the free ranges (two records of the same bytes disagree)."""
+    up, down, shift, mask = ALIGNMENT - 1, ~(ALIGNMENT - 1), RANGE_SHIFT, RANGE_SIZE
+    free.sort()
+    taken.sort()
+    merged: list[list[int]] = []  # [start, end] of each free run, neighbours merged
+    for v in free:
+        offset = v >> shift
+        if merged and merged[-1][1] == offset:
+            merged[-1][1] += v & mask
+        else:
+            merged.append([offset, offset + (v & mask)])
+    out, i = [], 0
+    for v in taken:
+        offset = v >> shift
+        end = offset + (((v & mask) + up) & down)
+        while i < len(merged) and merged[i][1] <= offset:
+            start, stop = merged[i]
+            if stop > start:
+                out.append(start << shift | (stop - start))
+            i += 1
+        if i == len(merged) or merged[i][0] > offset or merged[i][1] < end:
+            raise ValueError(f"allocation [{offset}, {end}) is not inside the free ranges")
+        if offset > merged[i][0]:
+            out.append(merged[i][0] << shift | (offset - merged[i][0]))
+        merged[i][0] = end
+    for start, stop in merged[i:]:
+        if stop > start:
+            out.append(start << shift | (stop - start))
+    return out
 
 
 class OffsetAllocator:
@@ -53,20 +104,32 @@ class OffsetAllocator:
         from the replicas it knows. Ranges are ints, not (offset, size) tuples: a restore sorts ten
         million of them, in random order where a long-running pool's allocations are, and an int
         compares in one step where a tuple compares element by element."""
+        return cls.with_free(capacity, free_ranges(capacity, used))
+
+    @classmethod
+    def with_free(cls, capacity: int, free: list[int]) -> OffsetAllocator:
+        """An allocator whose free blocks are ``free`` (``used_range`` ints, sorted, not
+        overlapping; neighbours are merged): a restore from a snapshot that saved them."""
         alloc = cls(capacity)
         alloc._remove_free(0, capacity)
-        end = total = 0
-        up, down, shift, mask = ALIGNMENT - 1, ~(ALIGNMENT - 1), RANGE_SHIFT, _RANGE_SIZE
-        used.sort()  # the caller's list, sorted in place: ten million at a restore
-        for v in used:  # ``align`` inline, no empty gaps
-            offset = v >> shift
-            if offset > end:
-                alloc._add_free(end, offset - end)
-            size = ((v & mask) + up) & down
-            end = offset + size
-            total += size
-        alloc.used = total
-        alloc._add_free(end, capacity - end)
+        shift, mask = RANGE_SHIFT, RANGE_SIZE
+        total = 0
+        start = end = -1
+        for v in free:
+            offset, size = v >> shift, v & mask
+            if offset + size > capacity:
+                raise ConfigError(f"free range [{offset}, +{size}) past a capacity of {capacity}")
+            if offset == end:  # adjacent: one block
+                end += size
+                continue
+            if end > start >= 0:
+                alloc._add_free(start, end - start)
+                total += end - start
+            start, end = offset, offset + size
+        if end > start >= 0:
+            alloc._add_free(start, end - start)
+            total += end - start
+        alloc.used = capacity - total
         return alloc
 
     @property

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 import signal
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from tidekv import Store
 from tidekv.config import MasterConfig, StoreConfig
 from tidekv.store.master import fold as fold_module
 from tidekv.store.master.fold import Fold
-from tidekv.store.master.journal import JournalFile, Mirror
+from tidekv.store.master.journal import ColumnPartOp, ColumnsOp, JournalFile, Mirror
 from tidekv.store.master.server import MasterServer
 from tidekv.store.wire import protocol as p
 
@@ -56,9 +57,10 @@ def _snapshot_alone(tmp_path: Path, generation: int) -> dict[bytes, tuple[int, t
     return _index(reloaded(alone))
 
 
-def test_snapshot_then_log_then_a_torn_frame_read_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize("columns", [True, False], ids=["columns", "ops"])  # (ops: snapshots before columns)
+def test_snapshot_then_log_then_a_torn_frame_read_back(tmp_path: Path, columns: bool) -> None:
     rig, journal = _filled(tmp_path, range(40))
-    journal.rewrite(rig.service.snapshot())  # generation 1
+    journal.rewrite(rig.service.snapshot(columns))  # generation 1
     for i in range(10):
         rig.remove(f"a{i}".encode())
         rig.call(p.PutStart("h", [f"a{20 + i}".encode()], [2 * PAGE], upsert=True))
@@ -67,7 +69,7 @@ def test_snapshot_then_log_then_a_torn_frame_read_back(tmp_path: Path) -> None:
                        for i in range(10)]:
         rig.put_end("h", key, token)
         flush_journal(rig, journal)
-    journal.rewrite(rig.service.snapshot())  # generation 2: the old files go
+    journal.rewrite(rig.service.snapshot(columns))  # generation 2: the old files go
     rig.put("h", b"last", PAGE)
     flush_journal(rig, journal)
     journal.close()
@@ -83,9 +85,33 @@ def test_snapshot_then_log_then_a_torn_frame_read_back(tmp_path: Path) -> None:
     assert _index(reloaded(tmp_path)) == _index(rig), "and reading again gives the same"
 
 
+def test_a_snapshot_in_columns_is_read_whole_and_builds_no_object_but_keys_and_ints(tmp_path: Path) -> None:
+    """The columns' path: the packed objects come back as the index's own shards (no op each),
+    leases dropped; a column part that would build anything else (a class, a function) is
+    refused, so the master does not serve from it."""
+    rig, journal = _filled(tmp_path, range(30))
+    index = rig.service.objects.objects
+    index.read(b"a3", rig.clock.now + 100.0)  # a lease (as a get grants): the old process's clock, not written
+    assert index.lease_of(index.raw(b"a3")) > 0
+    journal.rewrite(rig.service.snapshot(columns=True))
+    journal.close()
+    mirror = Mirror(0.0)
+    JournalFile(tmp_path).load(mirror, 0.0)
+    assert mirror.base is not None and len(mirror.base) == 30 and not mirror.objects
+    assert all(meta.lease_until == 0.0 for _, meta in mirror.base.items())
+    assert _index(reloaded(tmp_path)) == _index(rig)
+
+    bad = Mirror(0.0)
+    bad.apply([ColumnsOp(16, ["seg"], 1)], 0.0)
+    with pytest.raises(pickle.UnpicklingError, match="only keys and ints"):
+        bad.apply([ColumnPartOp(0, pickle.dumps({b"k": os.getcwd}))], 0.0)
+    with pytest.raises(pickle.UnpicklingError, match="not a dict"):
+        bad.apply([ColumnPartOp(0, pickle.dumps([1, 2]))], 0.0)
+
+
 def test_a_crash_between_the_cut_and_the_snapshot_replays_every_log(tmp_path: Path) -> None:
     rig, journal = _filled(tmp_path, range(20))
-    at_cut = rig.service.snapshot()
+    at_cut = list(rig.service.snapshot(columns=True))
     assert journal.cut() == 1  # then the master dies before snapshot.1 is renamed into place
     rig.remove(b"a3")
     _put(rig, journal, range(20, 30))
@@ -103,7 +129,7 @@ def test_a_crash_between_the_cut_and_the_snapshot_replays_every_log(tmp_path: Pa
 def test_a_forked_fold_writes_the_index_as_it_was_at_the_cut(tmp_path: Path) -> None:
     rig, journal = _filled(tmp_path, range(20))
     at_cut = _index(rig)
-    fold = Fold(journal, rig.service.snapshot)
+    fold = Fold(journal, lambda: rig.service.snapshot(columns=True))
     rig.remove(b"a0")  # the parent goes on while its child writes
     _put(rig, journal, range(20, 25))
     assert fold.finish(), f"the child exited with {fold.exit_code}"
@@ -129,7 +155,7 @@ def test_a_fold_whose_child_fails_loses_nothing(tmp_path: Path) -> None:
     assert sorted(f.name for f in tmp_path.iterdir()) == ["log.0", "log.1"]
     assert _index(reloaded(tmp_path)) == _index(rig)
 
-    again = Fold(journal, rig.service.snapshot)  # the next fold starts over from the whole index
+    again = Fold(journal, lambda: rig.service.snapshot(columns=True))  # the next fold starts over from the whole index
     _put(rig, journal, range(15, 17))
     assert again.finish() and again.generation == 2
     assert sorted(f.name for f in tmp_path.iterdir()) == ["log.2", "snapshot.2"]

@@ -15,7 +15,7 @@ import resource
 import signal
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NoReturn
 
 from tidekv.store.master.journal import JournalFile, Op
@@ -28,7 +28,7 @@ class Fold:
     index's memory again) while the parent appends to the new log. Construct it on the writer's
     thread between two batches; ``finish`` once ``pidfd`` is readable (the child exited)."""
 
-    def __init__(self, journal: JournalFile, snapshot: Callable[[], list[Op]]) -> None:
+    def __init__(self, journal: JournalFile, snapshot: Callable[[], Iterable[Op]]) -> None:
         """Raises OSError if the fork fails (the cut stands: the next fold starts over)."""
         self.journal = journal
         self.generation = journal.cut()
@@ -44,7 +44,7 @@ class Fold:
         self.seconds = 0.0  # from the cut to the child's end, once finished
         self.exit_code: int | None = None
 
-    def _child(self, snapshot: Callable[[], list[Op]]) -> NoReturn:
+    def _child(self, snapshot: Callable[[], Iterable[Op]]) -> NoReturn:
         code = 1
         try:
             gc.disable()  # the index is all there is to walk, and it is walked once

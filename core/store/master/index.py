@@ -19,14 +19,16 @@ this index (20) and the offset (44). Design notes: docs/store-design.md#the-obje
 """
 from __future__ import annotations
 
+import io
 import math
+import pickle
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, islice
 from typing import Any
 from zlib import crc32
 
-from tidekv.store.allocator import align
+from tidekv.store.allocator import ALIGNMENT, RANGE_SHIFT, align
 from tidekv.store.master.shards import LruTable
 from tidekv.store.wire.protocol import Location
 
@@ -53,6 +55,15 @@ _STAMPLESS = ~((1 << _PIN_SHIFT) - 1)  # every field but the stamp and the lease
 _PACKED = 1 << _COUNT_SHIFT  # every packed object is at least this (one replica); a marker is below
 
 TICKS = 1 << 20  # lease ends are kept in 2^-20 s (about a µs), rounded up: a lease never ends early
+COLUMN_OBJECTS = 65536  # packed objects per part of a snapshot's columns
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Loads only what pickle builds without naming a class (dicts, bytes, ints): a snapshot's
+    columns, never code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"a snapshot's columns hold only keys and ints, not {module}.{name}")
 
 
 
@@ -234,12 +245,16 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
         self._clock = top
         return short
 
-    def object_ops(self, op: Callable[..., Any]) -> list[Any]:
-        """``op(key, size, replicas, pin, token, want, used)`` of every complete object, in ``items``
+    def object_ops(self, op: Callable[..., Any], records_only: bool = False) -> list[Any]:
+        """``op(key, size, replicas, pin, token, want, used)`` of every complete object (with
+        ``records_only``, of the complete records: what ``column_parts`` leaves out), in ``items``
         order (a snapshot's: packed objects read without unpacking)."""
         out = []
         replicas_of, names = self.replicas_of, self.seg_names
         records = self._records
+        if records_only:
+            return [op(key, m.size, list(m.all_replicas), m.pin, m.token, m.want, self._used(self.raw_stamp(key)))
+                    for key, m in records.items() if m.put is None]
         for key, v in super().items():
             if v >= _PACKED:  # type: ignore[operator]
                 if v >> _COUNT_SHIFT & _COUNT == 1:  # type: ignore[operator]
@@ -252,6 +267,74 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
             elif records[key].put is None:
                 m = records[key]
                 out.append(op(key, m.size, list(m.all_replicas), m.pin, m.token, m.want, v))  # v: the marker's stamp
+        return out
+
+    # ---- a snapshot's columns (``journal.ColumnsOp``) ------------------------------------
+
+    def column_parts(self) -> Iterator[tuple[int, bytes]]:
+        """(shard, part) of every packed object, shard by shard, each in its order: a part is a
+        pickled dict of up to ``COLUMN_OBJECTS`` keys -> packed ints, leases dropped (they are
+        the old process's clock). What a restore adopts without an op per object (``adopt_part``)."""
+        keep = ~(_LEASE << _LEASE_SHIFT)
+        packed = _PACKED
+        for i, shard in enumerate(self._shards):
+            items = iter(shard.items())
+            while chunk := list(islice(items, COLUMN_OBJECTS)):
+                yield i, pickle.dumps({k: v & keep for k, v in chunk if v >= packed}, protocol=5)  # type: ignore
+
+    def adopt_segments(self, seg_names: list[str], clock: int) -> None:
+        """Before ``adopt_part`` into this empty index: the writer's segment numbers and LRU clock."""
+        assert not self and not self.seg_names, "adopt into an empty index"
+        self.seg_names = list(seg_names)
+        self._seg_ids = {name: i for i, name in enumerate(seg_names)}
+        self._clock = clock
+
+    def adopt_part(self, shard: int, part: bytes | memoryview) -> None:
+        """Appends a part of ``column_parts`` to shard ``shard`` (in order, after what it holds)."""
+        values = _PlainUnpickler(io.BytesIO(part)).load()
+        if type(values) is not dict:
+            raise pickle.UnpicklingError(f"a snapshot's column part is a {type(values).__name__}, not a dict")
+        self._shards[shard].update(values)
+
+    def adopt(self, other: ObjectIndex) -> None:
+        """Takes over ``other``'s objects (this index empty): a restore adopting a mirror's base."""
+        assert not self, "adopt into an empty index"
+        other.settle()
+        self._shards, self._mask, self._clock = other._shards, other._mask, other._clock
+        self._records, self._seg_ids, self.seg_names = other._records, other._seg_ids, other.seg_names
+        other._shards = [{} for _ in other._shards]
+        other._records, other._seg_ids, other.seg_names = {}, {}, []
+
+    def used_ranges(self) -> dict[str, list[int]]:
+        """Per segment, the ``allocator.used_range`` of every packed object's replica there, at its
+        aligned size: what a snapshot's free ranges leave out (records are not counted)."""
+        by_seg: list[list[int]] = [[] for _ in self.seg_names]
+        up, down, packed = ALIGNMENT - 1, ~(ALIGNMENT - 1), _PACKED
+        for v in super().values():
+            if v < packed:  # type: ignore[operator]
+                continue
+            size = ((v >> _SIZE_SHIFT & _SIZE) + up) & down  # type: ignore[operator]
+            count = v >> _COUNT_SHIFT & _COUNT  # type: ignore[operator]
+            rep = v >> _REPLICAS_SHIFT  # type: ignore[operator]
+            for _ in range(count):
+                by_seg[rep & _SEG].append((rep >> _SEG_BITS & _OFFSET) << RANGE_SHIFT | size)
+                rep >>= _REPLICA_BITS
+        return {self.seg_names[i]: ranges for i, ranges in enumerate(by_seg) if ranges}
+
+    def keys_on(self, names: set[str]) -> list[bytes]:
+        """Keys of the objects with a replica (readable or held) on one of the segments ``names``."""
+        out = [key for key, meta in self._records.items() if any(s in names for s in meta.all_replicas[::2])]
+        ids = {self._seg_ids[n] for n in names if n in self._seg_ids}
+        if not ids:
+            return out
+        for key, v in super().items():
+            if v >= _PACKED:  # type: ignore[operator]
+                rep = v >> _REPLICAS_SHIFT  # type: ignore[operator]
+                for _ in range(v >> _COUNT_SHIFT & _COUNT):  # type: ignore[operator]
+                    if rep & _SEG in ids:
+                        out.append(key)
+                        break
+                    rep >>= _REPLICA_BITS
         return out
 
     def unpack(self, v: int) -> ObjectMeta:
@@ -341,6 +424,10 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
     # ``_PACKED``) standing for the key's record in ``_records``. Shards hold nothing but bytes
     # and ints, so the cycle collector never tracks them (a dict of untracked values is
     # untracked): ten million objects cost a collection nothing.
+
+    def raw_stamp(self, key: bytes) -> int:
+        """The shard's value of ``key`` (packed, or a record's marker)."""
+        return self._shards[crc32(key) & self._mask][key]  # type: ignore[return-value]
 
     def raw(self, key: bytes) -> ObjectMeta | int | None:
         """The object: an int (packed), an ``ObjectMeta`` (a record), or None. Nothing unpacked."""

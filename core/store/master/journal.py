@@ -19,11 +19,14 @@ from __future__ import annotations
 import collections
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
 import msgspec
+from tidekv.store.allocator import RANGE_SHIFT, align
+from tidekv.store.master.index import ObjectIndex, ObjectMeta
 from tidekv.store.master.retired import KeptBytes
 from tidekv.store.wire import protocol as p
 
@@ -207,9 +210,35 @@ class DiskDropOp(msgspec.Struct, tag="disk_drop", array_like=True):
     keys: list[bytes]
 
 
+class ColumnsOp(msgspec.Struct, tag="columns", array_like=True):
+    """A journal snapshot's packed objects follow, as ``ColumnPartOp``s of an ``ObjectIndex`` of
+    ``shards`` shards whose segment numbers are ``segments`` and LRU clock ``clock``: what a
+    restart adopts without an op per object (``index.ObjectIndex.column_parts``)."""
+
+    shards: int
+    segments: list[str]
+    clock: int
+
+
+class ColumnPartOp(msgspec.Struct, tag="column_part", array_like=True):
+    """Packed objects of shard ``shard``, appended in order (``ObjectIndex.adopt_part``)."""
+
+    shard: int
+    data: bytes
+
+
+class ColumnsFreeOp(msgspec.Struct, tag="columns_free", array_like=True):
+    """The bytes of segment ``segment`` that the snapshot's packed objects leave free, as flat
+    (offset, size, ...): a restart builds its allocator from them, not from every replica."""
+
+    segment: str
+    capacity: int
+    free: list[int]
+
+
 Op = Union[MountOp, UnmountOp, SuspendOp, ResumeOp, StartOp, EndOp, DropOp, RemoveOp, EvictOp, ObjectOp, RetireOp,
            TokensOp, RepairOp, RepairedOp, ChannelOp, ChannelAckOp, TaskOp, DropReplicaOp, DiskMountOp, DiskUnmountOp,
-           DiskPutOp, DiskDropOp]
+           DiskPutOp, DiskDropOp, ColumnsOp, ColumnPartOp, ColumnsFreeOp]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(list[Op])
@@ -285,7 +314,13 @@ class OpLog:
 @dataclass
 class Mirror:
     """The index rebuilt from ops, without allocators. ``lease_ttl_s`` is how long freed bytes
-    are kept (see the module docstring); ``now`` is the caller's clock."""
+    are kept (see the module docstring); ``now`` is the caller's clock.
+
+    A journal snapshot's packed objects (``ColumnsOp``) are kept as they were written, in
+    ``base`` (an ``ObjectIndex`` a restore adopts whole), not as ops in ``objects``; ops after
+    it change ``base`` in place, and the mirror books which replicas' bytes left or joined it
+    since the snapshot's free ranges (``base_free``), so a restore builds each allocator from
+    those, not from ten million replicas. ``objects`` then holds only what is not in ``base``."""
 
     lease_ttl_s: float
     segments: dict[str, MountOp] = field(default_factory=dict)
@@ -299,16 +334,24 @@ class Mirror:
     tasks: dict[tuple[int, int], TaskOp] = field(default_factory=dict)  # id -> the task's last state
     disks: dict[str, DiskMountOp] = field(default_factory=dict)
     disk_entries: dict[bytes, DiskPutOp] = field(default_factory=dict)  # key -> its disk copy, in LRU order
+    base: ObjectIndex | None = None  # a snapshot's packed objects, as changed since
+    base_free: dict[str, ColumnsFreeOp] = field(default_factory=dict)  # segment -> bytes the snapshot's base left free
+    base_gone: dict[str, list[int]] = field(default_factory=dict)  # segment -> used ranges that left base since
+    base_new: dict[str, list[int]] = field(default_factory=dict)  # segment -> used ranges that joined base since
+    _touched: set[bytes] = field(default_factory=set)  # base objects unpacked in place by this apply
 
     def apply(self, ops: list[Op], now: float) -> None:
         """Applies ``ops`` in order. The three kinds almost every op is (a snapshot's objects, a
         put's start and end: what a restart replays a million of, and what a standby applies
         for every put while the leader waits for its ack) are handled inline, the rest by ``_apply``."""
         objects, pending, retired = self.objects, self.pending, self.retired
+        base = self.base
         top = self.max_token
         for op in ops:
             kind = type(op)
             if kind is ObjectOp:
+                if base is not None and op.key in base:
+                    self._base_pop(op.key)
                 objects[op.key] = op
                 if op.token > top:
                     top = op.token
@@ -318,16 +361,21 @@ class Mirror:
                     top = op.token
                 if retired:
                     retired.reused(op.size, op.replicas)
-                if not op.is_upsert and op.key in objects:
+                if not op.is_upsert:
                     # A put (not an upsert) of a complete key: the key was suspended on the leader,
                     # and a put of it supersedes the suspended version (``ObjectTable.put_start``).
-                    old = objects.pop(op.key)
-                    self._retire(old.size, old.replicas, now)
+                    old = objects.pop(op.key, None)
+                    if old is None and base is not None:
+                        old = self._base_pop(op.key)
+                    if old is not None:
+                        self._retire(old.size, old.replicas, now)
             elif kind is EndOp:
                 start = pending.pop(op.token, None)
                 if start is None:
                     continue
                 old = objects.pop(op.key, None)
+                if old is None and base is not None:
+                    old = self._base_pop(op.key)
                 if old is not None:
                     self._retire(old.size, old.replicas, now)
                 objects[op.key] = ObjectOp(op.key, start.size, start.replicas, start.pin, start.token, start.want)
@@ -335,18 +383,21 @@ class Mirror:
                 self.max_token = top
                 self._apply(op, now)
                 top = self.max_token
+                base = self.base  # (a ColumnsOp sets it)
         self.max_token = top
+        if self._touched:
+            self._settle_base()
 
     def _apply(self, op: Op, now: float) -> None:
         if isinstance(op, DropOp):
             self.pending.pop(op.token, None)
         elif isinstance(op, RemoveOp):
-            old = self.objects.pop(op.key, None)
+            old = self._pop(op.key)
             if old is not None:
                 self._retire(old.size, old.replicas, now)
         elif isinstance(op, EvictOp):
             for key in op.keys:  # eviction takes only objects nobody holds a lease on
-                self.objects.pop(key, None)
+                self._pop(key)
         elif isinstance(op, MountOp):
             self.segments[op.name] = op
         elif isinstance(op, UnmountOp):
@@ -359,8 +410,19 @@ class Mirror:
                 self._trim_surplus(op.name)
                 self.segments[op.name] = held[0]
         elif isinstance(op, ObjectOp):
+            if self.base is not None and op.key in self.base:
+                self._base_pop(op.key)
             self.objects[op.key] = op
             self.max_token = max(self.max_token, op.token)
+        elif isinstance(op, ColumnsOp):
+            self.base = ObjectIndex(op.shards)
+            self.base.adopt_segments(op.segments, op.clock)
+        elif isinstance(op, ColumnPartOp):
+            if self.base is None:
+                raise ValueError("a snapshot's column part before its ColumnsOp")
+            self.base.adopt_part(op.shard, op.data)
+        elif isinstance(op, ColumnsFreeOp):
+            self.base_free[op.segment] = op
         elif isinstance(op, RetireOp):
             self._retire(op.size, op.replicas, now)
         elif isinstance(op, TokensOp):
@@ -376,7 +438,7 @@ class Mirror:
         elif isinstance(op, TaskOp):
             self.tasks[(op.id[0], op.id[1])] = op
         elif isinstance(op, DropReplicaOp):
-            obj = self.objects.get(op.key)
+            obj = self._object(op.key)
             if obj is not None and op.segment in obj.replicas[::2]:
                 i = obj.replicas[::2].index(op.segment) * 2
                 self._retire(obj.size, obj.replicas[i:i + 2], now)
@@ -404,23 +466,90 @@ class Mirror:
             repair = self.repairs.pop((op.segment, op.offset), None)
             if repair is None:
                 return
-            obj = self.objects.get(op.key)
+            obj = self._object(op.key)
             if op.ok and obj is not None and obj.token == op.token:
-                obj.replicas = [*obj.replicas, op.segment, op.offset]
+                obj.replicas = _replicas(obj, [*obj.replicas, op.segment, op.offset])
             elif not op.ok:
                 self._retire(repair.size, [op.segment, op.offset], now)
+
+    # ---- objects, in ``objects`` or ``base`` -----------------------------------------------
+
+    def _object(self, key: bytes) -> ObjectOp | ObjectMeta | None:
+        """The object ``key`` to change in place: its op, or its record in ``base``."""
+        obj = self.objects.get(key)
+        if obj is None and self.base is not None:
+            return self._base_record(key)
+        return obj
+
+    def _pop(self, key: bytes) -> ObjectOp | ObjectMeta | None:
+        obj = self.objects.pop(key, None)
+        if obj is None and self.base is not None:
+            return self._base_pop(key)
+        return obj
+
+    def _base_pop(self, key: bytes) -> ObjectMeta | None:
+        meta = self.base.pop(key, None)  # type: ignore[union-attr]
+        if meta is not None:
+            if key in self._touched:
+                self._touched.discard(key)  # its bytes were booked as gone when it was first touched
+            else:
+                _book(self.base_gone, meta)
+        return meta
+
+    def _base_record(self, key: bytes) -> ObjectMeta | None:
+        """A base object unpacked in place (``_settle_base`` packs it again after this apply):
+        its bytes are booked as gone now, and as new again with its replicas then."""
+        meta = self.base.get(key)  # type: ignore[union-attr]
+        if meta is not None and key not in self._touched:
+            self._touched.add(key)
+            _book(self.base_gone, meta)
+        return meta
+
+    def _settle_base(self) -> None:
+        base = self.base
+        assert base is not None
+        for key in self._touched:
+            meta = base.raw(key)
+            assert isinstance(meta, ObjectMeta), "touched base objects stay records until settled"
+            _book(self.base_new, meta)
+        self._touched.clear()
+        base.settle()
+
+    def _each_object_on(self, names: set[str]) -> list[tuple[bytes, ObjectOp | ObjectMeta]]:
+        """(key, object to change in place) of every object with a replica on a segment in ``names``."""
+        out: list[tuple[bytes, ObjectOp | ObjectMeta]] = [
+            (key, obj) for key, obj in self.objects.items() if any(s in names for s in obj.replicas[::2])]
+        if self.base is not None:
+            out += [(key, self._base_record(key)) for key in self.base.keys_on(names)]  # type: ignore[misc]
+        return out
+
+    def materialize(self) -> None:
+        """Merges ``base`` into ``objects`` as ops (LRU order, stamps kept, before the objects put
+        since): the way every op and a restore read a mirror without a base."""
+        base = self.base
+        if base is None:
+            return
+        if self._touched:
+            self._settle_base()
+        merged = {k: ObjectOp(k, m.size, list(m.all_replicas), m.pin, m.token, m.want, m.used)
+                  for k, m in base.by_age()}
+        merged.update(self.objects)
+        self.objects = merged
+        self.base, self.base_free, self.base_gone, self.base_new = None, {}, {}, {}
+
+    @property
+    def object_count(self) -> int:
+        return len(self.objects) + (len(self.base) if self.base is not None else 0)
 
     def _trim_surplus(self, name: str) -> None:
         """As ``ObjectTable.resume_segment``: an object whose replicas on mounted segments make up
         its count drops its replica on the returning segment ``name``."""
-        for obj in self.objects.values():
+        for _, obj in self._each_object_on({name}):
             segs = obj.replicas[::2]
-            if name not in segs:
-                continue
             want = obj.want or len(segs)
             if sum(1 for s in segs if s in self.segments) >= want:
-                obj.replicas = [v for i in range(0, len(obj.replicas), 2) if obj.replicas[i] != name
-                                for v in (obj.replicas[i], obj.replicas[i + 1])]
+                obj.replicas = _replicas(obj, [v for i in range(0, len(obj.replicas), 2) if obj.replicas[i] != name
+                                               for v in (obj.replicas[i], obj.replicas[i + 1])])
 
     def _retire(self, size: int, replicas: list[object], now: float) -> None:
         self.retired.add(now + self.lease_ttl_s, size, replicas)
@@ -459,13 +588,14 @@ class Mirror:
             return [v for i in range(0, len(replicas), 2) if replicas[i] not in names
                     for v in (replicas[i], replicas[i + 1])]
 
-        for key in list(self.objects):
-            obj = self.objects[key]
-            left = kept(obj.replicas)
+        for name in names:
+            self.base_free.pop(name, None)  # a name mounted again is a new segment, none of base's bytes
+        for key, obj in self._each_object_on(names):
+            left = kept(list(obj.replicas))
             if not left:
-                del self.objects[key]
+                self._pop(key)
             elif len(left) != len(obj.replicas):
-                obj.replicas = left
+                obj.replicas = _replicas(obj, left)
         for token in list(self.pending):
             start = self.pending[token]
             left = kept(start.replicas)
@@ -477,6 +607,7 @@ class Mirror:
 
     def ops(self, now: float) -> list[Op]:
         """Ops that rebuild this mirror from nothing (a snapshot; ``now`` for the graces left)."""
+        self.materialize()
         out: list[Op] = [TokensOp(self.max_token), *self.segments.values()]
         for name, (mount, until) in self.suspended.items():
             out += [mount, SuspendOp([name], max(0.0, until - now))]
@@ -490,6 +621,18 @@ class Mirror:
         out += self.disks.values()
         out += self.disk_entries.values()
         return out
+
+
+def _replicas(obj: ObjectOp | ObjectMeta, flat: list[object]) -> list[object] | tuple[object, ...]:
+    """``flat`` as ``obj`` keeps its replicas (an op a list, a record a tuple)."""
+    return flat if isinstance(obj, ObjectOp) else tuple(flat)
+
+
+def _book(book: dict[str, list[int]], meta: ObjectMeta) -> None:
+    """Books each replica of ``meta`` as an ``allocator.used_range`` at its aligned size."""
+    size, r = align(meta.size), meta.all_replicas
+    for i in range(0, len(r), 2):
+        book.setdefault(r[i], []).append(r[i + 1] << RANGE_SHIFT | size)  # type: ignore[arg-type, operator]
 
 
 class JournalFile:
@@ -576,15 +719,26 @@ class JournalFile:
         self._fd, self.current, self.log_bytes = fd, new, 0
         return new
 
-    def write_snapshot(self, generation: int, ops: list[Op]) -> None:
+    def write_snapshot(self, generation: int, ops: Iterable[Op]) -> None:
         """A fold's second half (anywhere, the writer's forked child included): writes ``ops`` as
         ``generation``'s snapshot, synced, and renames it into place: from then on replay starts
-        there."""
+        there. Ops go 65,536 to a frame, a column part (megabytes) in a frame of its own."""
         tmp = self.dir / f"snapshot.{generation}.tmp"
         with open(tmp, "wb") as f:
-            chunk = 65536
-            for i in range(0, len(ops), chunk):
-                f.write(p.frame(encode_ops(ops[i: i + chunk])))
+            batch: list[Op] = []
+            for op in ops:
+                if type(op) is ColumnPartOp:
+                    if batch:
+                        f.write(p.frame(encode_ops(batch)))
+                        batch = []
+                    f.write(p.frame(encode_ops([op])))
+                    continue
+                batch.append(op)
+                if len(batch) == 65536:
+                    f.write(p.frame(encode_ops(batch)))
+                    batch = []
+            if batch:
+                f.write(p.frame(encode_ops(batch)))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self._snapshot(generation))
@@ -600,7 +754,7 @@ class JournalFile:
         self.snapshot_bytes = self._snapshot(generation).stat().st_size
         self._remove_before(generation)
 
-    def rewrite(self, ops: list[Op]) -> None:
+    def rewrite(self, ops: Iterable[Op]) -> None:
         """A fold in the calling thread: a new generation whose snapshot is ``ops``, its log empty."""
         generation = self.cut()
         self.write_snapshot(generation, ops)

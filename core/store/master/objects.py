@@ -18,10 +18,11 @@ Design notes: docs/store-design.md#tidekvstoremasterobjects
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Container, Iterator, MutableMapping
+from collections.abc import Callable, Container, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass
+from itertools import chain
 
-from tidekv.store.allocator import align
+from tidekv.store.allocator import RANGE_SHIFT, RANGE_SIZE, align, free_ranges
 from tidekv.store.master import eviction
 from tidekv.store.master import journal as j
 from tidekv.store.master.disks import DiskTable
@@ -543,7 +544,12 @@ class ObjectTable:
         Returns the keys short of replicas where the load found them, else None (scan for them)."""
         # In the mirror's order (the snapshot's, then the puts since), which ``load`` keeps; a
         # million objects at a promotion, so one comprehension.
-        if self.segments.suspended:
+        if mirror.base is not None:  # a journal snapshot's packed objects, adopted whole; the puts since after them
+            self.objects.adopt(mirror.base)
+            for op in mirror.objects.values():
+                self.objects[op.key] = ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token, op.want)
+            short = None
+        elif self.segments.suspended:
             readable = self._hold_suspended([(op.key, ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token,
                                                                  op.want)) for op in mirror.objects.values()])
             self.objects.load(readable)  # type: ignore[arg-type]
@@ -582,11 +588,26 @@ class ObjectTable:
             readable.append((key, meta))
         return readable
 
-    def snapshot(self) -> list[j.Op]:
-        """Ops that rebuild this table (after the segments' MountOps)."""
+    def snapshot(self, columns: bool = False) -> Iterable[j.Op]:
+        """Ops that rebuild this table (after the segments' MountOps). With ``columns`` (a journal's
+        snapshot), the packed objects go as column parts, with each segment's bytes they leave
+        free (``journal.ColumnsOp``); the parts are made as the result is iterated."""
         out: list[j.Op] = [j.TokensOp(self.last_token)]
-        # shard by shard, each oldest first: LruTable.load
-        out += self.objects.object_ops(j.ObjectOp)
+        parts: Iterable[j.Op] = ()
+        if columns:
+            index = self.objects
+            out.append(j.ColumnsOp(index.shard_count, list(index.seg_names), index.clock))
+            parts = (j.ColumnPartOp(shard, data) for shard, data in index.column_parts())
+            used = index.used_ranges()
+            for name, seg in self.segments.segments.items():
+                free = free_ranges(seg.capacity, used.pop(name, []))
+                out.append(j.ColumnsFreeOp(name, seg.capacity, [v for r in free for v in (r >> RANGE_SHIFT,
+                                                                                          r & RANGE_SIZE)]))
+            if used:
+                raise AssertionError(f"packed objects on segments not mounted: {sorted(used)}")
+            out += self.objects.object_ops(j.ObjectOp, records_only=True)
+        else:  # shard by shard, each oldest first: LruTable.load
+            out += self.objects.object_ops(j.ObjectOp)
         out += [j.ObjectOp(key, meta.size, list(meta.all_replicas), meta.pin, meta.token, meta.want, meta.used)
                 for key, meta in self.suspended.items() if meta.put is None]
         for table in (self.objects.record_items(), self.upserts.items()):  # a pending put is a record
@@ -595,7 +616,8 @@ class ObjectTable:
                     out.append(j.StartOp(meta.put.token, key, meta.size, list(meta.replicas), meta.pin,
                                          meta.put.is_upsert, meta.put.writer, meta.want))
         out += [j.RetireOp(size, list(replicas)) for _, size, replicas, _ in self.retired]
-        return out + self.repairs.snapshot() + self.disks.snapshot()
+        out += self.repairs.snapshot() + self.disks.snapshot()
+        return chain(out, parts) if columns else out
 
     def count_usage(self) -> dict[str, int]:
         """Each tenant's bytes counted from scratch (what ``usage`` keeps up to date)."""

@@ -216,12 +216,11 @@ class SegmentTable:
         return True
 
     def restore(self, client_id: str, name: str, engine: str, base: int, capacity: int,
-                used: list[int], now: float, incarnation: str = "",
+                allocator: OffsetAllocator, now: float, incarnation: str = "",
                 suspended_until: float | None = None) -> None:
-        """Mounts a segment known from a journal, its ``used`` ranges (``allocator.used_range``) allocated;
+        """Mounts a segment known from a journal, with its bytes in use already in ``allocator``;
         its client counts as alive from ``now``. With ``suspended_until``: a suspended segment
         instead (its client is not known)."""
-        allocator = OffsetAllocator.with_used(capacity, used)
         seg = Segment(name, client_id, engine, base, capacity, allocator, incarnation)
         if suspended_until is not None:
             self.suspended[name] = SuspendedSegment(seg, suspended_until)

@@ -259,13 +259,13 @@ class MasterServer:
         """Folds the journal in a forked child; the loop pays the cut and the fork only."""
         assert self._journal is not None and self._loop is not None
         try:
-            self._fold = Fold(self._journal, self.service.snapshot)
+            self._fold = Fold(self._journal, lambda: self.service.snapshot(columns=True))
         except OSError as exc:  # ENOMEM under vm.overcommit_memory=2, a process limit: fold here, waiting
             logger.error("master %s cannot fork to fold its journal (%s); folding on its loop instead, answering "
                          "nothing meanwhile (allow overcommit, vm.overcommit_memory=1, to keep it serving)",
                          self.service.master_id, exc)
             started = time.perf_counter()
-            self._journal.rewrite(self.service.snapshot())  # bounded replay over a pause
+            self._journal.rewrite(self.service.snapshot(columns=True))  # bounded replay over a pause
             self._folds["inline"] += 1
             self._last_fold = (time.perf_counter() - started,) * 2
             return

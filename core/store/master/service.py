@@ -24,7 +24,8 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Container
+from collections import Counter
+from collections.abc import Callable, Container, Iterable
 from typing import Any
 
 from tidekv.config import MasterConfig
@@ -37,7 +38,7 @@ from tidekv.errors import (
     TidekvError,
 )
 from tidekv.metrics import Registry
-from tidekv.store.allocator import RANGE_SHIFT, align, used_range
+from tidekv.store.allocator import RANGE_SHIFT, OffsetAllocator, align, carve, used_range
 from tidekv.store.master import journal as j
 from tidekv.store.master import mount_check
 from tidekv.store.master import tenants as t
@@ -682,8 +683,9 @@ class MasterService:
         log = self.objects.journal
         return log.take() if log is not None else (0, [])
 
-    def snapshot(self) -> list[j.Op]:
-        """Ops that rebuild the whole index (``journal.Mirror``)."""
+    def snapshot(self, columns: bool = False) -> Iterable[j.Op]:
+        """Ops that rebuild the whole index (``journal.Mirror``); with ``columns``, a journal's
+        snapshot (packed objects in column parts, made as it is iterated: ``ObjectTable.snapshot``)."""
         mounts: list[j.Op] = [j.MountOp(s.client_id, s.name, s.engine, s.base, s.capacity, s.incarnation)
                               for s in self.segments.segments.values()]
         now = self.clock()
@@ -691,13 +693,44 @@ class MasterService:
             seg = held.segment
             mounts += [j.MountOp(seg.client_id, name, seg.engine, seg.base, seg.capacity, seg.incarnation),
                        j.SuspendOp([name], max(0.0, held.until - now))]
-        return mounts + self.objects.snapshot() + self.channels.snapshot() + self.tasks.snapshot()
+        ops = itertools.chain(mounts, self.objects.snapshot(columns), self.channels.snapshot(), self.tasks.snapshot())
+        return ops if columns else list(ops)
 
     def restore(self, mirror: j.Mirror) -> None:
         """Makes this (empty) master serve the index in ``mirror``: segments with their bytes in
         use re-reserved, objects, pending puts; clients count as alive from now."""
         assert not self.segments.segments and not self.objects.objects, "restore into an empty master"
         now = self.clock()
+        base = mirror.base
+        if base is not None and (mirror.suspended or base.shard_count != self.objects.objects.shard_count):
+            mirror.materialize()  # held replicas, another shard count: the path of ops
+        allocators = self._allocators(mirror)
+        if allocators is None:
+            logger.warning("the journal's snapshot and its objects disagree on the bytes in use; rebuilding every "
+                           "segment's allocator from every replica")
+            mirror.materialize()
+            allocators = self._allocators(mirror)
+            assert allocators is not None
+        for name, op in mirror.segments.items():
+            self.segments.restore(op.client_id, name, op.engine, op.base, op.capacity, allocators[name], now,
+                                  op.incarnation)
+        for name, (op, until) in mirror.suspended.items():
+            self.segments.restore(op.client_id, name, op.engine, op.base, op.capacity, allocators[name], now,
+                                  op.incarnation, suspended_until=until)
+        short = self.objects.restore(mirror, now)
+        self.objects.disks.restore(mirror, now)
+        self.objects.repairs.restore(list(mirror.repairs.values()), now, self.config.put_timeout_s, short)
+        self.channels.restore(mirror)
+        self.tasks.restore(mirror.tasks)
+        if self.objects.quotas is not None:  # repairs under way count against their objects' tenants too
+            self.objects.usage = self.objects.count_usage()
+
+    @staticmethod
+    def _allocators(mirror: j.Mirror) -> dict[str, OffsetAllocator] | None:
+        """Each segment's allocator with the bytes in use in ``mirror`` re-reserved: from the
+        replicas of its ops, and, for a base (a journal snapshot's columns), from the free ranges
+        the snapshot saved, less what left the base since, plus what joined it. None when those
+        disagree with the replicas (a range in use twice)."""
         used: dict[str, list[int]] = {name: [] for name in (*mirror.segments, *mirror.suspended)}
         held = itertools.chain(
             mirror.objects.values(), mirror.pending.values(),
@@ -711,19 +744,26 @@ class MasterService:
                 continue
             for i in range(0, len(flat), 2):
                 used[flat[i]].append(used_range(flat[i + 1], size))  # type: ignore[index, arg-type]
-        for name, op in mirror.segments.items():
-            self.segments.restore(op.client_id, name, op.engine, op.base, op.capacity, used[name], now,
-                                  op.incarnation)
-        for name, (op, until) in mirror.suspended.items():
-            self.segments.restore(op.client_id, name, op.engine, op.base, op.capacity, used[name], now,
-                                  op.incarnation, suspended_until=until)
-        short = self.objects.restore(mirror, now)
-        self.objects.disks.restore(mirror, now)
-        self.objects.repairs.restore(list(mirror.repairs.values()), now, self.config.put_timeout_s, short)
-        self.channels.restore(mirror)
-        self.tasks.restore(mirror.tasks)
-        if self.objects.quotas is not None:  # repairs under way count against their objects' tenants too
-            self.objects.usage = self.objects.count_usage()
+        out = {}
+        for name, op in itertools.chain(mirror.segments.items(), ((n, m) for n, (m, _) in mirror.suspended.items())):
+            gone, new = Counter(mirror.base_gone.get(name, ())), Counter(mirror.base_new.get(name, ()))
+            gone, new = gone - new, new - gone  # a range that left and came back (or came and left) cancels
+            taken = used[name] + list(new.elements())
+            saved = mirror.base_free.get(name)
+            if saved is None:  # none of the base's bytes are there
+                if gone:
+                    return None
+                out[name] = OffsetAllocator.with_used(op.capacity, taken)
+                continue
+            free = [saved.free[i] << shift | saved.free[i + 1] for i in range(0, len(saved.free), 2)]
+            try:
+                if saved.capacity != op.capacity:
+                    raise ValueError(f"capacity {saved.capacity} in the snapshot, {op.capacity} mounted")
+                out[name] = OffsetAllocator.with_free(op.capacity, carve(free + list(gone.elements()), taken))
+            except (ValueError, ConfigError) as exc:
+                logger.warning("segment %s: %s", names.plain(name), exc)
+                return None
+        return out
 
     @staticmethod
     def _check_batch(keys: list[bytes], other: list[int]) -> None:

@@ -65,6 +65,15 @@ class LruTable(MutableMapping[K, V], Generic[K, V]):
     def __len__(self) -> int:
         return sum(len(s) for s in self._shards)
 
+    @property
+    def shard_count(self) -> int:
+        return len(self._shards)
+
+    @property
+    def clock(self) -> int:
+        """The last stamp handed out."""
+        return self._clock
+
     def __bool__(self) -> bool:
         return any(self._shards)
 
