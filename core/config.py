@@ -512,8 +512,13 @@ class MasterConfig:
     starts empty)."""
     fold_log_bytes: int = setting(64 << 20, 4096, 1 << 40)
     """With ``state_dir``: the journal's log is folded into a new snapshot (by a forked child, the
-    master serving on) once it outgrows this and twice the last snapshot, which bounds what a
-    restart replays."""
+    master serving on) once it outgrows this and ``fold_log_ratio`` times the last snapshot, which
+    bounds what a restart replays."""
+    fold_log_ratio: float = setting(0.5, 0.01, 100.0)
+    """With ``state_dir``: a fold also waits for the log to outgrow this many times the last
+    snapshot's bytes. A log replays several times slower per byte than a snapshot (the master
+    benchmarks' restart rows), so this bounds a restart against one from the snapshot alone; lower
+    bounds it tighter at the price of more folds, each a forked child writing the whole index."""
     etcd: str = ""
     """etcd client URLs ("http://H:P[,...]", or https:// for an etcd that serves TLS, see
     ``etcd_security``): the master campaigns for leadership of ``cluster`` and stands by when

@@ -205,3 +205,13 @@ def test_a_master_refused_a_fork_folds_on_its_loop_and_loses_nothing(tmp_path: P
     snapshots = [f.name for f in state.glob("snapshot.*")]
     assert len(snapshots) == 1 and snapshots[0] != "snapshot.0", sorted(f.name for f in state.iterdir())
     assert len(_index(reloaded(state))) == 100
+
+
+def test_a_fold_is_due_past_the_bytes_and_the_ratio_of_the_last_snapshot(tmp_path: Path) -> None:
+    journal = JournalFile(tmp_path)
+    journal.snapshot_bytes, journal.log_bytes = 1_000_000, 600_000
+    assert journal.fold_due(4096, 0.5), "past half the snapshot"
+    assert not journal.fold_due(4096, 2.0), "within twice the snapshot"
+    assert not journal.fold_due(1 << 20, 0.5), "within fold_log_bytes"
+    journal.snapshot_bytes = 0  # generation 0: no snapshot yet
+    assert journal.fold_due(4096, 0.5) and not journal.fold_due(1 << 20, 0.5)

@@ -524,15 +524,16 @@ class Mirror:
         return out
 
     def materialize(self) -> None:
-        """Merges ``base`` into ``objects`` as ops (LRU order, stamps kept, before the objects put
-        since): the way every op and a restore read a mirror without a base."""
+        """Merges ``base`` into ``objects`` as ops (stamps kept, before the objects put since):
+        the way every op and a restore read a mirror without a base. Shard by shard, each oldest
+        first, as a leader's snapshot sends them to a standby."""
         base = self.base
         if base is None:
             return
         if self._touched:
             self._settle_base()
         merged = {k: ObjectOp(k, m.size, list(m.all_replicas), m.pin, m.token, m.want, m.used)
-                  for k, m in base.by_age()}
+                  for k, m in base.items()}
         merged.update(self.objects)
         self.objects = merged
         self.base, self.base_free, self.base_gone, self.base_new = None, {}, {}, {}
@@ -760,9 +761,9 @@ class JournalFile:
         self.write_snapshot(generation, ops)
         self.folded(generation)
 
-    def fold_due(self, min_bytes: int) -> bool:
-        """Whether the current log has outgrown ``min_bytes`` and twice the last snapshot."""
-        return self.log_bytes > max(min_bytes, 2 * self.snapshot_bytes)
+    def fold_due(self, min_bytes: int, ratio: float) -> bool:
+        """Whether the current log has outgrown ``min_bytes`` and ``ratio`` times the last snapshot."""
+        return self.log_bytes > max(min_bytes, ratio * self.snapshot_bytes)
 
     def append(self, ops: list[Op]) -> None:
         """Writes one batch of ops, framed. It is in the kernel when this returns: it survives the

@@ -237,7 +237,8 @@ class MasterServer:
         if not ops or self._journal is None:
             return
         self._journal.append(ops)
-        if self._fold is None and self._journal.fold_due(self.config.fold_log_bytes):
+        config = self.config
+        if self._fold is None and self._journal.fold_due(config.fold_log_bytes, config.fold_log_ratio):
             self._start_fold()
 
     def _journal_gauges(self, journal: JournalFile) -> None:
