@@ -186,25 +186,25 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
         return out
 
     def load_ops(self, ops: Iterable[Any]) -> list[bytes] | None:
-        """Fills the empty index from journal ``ObjectOp``s in a mirror's order: a restore's ten
-        million objects, so one pass with the one-replica case inline and nothing built between.
-        Each keeps the LRU stamp it was snapshotted with, so the order survives a restart exactly;
-        one without (a put since the snapshot, in the order put) is newer than everything before it.
-        Returns the keys of the objects with fewer replicas than they want (``repairs``), found on
-        the way. A journal written before snapshots carried stamps is placed as ``load`` places
-        pairs; then None (the caller scans: ``short_of_replicas_keys``)."""
-        assert not self, "load into an empty table"
+        """Fills the index from journal ``ObjectOp``s of keys it does not hold, in a mirror's order
+        (after what it holds: a snapshot's columns adopted): a restore's ten million objects, so
+        one pass with the one-replica case inline and nothing built between. Each keeps the LRU
+        stamp it was snapshotted with, so the order survives a restart exactly; one without (a put
+        since the snapshot, in the order put) is newer than everything before it. Returns the keys
+        of the objects loaded with fewer replicas than they want (``repairs``), found on the way.
+        Into an empty index, a journal written before snapshots carried stamps is placed as
+        ``load`` places pairs; then None (the caller scans: ``short_of_replicas_keys``)."""
         ops = iter(ops)
         first = next(ops, None)
         if first is None:
             return []
         ops = chain((first,), ops)
-        if not first.used:
+        if not first.used and not self:
             self.load(self.pack_ops(ops))
             return None
         shards, records, mask = self._shards, self._records, self._mask
-        last = [0] * (mask + 1)  # each shard's newest stamp: a shard stays in stamp order
-        top = 0
+        top = self._clock
+        last = [top] * (mask + 1)  # each shard's newest stamp: a shard stays in stamp order
         short: list[bytes] = []
         # One replica, wanted once: every field but token, offset and stamp comes from (size, pin,
         # segment), which in a pool of one object size repeat from one object to the next.
@@ -386,14 +386,25 @@ class ObjectIndex(LruTable[bytes, ObjectMeta]):
         """Bytes a packed object occupies: its aligned size on each replica."""
         return align(v >> _SIZE_SHIFT & _SIZE) * (v >> _COUNT_SHIFT & _COUNT)
 
-    def short_of_replicas_keys(self) -> list[bytes]:
+    def short_of_replicas_keys(self, packed_only: bool = False) -> list[bytes]:
         """Keys of the complete objects with fewer replicas than they want (what ``repairs``
-        restores), in one pass: a restore's million objects."""
+        restores), in one pass: a restore's million objects. With ``packed_only``, of the packed
+        objects alone (a snapshot's columns)."""
         count_shift, want_shift, records = _COUNT_SHIFT, _WANT_SHIFT, self._records
         out = [k for k, v in super().items()
                if v >= _PACKED and v >> count_shift & _COUNT < v >> want_shift & _WANT]  # type: ignore[operator]
-        out += [k for k, m in records.items() if m.put is None and len(m.replicas) // 2 < m.want]
+        if not packed_only:
+            out += [k for k, m in records.items() if m.put is None and len(m.replicas) // 2 < m.want]
         return out
+
+    def is_short_of_replicas(self, key: bytes) -> bool:
+        """Whether ``key`` is a complete object with fewer replicas than it wants."""
+        v = self.raw(key)
+        if v is None:
+            return False
+        if type(v) is int:
+            return v >> _COUNT_SHIFT & _COUNT < v >> _WANT_SHIFT & _WANT
+        return v.put is None and len(v.replicas) // 2 < v.want  # type: ignore[union-attr]
 
     def replicas_of(self, v: int) -> tuple[object, ...]:
         """The flat (segment, offset, ...) replicas of a packed object."""

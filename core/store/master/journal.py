@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
+from zlib import crc32
 
 import msgspec
 from tidekv.store.allocator import RANGE_SHIFT, align
@@ -218,6 +219,7 @@ class ColumnsOp(msgspec.Struct, tag="columns", array_like=True):
     shards: int
     segments: list[str]
     clock: int
+    short: list[bytes] = []  # the keys of those with fewer replicas than they want (``repairs``)
 
 
 class ColumnPartOp(msgspec.Struct, tag="column_part", array_like=True):
@@ -338,6 +340,8 @@ class Mirror:
     base_free: dict[str, ColumnsFreeOp] = field(default_factory=dict)  # segment -> bytes the snapshot's base left free
     base_gone: dict[str, list[int]] = field(default_factory=dict)  # segment -> used ranges that left base since
     base_new: dict[str, list[int]] = field(default_factory=dict)  # segment -> used ranges that joined base since
+    base_short: list[bytes] = field(default_factory=list)  # keys in base short of replicas at the snapshot
+    base_changed: set[bytes] = field(default_factory=set)  # keys in base whose replicas changed since
     _touched: set[bytes] = field(default_factory=set)  # base objects unpacked in place by this apply
 
     def apply(self, ops: list[Op], now: float) -> None:
@@ -346,11 +350,12 @@ class Mirror:
         for every put while the leader waits for its ack) are handled inline, the rest by ``_apply``."""
         objects, pending, retired = self.objects, self.pending, self.retired
         base = self.base
+        shards, mask = (base.dicts, base.shard_count - 1) if base is not None else ((), 0)
         top = self.max_token
         for op in ops:
             kind = type(op)
             if kind is ObjectOp:
-                if base is not None and op.key in base:
+                if base is not None and op.key in shards[crc32(op.key) & mask]:
                     self._base_pop(op.key)
                 objects[op.key] = op
                 if op.token > top:
@@ -365,7 +370,7 @@ class Mirror:
                     # A put (not an upsert) of a complete key: the key was suspended on the leader,
                     # and a put of it supersedes the suspended version (``ObjectTable.put_start``).
                     old = objects.pop(op.key, None)
-                    if old is None and base is not None:
+                    if old is None and base is not None and op.key in shards[crc32(op.key) & mask]:
                         old = self._base_pop(op.key)
                     if old is not None:
                         self._retire(old.size, old.replicas, now)
@@ -374,7 +379,7 @@ class Mirror:
                 if start is None:
                     continue
                 old = objects.pop(op.key, None)
-                if old is None and base is not None:
+                if old is None and base is not None and op.key in shards[crc32(op.key) & mask]:
                     old = self._base_pop(op.key)
                 if old is not None:
                     self._retire(old.size, old.replicas, now)
@@ -383,7 +388,9 @@ class Mirror:
                 self.max_token = top
                 self._apply(op, now)
                 top = self.max_token
-                base = self.base  # (a ColumnsOp sets it)
+                if base is not self.base:  # a ColumnsOp sets it
+                    base = self.base
+                    shards, mask = (base.dicts, base.shard_count - 1) if base is not None else ((), 0)
         self.max_token = top
         if self._touched:
             self._settle_base()
@@ -417,6 +424,7 @@ class Mirror:
         elif isinstance(op, ColumnsOp):
             self.base = ObjectIndex(op.shards)
             self.base.adopt_segments(op.segments, op.clock)
+            self.base_short = list(op.short)
         elif isinstance(op, ColumnPartOp):
             if self.base is None:
                 raise ValueError("a snapshot's column part before its ColumnsOp")
@@ -502,6 +510,7 @@ class Mirror:
         meta = self.base.get(key)  # type: ignore[union-attr]
         if meta is not None and key not in self._touched:
             self._touched.add(key)
+            self.base_changed.add(key)
             _book(self.base_gone, meta)
         return meta
 
@@ -537,6 +546,7 @@ class Mirror:
         merged.update(self.objects)
         self.objects = merged
         self.base, self.base_free, self.base_gone, self.base_new = None, {}, {}, {}
+        self.base_short, self.base_changed = [], set()
 
     @property
     def object_count(self) -> int:
@@ -590,13 +600,16 @@ class Mirror:
                     for v in (replicas[i], replicas[i + 1])]
 
         for name in names:
-            self.base_free.pop(name, None)  # a name mounted again is a new segment, none of base's bytes
+            self.base_free.pop(name, None)
         for key, obj in self._each_object_on(names):
             left = kept(list(obj.replicas))
             if not left:
                 self._pop(key)
             elif len(left) != len(obj.replicas):
                 obj.replicas = _replicas(obj, left)
+        for name in names:  # the base holds nothing there now (a name mounted again is a new segment)
+            self.base_gone.pop(name, None)
+            self.base_new.pop(name, None)
         for token in list(self.pending):
             start = self.pending[token]
             left = kept(start.replicas)

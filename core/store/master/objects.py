@@ -545,10 +545,12 @@ class ObjectTable:
         # In the mirror's order (the snapshot's, then the puts since), which ``load`` keeps; a
         # million objects at a promotion, so one comprehension.
         if mirror.base is not None:  # a journal snapshot's packed objects, adopted whole; the puts since after them
-            self.objects.adopt(mirror.base)
-            for op in mirror.objects.values():
-                self.objects[op.key] = ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token, op.want)
-            short = None
+            index = self.objects
+            index.adopt(mirror.base)
+            short = index.load_ops(mirror.objects.values())
+            if short is not None:  # and the base's: short at the snapshot, or changed since and short now
+                short += [k for k in dict.fromkeys(chain(mirror.base_short, mirror.base_changed))
+                          if index.is_short_of_replicas(k)]
         elif self.segments.suspended:
             readable = self._hold_suspended([(op.key, ObjectMeta(op.size, tuple(op.replicas), None, op.pin, op.token,
                                                                  op.want)) for op in mirror.objects.values()])
@@ -596,7 +598,8 @@ class ObjectTable:
         parts: Iterable[j.Op] = ()
         if columns:
             index = self.objects
-            out.append(j.ColumnsOp(index.shard_count, list(index.seg_names), index.clock))
+            out.append(j.ColumnsOp(index.shard_count, list(index.seg_names), index.clock,
+                                   index.short_of_replicas_keys(packed_only=True)))
             parts = (j.ColumnPartOp(shard, data) for shard, data in index.column_parts())
             used = index.used_ranges()
             for name, seg in self.segments.segments.items():

@@ -752,6 +752,8 @@ class MasterService:
             saved = mirror.base_free.get(name)
             if saved is None:  # none of the base's bytes are there
                 if gone:
+                    logger.warning("segment %s: base objects left it, but the snapshot saved no free ranges there",
+                                   names.plain(name))
                     return None
                 out[name] = OffsetAllocator.with_used(op.capacity, taken)
                 continue
