@@ -233,18 +233,19 @@ class Restarts(NamedTuple):
     worst_log_bytes: int
 
 
-def _restarts(objects: int) -> Restarts:
+def _restarts(objects: int, fold_log_ratio: float | None = None) -> Restarts:
     """A lone master's restarts from ``--state-dir`` (a temporary directory) holding ``objects``
     objects, as ``MasterServer`` recovers (journal read into a Mirror, a master restored from
     it, the collector off): from the log its puts wrote; from the snapshot a fold of the
     restarted master wrote (the fold timed too), alone and with the most log the default
-    ``fold_log_ratio`` lets through after it (puts of new objects); and the restore a promoted
-    standby does. Run in a process holding nothing else, as a restarted master is."""
+    ``fold_log_ratio`` lets through after it (puts of new objects; or that many times the snapshot's
+    bytes), and the restore a promoted standby does. Run in a process holding nothing else, as a
+    restarted master is."""
     with tempfile.TemporaryDirectory(prefix="tidekv-bench-master-") as directory:
-        return _restarts_in(directory, objects)
+        return _restarts_in(directory, objects, fold_log_ratio)
 
 
-def _restarts_in(directory: str, objects: int) -> Restarts:
+def _restarts_in(directory: str, objects: int, fold_log_ratio: float | None = None) -> Restarts:
     from tqdm import tqdm
 
     svc = MasterService(MasterConfig(port=0, metrics_port=-1, high_watermark=1.0))
@@ -272,7 +273,8 @@ def _restarts_in(directory: str, objects: int) -> Restarts:
     os.mkdir(alone)
     shutil.copy(os.path.join(directory, f"snapshot.{fold.generation}"), alone)
     # The most log a fold lets through at the default ratio: puts of new objects, as many as fit
-    more = int(restarted.config.fold_log_ratio * journal.snapshot_bytes / (log_bytes / objects))
+    ratio = restarted.config.fold_log_ratio if fold_log_ratio is None else fold_log_ratio
+    more = int(ratio * journal.snapshot_bytes / (log_bytes / objects))
     restarted.enable_journal()
     with tqdm(total=more, desc=f"journaling {more} puts after the fold", unit="obj", leave=False) as bar:
         _fill(restarted, objects, objects + more, bar, journal)
@@ -321,11 +323,11 @@ def _frozen() -> FrozenHeap:
     return heap
 
 
-def _restarts_spawned(objects: int) -> Restarts:
+def _restarts_spawned(objects: int, fold_log_ratio: float | None = None) -> Restarts:
     """``_restarts`` in a new process of its own, as a restarted master is (and so that what it
     frees does not make room for a fill measured after it)."""
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
-        return child.submit(_restarts, objects).result()
+        return child.submit(_restarts, objects, fold_log_ratio).result()
 
 
 def _dict_floor(objects: int) -> float:
@@ -350,7 +352,7 @@ def _dict_floor_spawned(objects: int) -> float:
         return child.submit(_dict_floor, objects).result()
 
 
-def _restart_metrics(objects: int, restarts: Restarts,
+def _restart_metrics(objects: int, restarts: Restarts, fold_log_ratio: float | None,
                      floor_s: float) -> list[dict[str, Any]]:
     r = restarts
     return [
@@ -360,8 +362,9 @@ def _restart_metrics(objects: int, restarts: Restarts,
          "at_n": r.from_log, "ratio": None, "objects": objects},
         {"metric": f"restart from --state-dir: snapshot ({r.snapshot_bytes / 1e6:,.0f} MB), s", "at_1k": None,
          "at_n": r.from_snapshot, "ratio": None, "objects": objects},
-        {"metric": f"restart from --state-dir: snapshot and the most log a fold lets through "
-                   f"({r.worst_log_bytes / 1e6:,.0f} MB), s", "at_1k": None, "at_n": r.worst, "ratio": None,
+        {"metric": "restart from --state-dir: snapshot and the most log a fold lets through"
+                   + ("" if fold_log_ratio is None else f" at --fold-log-ratio {fold_log_ratio:g}")
+                   + f" ({r.worst_log_bytes / 1e6:,.0f} MB), s", "at_1k": None, "at_n": r.worst, "ratio": None,
          "objects": objects},
         {"metric": "floor: one dict of as many keys, built in C, s", "at_1k": None, "at_n": floor_s,
          "ratio": None, "objects": objects},
@@ -372,9 +375,11 @@ def _restart_metrics(objects: int, restarts: Restarts,
     ]
 
 
-def restart_rows(objects: int) -> list[dict[str, Any]]:
-    """The restart rows alone (``--restarts-only``)."""
-    return _restart_metrics(objects, _restarts_spawned(objects), _dict_floor_spawned(objects))
+def restart_rows(objects: int, fold_log_ratio: float | None = None) -> list[dict[str, Any]]:
+    """The restart rows alone (``--restarts-only``); ``fold_log_ratio``: the log after the snapshot
+    of the worst-case restart, in snapshot bytes (None: the master's default)."""
+    return _restart_metrics(objects, _restarts_spawned(objects, fold_log_ratio), fold_log_ratio,
+                            _dict_floor_spawned(objects))
 
 
 def run(objects: int, seconds: float) -> list[dict[str, Any]]:
@@ -421,7 +426,7 @@ def run(objects: int, seconds: float) -> list[dict[str, Any]]:
          "at_n": full_big, "ratio": full_big / full_small, "objects": objects},
         {"metric": "standby: snapshot applied to a mirror, s", "at_1k": None, "at_n": mirror_s, "ratio": None,
          "objects": objects},
-        *_restart_metrics(objects, restarts, floor_s),
+        *_restart_metrics(objects, restarts, None, floor_s),
         {"metric": f"standby: longest put applied ms ({puts:,} puts)", "at_1k": None,
          "at_n": longest_apply * 1e3, "ratio": None, "objects": objects},
         {"metric": "  p99.9 put applied ms", "at_1k": None, "at_n": p999_apply * 1e3, "ratio": None,
@@ -458,6 +463,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     parser.add_argument("--restarts-only", action="store_true",
                         help="only a lone master's restarts from --state-dir holding --objects objects (from the "
                              "log, from a snapshot) and the restore a promotion does: what sizes a master's outage")
+    parser.add_argument("--fold-log-ratio", type=float, metavar="X",
+                        help="the log after the snapshot in the worst-case restart row, in snapshot bytes (default: "
+                             "the master's --fold-log-ratio default, the most log a fold lets through)")
     load = parser.add_argument_group("load mode (--load N): N client processes send prompt lookups, reads and saves "
                                      "to a master process; master CPU per key operation (tidekv.bench.master_load)")
     load.add_argument("--load", type=int, metavar="N", help="run the load mode with N client processes")
@@ -475,7 +483,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def _main(args: argparse.Namespace) -> int:
     if args.load is not None:
         return _load_main(args)
-    rows = restart_rows(args.objects) if args.restarts_only else run(args.objects, args.seconds)
+    rows = restart_rows(args.objects, args.fold_log_ratio) if args.restarts_only else run(args.objects, args.seconds)
     cols = [
         Column("metric", "metric", align="<"),
         Column("at_1k", "at 1k objects", lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"),
